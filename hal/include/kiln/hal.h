@@ -1,0 +1,534 @@
+/* hal.h - the Kiln backend plugin ABI: the one header a backend includes.
+ *
+ * A backend is a shared object named libkiln-backend-<name>.so that exports exactly one symbol:
+ *
+ *     const kiln_hal_backend_t *kiln_backend_query(uint32_t host_major, uint32_t host_minor);
+ *
+ * The host (libkiln) calls it with its own ABI version and gets back the plugin's function
+ * table. This header depends on nothing but <stdint.h>, <stddef.h> and <stdbool.h>.
+ *
+ * VERSIONING
+ *   KILN_HAL_ABI_MAJOR changes when anything is removed, reordered or retyped; a host and a
+ *   plugin work together only with equal majors. KILN_HAL_ABI_MINOR changes when members are
+ *   appended to a table or an args struct; nothing else may change within a major.
+ *   Every table and args struct starts with `uint32_t struct_size`, set by whoever fills it to
+ *   sizeof() of *its* version of the struct. A reader touches a member only when struct_size
+ *   covers it (KILN_HAL_HAS(ptr, member)); a missing member reads as zero/NULL. So an older
+ *   plugin (smaller table) works with a newer host, and an older host ignores members a newer
+ *   plugin appended. The first four members of kiln_hal_backend_t (struct_size, abi_major,
+ *   abi_minor, name) are frozen across all majors so a host can always say why it refused.
+ *   kiln_backend_query() should return its table even when its major differs from the host's
+ *   (the host then refuses it with "plugin ABI 2.0, host ABI 1.0"); NULL means the plugin
+ *   declined for its own reasons. _Static_asserts at the end pin each layout on LP64.
+ *
+ * OWNERSHIP
+ *   - Handles (device, buffer, stream, graph) are created by the plugin, owned by the caller,
+ *     and released with the matching destroy/free member. A buffer, stream or graph must be
+ *     released before its device is closed.
+ *   - Args structs and the tensor views in them are borrowed for the duration of the call only;
+ *     the plugin copies what it needs (an op enqueued on a GPU stream captures the values, not
+ *     the pointers to the args).
+ *   - Host memory passed to copy_h2d/copy_d2h must stay valid until the stream is synchronised.
+ *   - Errors: every fallible member returns kiln_hal_error_t * (NULL = success). A returned
+ *     error is owned by the caller, who releases it with err->destroy(err). A plugin never
+ *     aborts or exits the process on bad input or a device error.
+ *
+ * THREAD-SAFETY
+ *   The backend table's global members (init, shutdown, probe, device_count, device_info) are
+ *   called by the host from one thread. device_open/close, buffer_alloc/free and
+ *   stream_create/destroy are safe to call concurrently from several threads. A stream is
+ *   used by one thread at a time; ops on one stream execute in call order. Work on different
+ *   streams is unordered unless synchronised through the host.
+ *
+ * EXECUTION MODEL
+ *   Ops are enqueued on a stream and may run asynchronously (GPU backends); the CPU backend runs
+ *   them before returning. An op validates its arguments (dtypes, shapes, strides) on the host
+ *   and returns KILN_HAL_ERR_INVALID_ARGUMENT or KILN_HAL_ERR_UNSUPPORTED without doing
+ *   anything. Errors that arise while a kernel runs are reported by the next stream_sync.
+ *   Integer metadata (token ids, positions, slot mappings, block tables...) lives in device
+ *   buffers so that graphs can replay with new contents at the same addresses.
+ */
+#ifndef KILN_HAL_H
+#define KILN_HAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_HAL_ABI_MAJOR 1
+#define KILN_HAL_ABI_MINOR 0
+
+/* The one exported symbol and its type. */
+#define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
+
+/* True when the struct at p (which starts with uint32_t struct_size) holds member m. */
+#define KILN_HAL_HAS(p, m) \
+  ((p)->struct_size >= offsetof(__typeof__(*(p)), m) + sizeof((p)->m))
+
+/* ============================================================================================
+ * Errors
+ * ==========================================================================================*/
+
+typedef enum kiln_hal_code {
+  KILN_HAL_OK = 0,
+  KILN_HAL_ERR_INVALID_ARGUMENT = 1, /* shapes, dtypes, strides or values the op cannot take */
+  KILN_HAL_ERR_UNSUPPORTED = 2,      /* valid request this backend does not implement */
+  KILN_HAL_ERR_OUT_OF_MEMORY = 3,    /* device or host allocation failed */
+  KILN_HAL_ERR_NO_DEVICE = 4,        /* no usable device, driver missing or too old */
+  KILN_HAL_ERR_DEVICE = 5,           /* the device or driver reported a failure */
+  KILN_HAL_ERR_INTERNAL = 6,         /* a bug in the plugin */
+} kiln_hal_code_t;
+
+/* An error object. Created by the plugin (or the host), released by its owner through
+ * destroy(), which may be a no-op for static errors (e.g. a preallocated out-of-memory). */
+typedef struct kiln_hal_error {
+  uint32_t struct_size;
+  int32_t code;        /* kiln_hal_code_t */
+  const char *message; /* NUL-terminated, human-readable, owned by the error */
+  void (*destroy)(struct kiln_hal_error *err);
+} kiln_hal_error_t;
+
+/* ============================================================================================
+ * Data types and tensor views
+ * ==========================================================================================*/
+
+typedef enum kiln_hal_dtype {
+  KILN_HAL_F32 = 0,
+  KILN_HAL_F16 = 1,  /* IEEE binary16 */
+  KILN_HAL_BF16 = 2, /* bfloat16: the top 16 bits of an f32, round-to-nearest-even */
+  KILN_HAL_I32 = 3,
+  KILN_HAL_I64 = 4,
+  KILN_HAL_U8 = 5,
+  KILN_HAL_DTYPE_COUNT = 6,
+} kiln_hal_dtype_t;
+
+/* Opaque handles; each plugin defines the structs. */
+typedef struct kiln_hal_device kiln_hal_device_t;
+typedef struct kiln_hal_buffer kiln_hal_buffer_t;
+typedef struct kiln_hal_stream kiln_hal_stream_t;
+typedef struct kiln_hal_graph kiln_hal_graph_t;
+
+#define KILN_HAL_MAX_DIMS 4
+
+/* A tensor is a view into a buffer: the element at index (i0, i1, ...) lives at byte
+ *   offset + (i0*stride[0] + i1*stride[1] + ...) * dtype_size
+ * Strides are in elements and may be larger than the dense ones (row padding, a slice of a
+ * fused QKV output). Unless an op says otherwise, ops require the last dimension to be
+ * contiguous (stride[ndim-1] == 1) and accept any stride for the others. An "absent" optional
+ * tensor has buffer == NULL. Dimensions beyond ndim are ignored. The layout of this struct is
+ * fixed for the whole major version (it is embedded in args structs by value). */
+typedef struct kiln_hal_tensor {
+  kiln_hal_buffer_t *buffer;
+  uint64_t offset; /* bytes from the start of the buffer */
+  int32_t dtype;   /* kiln_hal_dtype_t */
+  int32_t ndim;    /* 1..KILN_HAL_MAX_DIMS */
+  int64_t shape[KILN_HAL_MAX_DIMS];
+  int64_t stride[KILN_HAL_MAX_DIMS];
+} kiln_hal_tensor_t;
+
+/* ============================================================================================
+ * Devices
+ * ==========================================================================================*/
+
+/* Capability bits (kiln_hal_device_info_t.caps). An op that is optional is present in the
+ * table only when the backend has it; a capability says which variants an op accepts. */
+enum {
+  KILN_HAL_CAP_F16 = 1u << 0,               /* ops accept f16 tensors */
+  KILN_HAL_CAP_BF16 = 1u << 1,              /* ops accept bf16 tensors */
+  KILN_HAL_CAP_GRAPHS = 1u << 2,            /* graph_begin/end/replay work on this device */
+  KILN_HAL_CAP_MIXED_BATCH_GRAPHS = 1u << 3, /* batches mixing prefill and decode capture */
+  KILN_HAL_CAP_HOST_MEMORY = 1u << 4,       /* buffers are host memory (buffer_host_ptr works) */
+  KILN_HAL_CAP_DEVICE_SAMPLING = 1u << 5,   /* penalize/sample/topk run on the device */
+  KILN_HAL_CAP_TF32 = 1u << 6,              /* gemm may use TF32 when allow_tf32 is set */
+};
+
+typedef enum kiln_hal_device_kind {
+  KILN_HAL_DEVICE_CPU = 0,
+  KILN_HAL_DEVICE_GPU = 1,
+  KILN_HAL_DEVICE_OTHER = 2,
+} kiln_hal_device_kind_t;
+
+typedef struct kiln_hal_device_info {
+  uint32_t struct_size;
+  int32_t kind;          /* kiln_hal_device_kind_t */
+  char name[128];        /* "NVIDIA H200", "AMD Instinct MI300X", "x86_64 (16 threads)" */
+  char arch[64];         /* "sm_90", "gfx942", "x86_64 avx2 fma" */
+  uint64_t total_memory; /* bytes the backend can allocate at most */
+  uint64_t free_memory;  /* bytes free when queried */
+  uint64_t caps;         /* KILN_HAL_CAP_* */
+  int32_t warp_size;     /* 32 (NVIDIA, RDNA), 64 (CDNA); 1 for CPUs */
+  int32_t compute_units; /* SMs, CUs or threads */
+  uint32_t pci_bus_id;   /* (domain << 16 | bus << 8 | device), 0 when not applicable */
+} kiln_hal_device_info_t;
+
+/* ============================================================================================
+ * Host services, handed to the plugin by init(). All members may be NULL on older hosts
+ * (check with KILN_HAL_HAS). Callable from any thread.
+ * ==========================================================================================*/
+
+enum { KILN_HAL_LOG_ERROR = 0, KILN_HAL_LOG_WARN = 1, KILN_HAL_LOG_INFO = 2, KILN_HAL_LOG_DEBUG = 3 };
+
+struct kiln_hal_backend;
+
+typedef struct kiln_hal_host {
+  uint32_t struct_size;
+  void *ctx; /* passed back to every member */
+  /* Writes one line to the host's log. */
+  void (*log)(void *ctx, int32_t level, const char *message);
+  /* The raw value of `key` in the INI section [plugin.<plugin name>], or NULL when unset.
+   * The string stays valid until shutdown. */
+  const char *(*config_get)(void *ctx, const char *key);
+  /* Loads and initialises another backend by name ("cpu", "cuda") or path, for plugins that
+   * wrap others. Returns NULL and sets *out_error on failure. The table stays valid until
+   * the process exits; the host shuts it down. */
+  const struct kiln_hal_backend *(*load_backend)(void *ctx, const char *name_or_path,
+                                                 kiln_hal_error_t **out_error);
+  /* Number of threads the user asked the backend to use ([backend] threads; 0 = choose). */
+  int32_t num_threads;
+} kiln_hal_host_t;
+
+/* ============================================================================================
+ * Op arguments. Every args struct starts with struct_size = sizeof(the caller's struct).
+ * Shapes use these letters:
+ *   T  tokens in the flattened batch      S  sequences in the batch
+ *   H  hidden size                        V  vocabulary size
+ *   NH query heads   NKV key/value heads (NH % NKV == 0)   D head dim   I intermediate size
+ *   NB blocks in the KV pool   BS tokens per block   MB max blocks per sequence
+ * "float" dtypes are F32, F16, BF16; arithmetic is F32 (or wider) whatever the storage dtype,
+ * and results are rounded to the output dtype once, at the end.
+ * ==========================================================================================*/
+
+/* c = alpha * (a @ b) + beta * c + bias, batched.
+ *   a: [M, K] or [batch, M, K]     b: [K, N] or [batch, K, N]     c: [M, N] or [batch, M, N]
+ * The last two dims of a and b may be row-major (stride[-1] == 1) or column-major
+ * (stride[-2] == 1), so a weight stored [N, K] row-major (a PyTorch Linear) is passed as a
+ * [K, N] view with strides {1, K}. c must be row-major. A batch stride of 0 broadcasts.
+ * a and b have the same float dtype; c has a's dtype or F32. bias: absent, or [N] in c's
+ * dtype. beta == 0 means c is not read (it may hold NaNs). K == 0 gives beta*c + bias. */
+typedef struct kiln_hal_gemm_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t a, b, c;
+  kiln_hal_tensor_t bias;
+  float alpha, beta;
+  bool allow_tf32; /* F32 inputs may use reduced-precision matrix units (see CAP_TF32) */
+} kiln_hal_gemm_args_t;
+
+/* out[t, :] = table[ids[t], :].   table: [V, H] float   ids: [T] I32   out: [T, H] (table's
+ * dtype). An id outside [0, V) yields a row of zeros (never an out-of-bounds read); the host
+ * validates ids before they reach the device. */
+typedef struct kiln_hal_embedding_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t table, ids, out;
+} kiln_hal_embedding_args_t;
+
+/* RMSNorm with an optional fused residual add. x, out: [T, H]; weight: [H]; residual: absent
+ * or [T, H]; all the same float dtype. With a residual:
+ *     s = round(x + residual);  residual = s;  out = round(round(s * rsqrt(mean(s^2) + eps)) * (w + weight_offset))
+ * without one, s = x. (Rounding as Hugging Face does: the normalized value is rounded to the
+ * dtype before the weight multiply.) weight_offset is 0 for Llama, 1 for Gemma-style (1 + w).
+ * out may alias x (in place); it must not alias residual. */
+typedef struct kiln_hal_rmsnorm_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t x, residual, weight, out;
+  float eps;
+  float weight_offset;
+} kiln_hal_rmsnorm_args_t;
+
+typedef enum kiln_hal_rope_style {
+  KILN_HAL_ROPE_NEOX = 0,        /* rotate halves: pairs (i, i + R/2) — Llama, Qwen, Mistral */
+  KILN_HAL_ROPE_INTERLEAVED = 1, /* rotate adjacent pairs (2i, 2i + 1) — GPT-J, GLM */
+} kiln_hal_rope_style_t;
+
+/* Rotary embedding applied in place to q and k (either may be absent).
+ *   q: [T, NH, D]   k: [T, NKV, D]   positions: [T] I32
+ *   cos_sin: [P, R] F32: row p holds cos(p * f_i) for i < R/2, then sin(p * f_i); R <= D is
+ *            the rotary dim (partial rotary leaves dims >= R untouched). Every scaling variant
+ *            (linear, dynamic NTK, llama3, YaRN with its attention factor) is expressed by the
+ *            host through this table.
+ * For pair i with (x0, x1) = NEOX ? (x[i], x[i + R/2]) : (x[2i], x[2i+1]):
+ *     x0' = x0 * cos - x1 * sin;   x1' = x1 * cos + x0 * sin
+ * A position outside [0, P) leaves its row unchanged (the host validates positions). */
+typedef struct kiln_hal_rope_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t q, k, positions, cos_sin;
+  int32_t style; /* kiln_hal_rope_style_t */
+} kiln_hal_rope_args_t;
+
+typedef enum kiln_hal_act {
+  KILN_HAL_ACT_SILU = 0,      /* x * sigmoid(x) — Llama, Qwen, Mistral */
+  KILN_HAL_ACT_GELU_TANH = 1, /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) — Gemma */
+  KILN_HAL_ACT_GELU = 2,      /* 0.5x(1 + erf(x / sqrt(2))) */
+} kiln_hal_act_t;
+
+/* Gated activation: out[t, i] = act(x[t, i]) * x[t, I + i].   x: [T, 2I]   out: [T, I],
+ * same float dtype. (The gate and up projections are one fused GEMM output.) */
+typedef struct kiln_hal_silu_mul_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t x, out;
+  int32_t act; /* kiln_hal_act_t */
+} kiln_hal_silu_mul_args_t;
+
+/* Elementwise copy with dtype conversion between any two float dtypes (or equal integer
+ * dtypes): dst[i...] = src[i...] for same-shaped views of up to 4 dims, any strides. */
+typedef struct kiln_hal_copy_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t src, dst;
+} kiln_hal_copy_args_t;
+
+/* out = a + b, elementwise, same shape [T, H], same float dtype; out may alias a or b. */
+typedef struct kiln_hal_add_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t a, b, out;
+} kiln_hal_add_args_t;
+
+/* The paged KV cache. Each layer has a K cache and a V cache of shape [NB, NKV, BS, D]
+ * (block-major, then head, then position in block), dense, in the model's float dtype.
+ * Token slot s = block_id * BS + position_in_block.
+ *
+ * kv_write scatters new keys/values into the cache:
+ *   k, v: [T, NKV, D]   k_cache, v_cache: [NB, NKV, BS, D]   slot_mapping: [T] I32
+ * Row t goes to slot slot_mapping[t]; a negative slot means "skip" (padding). Slots outside
+ * the pool are skipped too (never an out-of-bounds write). k/v dtype must equal the cache's. */
+typedef struct kiln_hal_kv_write_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t k, v, k_cache, v_cache, slot_mapping;
+} kiln_hal_kv_write_args_t;
+
+/* Paged attention for a flattened batch that mixes prefill chunks and decodes.
+ *   q:            [T, NH, D]              out: [T, NH, D] (q's dtype)
+ *   k_cache, v_cache: [NB, NKV, BS, D]    (already holding this step's keys: kv_write first)
+ *   block_table:  [S, MB] I32             block ids of each sequence, in order
+ *   seq_lens:     [S] I32                 keys visible to sequence s (cached + new tokens)
+ *   query_start_loc: [S + 1] I32          sequence s owns query rows [qsl[s], qsl[s+1])
+ * Sequence s has q_len = qsl[s+1] - qsl[s] <= seq_lens[s] queries, the last q_len tokens of
+ * the sequence: query row qsl[s] + i sits at position p = seq_lens[s] - q_len + i. It
+ * attends to keys j in [0, seq_lens[s]) with
+ *     j <= p                       when causal
+ *     j > p - sliding_window       when sliding_window > 0
+ * Query head h reads KV head h / (NH / NKV) (GQA; MQA when NKV == 1).
+ *     score = scale * dot(q, k_j);  if softcap > 0: score = softcap * tanh(score / softcap)
+ *     out = sum_j softmax(score)_j * v_j
+ * A query row with no visible key gets zeros. Rows at or beyond qsl[S] are not written.
+ * max_query_len and max_seq_len are upper bounds over the batch used to size the launch; under
+ * graph capture pass the largest values the graph will ever see. num_seqs == S. */
+typedef struct kiln_hal_attention_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t q, k_cache, v_cache, out;
+  kiln_hal_tensor_t block_table, seq_lens, query_start_loc;
+  int32_t num_seqs;
+  int32_t max_query_len;
+  int32_t max_seq_len;
+  float scale;
+  bool causal;
+  int32_t sliding_window; /* 0 = unlimited */
+  float softcap;          /* 0 = off */
+} kiln_hal_attention_args_t;
+
+/* ----- sampling support. logits are [S, V] F32 rows (a row stride is allowed). ----------- */
+
+/* out_ids[s] = argmax_v logits[s, v] (the lowest index among equal maxima).
+ * out_logprob: absent, or [S] F32 = log_softmax(logits[s])[out_ids[s]]. */
+typedef struct kiln_hal_argmax_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t logits, out_ids, out_logprob;
+} kiln_hal_argmax_args_t;
+
+/* The k largest logits of each row, sorted descending (ties: lower index first).
+ *   out_values: [S, k] F32   out_ids: [S, k] I32;  k = out_values.shape[1] <= V.
+ * out_lse: absent, or [S] F32 = logsumexp(logits[s]) (so logprobs = values - lse). */
+typedef struct kiln_hal_topk_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t logits, out_values, out_ids, out_lse;
+} kiln_hal_topk_args_t;
+
+/* Penalties and biases applied to logits in place, per row s (vLLM / OpenAI semantics):
+ *   repetition (r = repetition[s], 1 = off): for each distinct token in prompt or output,
+ *       logit = logit > 0 ? logit / r : logit * r
+ *   frequency/presence (output tokens only): logit -= frequency[s] * count + presence[s] * (count > 0)
+ *   bias: logit[bias_ids[i]] += bias_values[i] for i in [bias_offsets[s], bias_offsets[s+1])
+ * Token lists are flattened with offsets: tokens of row s are ids[offsets[s] .. offsets[s+1]).
+ *   prompt_ids, output_ids, bias_ids: [*] I32; *_offsets: [S + 1] I32; bias_values: [*] F32
+ *   repetition, frequency, presence: [S] F32.
+ * Any group may be absent (its tensors have buffer == NULL). Ids outside [0, V) are ignored. */
+typedef struct kiln_hal_penalize_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t logits;
+  kiln_hal_tensor_t prompt_ids, prompt_offsets, output_ids, output_offsets;
+  kiln_hal_tensor_t repetition, frequency, presence;
+  kiln_hal_tensor_t bias_ids, bias_values, bias_offsets;
+} kiln_hal_penalize_args_t;
+
+/* Samples one token per row. Per row s, with temperature t = temperature[s]:
+ *   t <= 0: greedy, exactly as argmax.
+ *   else p = softmax(logits[s] / t), and token v is kept iff all of:
+ *       rank(v) < top_k[s]            when top_k[s] > 0   (rank: by p descending, ties by index)
+ *       mass_before(v) < top_p[s]     when top_p[s] < 1   (mass_before: sum of p over tokens
+ *                                                          ranked before v)
+ *       p[v] >= min_p[s] * max(p)     when min_p[s] > 0
+ *   (the most probable token is always kept). With W = sum of p over kept tokens, the result
+ *   is the kept token v with the lowest index such that sum of p[u] over kept u <= v exceeds
+ *   uniform[s] * W; uniform[s] in [0, 1) comes from the host's per-request seeded generator,
+ *   so a request's samples do not depend on what else is in the batch.
+ *   temperature, top_p, min_p, uniform: [S] F32   top_k: [S] I32   out_ids: [S] I32
+ *   out_logprob: absent, or [S] F32 = log_softmax(logits[s])[out_ids[s]] (the raw logits). */
+typedef struct kiln_hal_sample_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t logits;
+  kiln_hal_tensor_t temperature, top_k, top_p, min_p, uniform;
+  kiln_hal_tensor_t out_ids, out_logprob;
+} kiln_hal_sample_args_t;
+
+/* ============================================================================================
+ * The backend table
+ * ==========================================================================================*/
+
+enum {
+  KILN_HAL_BUFFER_DEFAULT = 0,
+  KILN_HAL_BUFFER_HOST_PINNED = 1u << 0, /* page-locked host memory, device-accessible (staging) */
+};
+
+typedef struct kiln_hal_backend {
+  /* ---- frozen prefix: identical in every ABI major ---- */
+  uint32_t struct_size;
+  uint16_t abi_major; /* KILN_HAL_ABI_MAJOR the plugin was built against */
+  uint16_t abi_minor;
+  const char *name; /* "cpu", "cuda", "rocm": matches libkiln-backend-<name>.so */
+
+  /* ---- 1.0 ---- */
+  /* Free-form build description for `kiln info`: compiler, toolkit, target archs. */
+  const char *build_info;
+
+  /* Called once, before any other member but probe. host is borrowed until shutdown.
+   * Required. */
+  kiln_hal_error_t *(*init)(const kiln_hal_host_t *host);
+  /* Called once at exit, after every handle was released. Plugins are never dlclose'd.
+   * Required. */
+  void (*shutdown)(void);
+  /* How well this plugin can serve here: 0 = not at all (the error, if any, says why: "no
+   * CUDA driver: libcuda.so.1: cannot open shared object file"), 1..99 = CPU-class, 100+ =
+   * an accelerator. Called before init; must be cheap and side-effect free. Required. */
+  kiln_hal_error_t *(*probe)(int32_t *out_score);
+
+  kiln_hal_error_t *(*device_count)(int32_t *out_count);
+  kiln_hal_error_t *(*device_info)(int32_t index, kiln_hal_device_info_t *out_info);
+  kiln_hal_error_t *(*device_open)(int32_t index, kiln_hal_device_t **out_device);
+  void (*device_close)(kiln_hal_device_t *device);
+  /* Current free and total bytes of an open device. */
+  kiln_hal_error_t *(*device_memory)(kiln_hal_device_t *device, uint64_t *out_free,
+                                     uint64_t *out_total);
+
+  /* Buffers: size bytes, aligned to at least 256 bytes, contents undefined. size 0 is valid
+   * (returns a buffer no op may read). flags: KILN_HAL_BUFFER_*. */
+  kiln_hal_error_t *(*buffer_alloc)(kiln_hal_device_t *device, uint64_t size, uint32_t flags,
+                                    kiln_hal_buffer_t **out_buffer);
+  void (*buffer_free)(kiln_hal_buffer_t *buffer);
+  /* Host address of a host-visible buffer (CAP_HOST_MEMORY or HOST_PINNED), else NULL.
+   * Optional: NULL member = never host-visible. */
+  void *(*buffer_host_ptr)(kiln_hal_buffer_t *buffer);
+
+  kiln_hal_error_t *(*stream_create)(kiln_hal_device_t *device, kiln_hal_stream_t **out_stream);
+  void (*stream_destroy)(kiln_hal_stream_t *stream);
+  /* Waits until everything enqueued has run; returns the first asynchronous error. */
+  kiln_hal_error_t *(*stream_sync)(kiln_hal_stream_t *stream);
+
+  /* Copies, ordered on the stream. Ranges are checked against the buffer sizes. */
+  kiln_hal_error_t *(*copy_h2d)(kiln_hal_stream_t *stream, kiln_hal_buffer_t *dst,
+                                uint64_t dst_offset, const void *src, uint64_t size);
+  kiln_hal_error_t *(*copy_d2h)(kiln_hal_stream_t *stream, void *dst, kiln_hal_buffer_t *src,
+                                uint64_t src_offset, uint64_t size);
+  kiln_hal_error_t *(*copy_d2d)(kiln_hal_stream_t *stream, kiln_hal_buffer_t *dst,
+                                uint64_t dst_offset, kiln_hal_buffer_t *src, uint64_t src_offset,
+                                uint64_t size);
+  /* Sets size bytes at offset to value. */
+  kiln_hal_error_t *(*fill)(kiln_hal_stream_t *stream, kiln_hal_buffer_t *dst, uint64_t offset,
+                            uint64_t size, uint8_t value);
+
+  /* Ops (see the args structs above). All required in 1.0. */
+  kiln_hal_error_t *(*gemm)(kiln_hal_stream_t *stream, const kiln_hal_gemm_args_t *args);
+  kiln_hal_error_t *(*embedding)(kiln_hal_stream_t *stream, const kiln_hal_embedding_args_t *args);
+  kiln_hal_error_t *(*rmsnorm)(kiln_hal_stream_t *stream, const kiln_hal_rmsnorm_args_t *args);
+  kiln_hal_error_t *(*rope)(kiln_hal_stream_t *stream, const kiln_hal_rope_args_t *args);
+  kiln_hal_error_t *(*silu_mul)(kiln_hal_stream_t *stream, const kiln_hal_silu_mul_args_t *args);
+  kiln_hal_error_t *(*add)(kiln_hal_stream_t *stream, const kiln_hal_add_args_t *args);
+  kiln_hal_error_t *(*copy)(kiln_hal_stream_t *stream, const kiln_hal_copy_args_t *args);
+  kiln_hal_error_t *(*kv_write)(kiln_hal_stream_t *stream, const kiln_hal_kv_write_args_t *args);
+  kiln_hal_error_t *(*attention)(kiln_hal_stream_t *stream, const kiln_hal_attention_args_t *args);
+  kiln_hal_error_t *(*argmax)(kiln_hal_stream_t *stream, const kiln_hal_argmax_args_t *args);
+  kiln_hal_error_t *(*topk)(kiln_hal_stream_t *stream, const kiln_hal_topk_args_t *args);
+  kiln_hal_error_t *(*penalize)(kiln_hal_stream_t *stream, const kiln_hal_penalize_args_t *args);
+  kiln_hal_error_t *(*sample)(kiln_hal_stream_t *stream, const kiln_hal_sample_args_t *args);
+
+  /* Graphs (optional as a group: NULL members, or no CAP_GRAPHS on a device, mean the host
+   * runs eagerly). Between graph_begin and graph_end the ops enqueued on the stream are
+   * recorded instead of run; no copy_h2d/copy_d2h/stream_sync/alloc may happen meanwhile
+   * (KILN_HAL_ERR_INVALID_ARGUMENT). Replay runs the recorded ops with the buffers' current
+   * contents; every buffer a graph touches must outlive it at the same address. */
+  kiln_hal_error_t *(*graph_begin)(kiln_hal_stream_t *stream);
+  kiln_hal_error_t *(*graph_end)(kiln_hal_stream_t *stream, kiln_hal_graph_t **out_graph);
+  kiln_hal_error_t *(*graph_replay)(kiln_hal_graph_t *graph, kiln_hal_stream_t *stream);
+  void (*graph_destroy)(kiln_hal_graph_t *graph);
+} kiln_hal_backend_t;
+
+typedef const kiln_hal_backend_t *(*kiln_hal_query_fn)(uint32_t host_major, uint32_t host_minor);
+
+/* Size in bytes of one element; 0 for an invalid dtype. */
+static inline size_t kiln_hal_dtype_size(int32_t dtype) {
+  switch (dtype) {
+    case KILN_HAL_F32: return 4;
+    case KILN_HAL_F16: return 2;
+    case KILN_HAL_BF16: return 2;
+    case KILN_HAL_I32: return 4;
+    case KILN_HAL_I64: return 8;
+    case KILN_HAL_U8: return 1;
+    default: return 0;
+  }
+}
+
+static inline const char *kiln_hal_dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case KILN_HAL_F32: return "f32";
+    case KILN_HAL_F16: return "f16";
+    case KILN_HAL_BF16: return "bf16";
+    case KILN_HAL_I32: return "i32";
+    case KILN_HAL_I64: return "i64";
+    case KILN_HAL_U8: return "u8";
+    default: return "invalid";
+  }
+}
+
+/* ---- layout pins (LP64): inserting or retyping a member breaks the build; append only. ---- */
+#ifdef __cplusplus
+#define KILN_HAL_STATIC_ASSERT static_assert
+#else
+#define KILN_HAL_STATIC_ASSERT _Static_assert
+#endif
+#if defined(__LP64__) || defined(_LP64)
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_tensor_t) == 88, "kiln_hal_tensor_t layout is frozen in ABI 1");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_error_t, destroy) == 16, "kiln_hal_error_t layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_device_info_t, pci_bus_id) == 232, "device_info layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_host_t, num_threads) == 40, "kiln_hal_host_t layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_args_t, allow_tf32) == 368, "gemm args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_embedding_args_t, out) == 184, "embedding args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_rmsnorm_args_t, weight_offset) == 364, "rmsnorm args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_rope_args_t, style) == 360, "rope args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_silu_mul_args_t, act) == 184, "silu_mul args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_copy_args_t, dst) == 96, "copy args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_add_args_t, out) == 184, "add args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_kv_write_args_t, slot_mapping) == 360, "kv_write args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_attention_args_t, softcap) == 648, "attention args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_argmax_args_t, out_logprob) == 184, "argmax args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_topk_args_t, out_lse) == 272, "topk args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_penalize_args_t, bias_offsets) == 888, "penalize args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_sample_args_t, out_logprob) == 624, "sample args layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, graph_destroy) == 296, "backend table layout changed");
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_HAL_H */
