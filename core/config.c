@@ -84,13 +84,17 @@ static const char *const config_policies[] = {"fcfs", "priority", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config_log_formats[] = {"text", "json", NULL};
 
+/* auto, a plugin name (libkiln-backend-<name>.so: cpu, cuda, rocm or a third party's), or a
+ * path. Whether that plugin exists and loads is the loader's to say, with the reason. */
 static const char *config_check_backend(const char *value) {
-  static const char *const names[] = {"auto", "cuda", "rocm", "cpu"};
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-    if (strcmp(value, names[i]) == 0) return NULL;
-  if (strchr(value, '/')) return NULL; /* a plugin path; the loader reports if it is not one */
-  return "is not a backend: use auto, cuda, rocm, cpu, or a path to a libkiln-backend-*.so "
-         "(a path contains '/', e.g. ./libkiln-backend-foo.so)";
+  if (strchr(value, '/')) return NULL;
+  bool ok = value[0] != '\0';
+  for (const char *c = value; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-'))
+      ok = false;
+  return ok ? NULL
+            : "is not a backend: use auto, a plugin name such as cpu, cuda or rocm (the <name> "
+              "of libkiln-backend-<name>.so, in [a-z0-9_-]), or a path containing '/'";
 }
 
 static const char *config_check_host(const char *value) {
@@ -786,6 +790,25 @@ typedef struct config_load {
   int prev_line;
 } config_load_t;
 
+/* inih reports keys only, so a section header is checked as its line is read: an unknown
+ * [section] with no keys under it (a typo) is an error too. */
+static void config_check_header(config_load_t *ld, const char *line) {
+  while (*line == ' ' || *line == '\t') line++;
+  if (*line != '[') return;
+  const char *close = strchr(line, ']');
+  if (!close) return; /* inih reports the syntax error */
+  char section[KILN_CONFIG_MAX_LINE + 1];
+  const char *b = line + 1, *e = close;
+  while (b < e && (*b == ' ' || *b == '\t')) b++;
+  while (e > b && (e[-1] == ' ' || e[-1] == '\t')) e--;
+  memcpy(section, b, (size_t)(e - b));
+  section[e - b] = '\0';
+  if (config_is_section(section) || config_is_plugin_section(section)) return;
+  ld->err = kiln_status_annotate(config_unknown_section(section, ""), "%s:%d", ld->name,
+                                 ld->lineno);
+  ld->err_line = ld->lineno;
+}
+
 /* An ini_reader: hands inih one line at a time, counting lines and refusing lines that do not
  * fit inih's buffer (inih would otherwise split them silently). */
 static char *config_read_line(char *buf, int size, void *stream) {
@@ -809,7 +832,8 @@ static char *config_read_line(char *buf, int size, void *stream) {
   if (nl) buf[len++] = '\n';
   buf[len] = '\0';
   ld->pos = nl ? nl + 1 : ld->end;
-  return buf;
+  config_check_header(ld, buf);
+  return ld->err ? NULL : buf;
 }
 
 /* True if inih passed the current line as a continuation of the previous key: an indented line

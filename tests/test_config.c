@@ -364,8 +364,11 @@ static void test_string_checks(void **state) {
     check_ok(kiln_config_set_value(cfg, "backend", "name", ok[i], "t"));
     assert_string_equal(kiln_config_get_string(cfg, "backend", "name"), ok[i]);
   }
-  EXPECT_INVALID(load(cfg, "[backend]\nname = vulkan\n"), "t.ini:2: ", "backend.name",
-                 "'vulkan' is not a backend", "auto, cuda, rocm, cpu");
+  /* A third party's plugin is named like ours. */
+  check_ok(load(cfg, "[backend]\nname = trace\n"));
+  assert_string_equal(kiln_config_get_string(cfg, "backend", "name"), "trace");
+  EXPECT_INVALID(load(cfg, "[backend]\nname = my gpu\n"), "t.ini:2: ", "backend.name",
+                 "'my gpu' is not a backend", "auto, a plugin name such as cpu, cuda or rocm");
   EXPECT_INVALID(load(cfg, "[backend]\nname = CUDA\n"), "backend.name", "'CUDA'");
   EXPECT_INVALID(load(cfg, "[backend]\nname =\n"), "backend.name", "is not a backend");
   EXPECT_INVALID(load(cfg, "[server]\nhost =\n"), "t.ini:2: ", "server.host", "is not an address");
@@ -380,7 +383,7 @@ static void test_string_checks(void **state) {
 static void test_unknown_section(void **state) {
   (void)state;
   kiln_config_t *cfg = new_config();
-  EXPECT_INVALID(load(cfg, "[modle]\npath = x\n"), "t.ini:2: ", "unknown section [modle]",
+  EXPECT_INVALID(load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
                  "did you mean [model]?",
                  "model, engine, cache, scheduler, backend, server, graph, log, plugin.<name>");
   EXPECT_INVALID(load(cfg, "[network]\nport = 1\n"), "unknown section [network]",
@@ -389,13 +392,15 @@ static void test_unknown_section(void **state) {
                  "did you mean [model]?");
   EXPECT_INVALID(load(cfg, "port = 1\n"), "t.ini:1: ", "key 'port' comes before any [section]",
                  "valid sections: model");
-  EXPECT_INVALID(load(cfg, "[plugin]\nx = 1\n"), "t.ini:2: ", "unknown section [plugin]");
+  EXPECT_INVALID(load(cfg, "[plugin]\nx = 1\n"), "t.ini:1: ", "unknown section [plugin]");
   EXPECT_INVALID(load(cfg, "[plugin.]\nx = 1\n"), "t.ini:2: ", "bad plugin section [plugin.]");
   EXPECT_INVALID(load(cfg, "[plugin.a b]\nx = 1\n"), "bad plugin section [plugin.a b]");
   EXPECT_INVALID(load(cfg, "[plugin.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]\nx = 1\n"),
                  "t.ini:2: ", "is too long");
-  /* A section header alone sets nothing, so it is not checked. */
-  check_ok(load(cfg, "[nothing_here]\n"));
+  /* A misspelt header is an error even with no key under it (it is checked as it is read). */
+  EXPECT_INVALID(load(cfg, "[engine]\n\n[enigne]\n"), "t.ini:3: ", "unknown section [enigne]",
+                 "did you mean [engine]?");
+  check_ok(load(cfg, "[engine]\n[plugin.trace]\n"));
   kiln_config_free(cfg);
 }
 

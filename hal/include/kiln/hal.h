@@ -118,8 +118,8 @@ typedef struct kiln_hal_graph kiln_hal_graph_t;
  *   offset + (i0*stride[0] + i1*stride[1] + ...) * dtype_size
  * Strides are in elements and may be larger than the dense ones (row padding, a slice of a
  * fused QKV output). Unless an op says otherwise, ops require the last dimension to be
- * contiguous (stride[ndim-1] == 1) and accept any stride for the others. An "absent" optional
- * tensor has buffer == NULL. Dimensions beyond ndim are ignored. The layout of this struct is
+ * contiguous (stride[ndim-1] == 1) and accept any stride for the others. offset is a multiple
+ * of the element size. An "absent" optional tensor has buffer == NULL. Dimensions beyond ndim are ignored. The layout of this struct is
  * fixed for the whole major version (it is embedded in args structs by value). */
 typedef struct kiln_hal_tensor {
   kiln_hal_buffer_t *buffer;
@@ -208,7 +208,8 @@ typedef struct kiln_hal_host {
  * (stride[-2] == 1), so a weight stored [N, K] row-major (a PyTorch Linear) is passed as a
  * [K, N] view with strides {1, K}. c must be row-major. A batch stride of 0 broadcasts.
  * a and b have the same float dtype; c has a's dtype or F32. bias: absent, or [N] in c's
- * dtype. beta == 0 means c is not read (it may hold NaNs). K == 0 gives beta*c + bias. */
+ * dtype. beta == 0 means c is not read (it may hold NaNs). K == 0 gives beta*c + bias.
+ * a, b and c have the same ndim (2 or 3); broadcasting is expressed with a batch stride of 0. */
 typedef struct kiln_hal_gemm_args {
   uint32_t struct_size;
   kiln_hal_tensor_t a, b, c;
@@ -292,7 +293,9 @@ typedef struct kiln_hal_add_args {
  * kv_write scatters new keys/values into the cache:
  *   k, v: [T, NKV, D]   k_cache, v_cache: [NB, NKV, BS, D]   slot_mapping: [T] I32
  * Row t goes to slot slot_mapping[t]; a negative slot means "skip" (padding). Slots outside
- * the pool are skipped too (never an out-of-bounds write). k/v dtype must equal the cache's. */
+ * the pool are skipped too (never an out-of-bounds write). k/v dtype must equal the cache's.
+ * Two rows naming the same slot in one call leave either row's values there (the host never
+ * does this). */
 typedef struct kiln_hal_kv_write_args {
   uint32_t struct_size;
   kiln_hal_tensor_t k, v, k_cache, v_cache, slot_mapping;
@@ -312,7 +315,9 @@ typedef struct kiln_hal_kv_write_args {
  * Query head h reads KV head h / (NH / NKV) (GQA; MQA when NKV == 1).
  *     score = scale * dot(q, k_j);  if softcap > 0: score = softcap * tanh(score / softcap)
  *     out = sum_j softmax(score)_j * v_j
- * A query row with no visible key gets zeros. Rows at or beyond qsl[S] are not written.
+ * q, out, k_cache and v_cache have one float dtype. query_start_loc[0] == 0 and it is
+ * non-decreasing. A query row with no visible key gets zeros. Rows at or beyond qsl[S] are not
+ * written.
  * max_query_len and max_seq_len are upper bounds over the batch used to size the launch; under
  * graph capture pass the largest values the graph will ever see. num_seqs == S. */
 typedef struct kiln_hal_attention_args {
@@ -328,7 +333,8 @@ typedef struct kiln_hal_attention_args {
   float softcap;          /* 0 = off */
 } kiln_hal_attention_args_t;
 
-/* ----- sampling support. logits are [S, V] F32 rows (a row stride is allowed). ----------- */
+/* ----- sampling support. logits are [S, V] F32 rows (a row stride is allowed). Logits may be
+ * -inf; a row holding NaN yields some index in [0, V), never an out-of-range id. ---------- */
 
 /* out_ids[s] = argmax_v logits[s, v] (the lowest index among equal maxima).
  * out_logprob: absent, or [S] F32 = log_softmax(logits[s])[out_ids[s]]. */
@@ -353,7 +359,12 @@ typedef struct kiln_hal_topk_args {
  * Token lists are flattened with offsets: tokens of row s are ids[offsets[s] .. offsets[s+1]).
  *   prompt_ids, output_ids, bias_ids: [*] I32; *_offsets: [S + 1] I32; bias_values: [*] F32
  *   repetition, frequency, presence: [S] F32.
- * Any group may be absent (its tensors have buffer == NULL). Ids outside [0, V) are ignored. */
+ * The groups: repetition = {repetition, prompt_ids/offsets, output_ids/offsets};
+ * frequency/presence = {frequency, presence, output_ids/offsets} (frequency and presence come
+ * together); bias = {bias_ids, bias_values, bias_offsets}. A group is absent when its
+ * per-row tensor (repetition, frequency, bias_values) is absent; the token lists a present group
+ * needs must then be present. Ids outside [0, V) are ignored; a bias id listed twice in a row
+ * adds both values. */
 typedef struct kiln_hal_penalize_args {
   uint32_t struct_size;
   kiln_hal_tensor_t logits;
@@ -374,6 +385,7 @@ typedef struct kiln_hal_penalize_args {
  *   uniform[s] * W; uniform[s] in [0, 1) comes from the host's per-request seeded generator,
  *   so a request's samples do not depend on what else is in the batch.
  *   temperature, top_p, min_p, uniform: [S] F32   top_k: [S] I32   out_ids: [S] I32
+ *   temperature and uniform are required; an absent top_k, top_p or min_p means "off".
  *   out_logprob: absent, or [S] F32 = log_softmax(logits[s])[out_ids[s]] (the raw logits). */
 typedef struct kiln_hal_sample_args {
   uint32_t struct_size;
@@ -465,8 +477,10 @@ typedef struct kiln_hal_backend {
   /* Graphs (optional as a group: NULL members, or no CAP_GRAPHS on a device, mean the host
    * runs eagerly). Between graph_begin and graph_end the ops enqueued on the stream are
    * recorded instead of run; no copy_h2d/copy_d2h/stream_sync/alloc may happen meanwhile
-   * (KILN_HAL_ERR_INVALID_ARGUMENT). Replay runs the recorded ops with the buffers' current
-   * contents; every buffer a graph touches must outlive it at the same address. */
+   * (KILN_HAL_ERR_INVALID_ARGUMENT); such a refusal ends the capture: graph_end then fails
+   * and returns no graph, and the stream runs eagerly again. Replay runs the recorded ops with
+   * the buffers' current contents; every buffer a graph touches must outlive it at the same
+   * address. */
   kiln_hal_error_t *(*graph_begin)(kiln_hal_stream_t *stream);
   kiln_hal_error_t *(*graph_end)(kiln_hal_stream_t *stream, kiln_hal_graph_t **out_graph);
   kiln_hal_error_t *(*graph_replay)(kiln_hal_graph_t *graph, kiln_hal_stream_t *stream);
