@@ -1,0 +1,54 @@
+# Kiln's two set-up commands (see README.md), each idempotent on a fresh Debian 12 machine:
+#   make run    install build deps, build, and run the main job (`kiln info` + `kiln selftest`)
+#   make test   install build deps, build twice (release, then ASan+UBSan) and run every test
+# Anything else is plain CMake: cmake -B build && cmake --build build.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev valgrind
+SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build run test test-release test-asan memcheck clean
+
+all: build
+
+# Installs only what is missing, so a second run does nothing.
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing: $$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/bin/kiln info
+	./$(BUILD)/bin/kiln selftest
+
+test-release: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The sanitizer build skips the GPU plugins: their host code is exercised in the release build
+# and the device code cannot run here.
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON \
+	  -DKILN_BACKEND_CUDA=OFF -DKILN_BACKEND_ROCM=OFF
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+test: test-release test-asan
+
+# valgrind over the unit tests (no sanitizers), for leaks and uninitialised reads.
+memcheck: build
+	cd $(BUILD) && ctest -T memcheck -LE slow --output-on-failure
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

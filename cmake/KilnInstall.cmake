@@ -1,0 +1,25 @@
+# Install rules: the SDK a third party needs to build a backend plugin (headers, kiln.pc,
+# KilnConfig.cmake with the Kiln::hal interface target and kiln_add_plugin()), libkiln, the
+# kiln command, plugins and the default config.
+include(CMakePackageConfigHelpers)
+
+install(FILES hal/include/kiln/hal.h hal/include/kiln/hal_util.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln)
+install(FILES hal/plugin.map DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln)
+install(TARGETS kiln LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(FILES etc/kiln.ini DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kiln)
+
+set(KILN_PC_PLUGINDIR "\${libdir}/kiln")
+configure_file(cmake/kiln.pc.in ${PROJECT_BINARY_DIR}/kiln.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/kiln.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+install(TARGETS kiln_hal_headers EXPORT KilnTargets)
+install(EXPORT KilnTargets NAMESPACE Kiln:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Kiln)
+configure_package_config_file(cmake/KilnConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/KilnConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Kiln
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR CMAKE_INSTALL_DATADIR KILN_INSTALL_PLUGINDIR)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/KilnConfigVersion.cmake
+  COMPATIBILITY SameMajorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/KilnConfig.cmake ${PROJECT_BINARY_DIR}/KilnConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Kiln)

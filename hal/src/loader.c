@@ -1,0 +1,597 @@
+/* loader.c - backend plugin discovery, loading, version negotiation and selection. */
+#define _GNU_SOURCE /* dladdr */
+#include "hal/loader.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/log.h"
+#include "kiln/hal_util.h"
+
+#ifndef KILN_INSTALL_PLUGINDIR
+#define KILN_INSTALL_PLUGINDIR "/usr/local/lib/kiln"
+#endif
+
+#define PLUGIN_PREFIX "libkiln-backend-"
+#define PLUGIN_SUFFIX ".so"
+
+/* Per-plugin context behind the kiln_hal_host_t handed to init(). */
+typedef struct loader_entry {
+  kiln_hal_plugin_t pub;
+  void *handle;              /* dlopen handle, never dlclose'd once the plugin ran */
+  kiln_hal_host_t host;      /* services given to this plugin (must outlive it) */
+  kiln_hal_registry_t *registry;
+  int open_order;            /* order of init(), for shutdown in reverse */
+  int opening;               /* inside init(): a wrapper cycle would re-enter */
+} loader_entry_t;
+
+struct kiln_hal_registry {
+  loader_entry_t **entries; /* pointers, so entries keep their address as the array grows */
+  int count, capacity;
+  char *search_path;
+  kiln_hal_registry_options_t options;
+  int next_open_order;
+};
+
+/* The members a 1.0 plugin must provide; the rest are optional groups. */
+static const struct {
+  const char *name;
+  size_t offset;
+} required_members[] = {
+#define REQ(m) {#m, offsetof(kiln_hal_backend_t, m)}
+    REQ(init),         REQ(shutdown),     REQ(probe),       REQ(device_count),
+    REQ(device_info),  REQ(device_open),  REQ(device_close), REQ(device_memory),
+    REQ(buffer_alloc), REQ(buffer_free),  REQ(stream_create), REQ(stream_destroy),
+    REQ(stream_sync),  REQ(copy_h2d),     REQ(copy_d2h),    REQ(copy_d2d),
+    REQ(fill),         REQ(gemm),         REQ(embedding),   REQ(rmsnorm),
+    REQ(rope),         REQ(silu_mul),     REQ(add),         REQ(copy),
+    REQ(kv_write),     REQ(attention),    REQ(argmax),      REQ(topk),
+    REQ(penalize),     REQ(sample),
+#undef REQ
+};
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static char *loader_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+static char *loader_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *loader_printf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) return NULL;
+  char *s = malloc((size_t)n + 1);
+  if (!s) return NULL;
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+/* Takes ownership of err. */
+kiln_status_t kiln_hal_status_from_error(kiln_hal_error_t *err, const char *context) {
+  if (!err) return NULL;
+  kiln_status_code_t code;
+  switch (err->code) {
+    case KILN_HAL_ERR_INVALID_ARGUMENT: code = KILN_ERR_INVALID_ARGUMENT; break;
+    case KILN_HAL_ERR_UNSUPPORTED: code = KILN_ERR_UNSUPPORTED; break;
+    case KILN_HAL_ERR_OUT_OF_MEMORY: code = KILN_ERR_OUT_OF_MEMORY; break;
+    case KILN_HAL_ERR_NO_DEVICE: code = KILN_ERR_NOT_FOUND; break;
+    case KILN_HAL_ERR_DEVICE: code = KILN_ERR_DEVICE; break;
+    default: code = KILN_ERR_INTERNAL; break;
+  }
+  kiln_status_t st = kiln_status_make(code, "%s: %s", context,
+                                      err->message ? err->message : "(no message)");
+  kiln_hal_error_free(err);
+  return st;
+}
+
+/* Checks a file name against libkiln-backend-<name>.so with <name> in [a-z0-9_-]+.
+ * Writes the name to out (size outsz) and returns 1 when it matches. */
+static int loader_parse_file_name(const char *file, char *out, size_t outsz) {
+  size_t plen = strlen(PLUGIN_PREFIX), slen = strlen(PLUGIN_SUFFIX), n = strlen(file);
+  if (n <= plen + slen) return 0;
+  if (strncmp(file, PLUGIN_PREFIX, plen) != 0) return 0;
+  if (strcmp(file + n - slen, PLUGIN_SUFFIX) != 0) return 0;
+  size_t len = n - plen - slen;
+  if (len + 1 > outsz) return 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = file[plen + i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return 0;
+  }
+  memcpy(out, file + plen, len);
+  out[len] = '\0';
+  return 1;
+}
+
+static const char *loader_basename(const char *path) {
+  const char *s = strrchr(path, '/');
+  return s ? s + 1 : path;
+}
+
+/* ---- host services handed to plugins ---------------------------------------------------- */
+
+static void host_log(void *ctx, int32_t level, const char *message) {
+  loader_entry_t *e = ctx;
+  kiln_log_level_t lv = level <= KILN_HAL_LOG_ERROR  ? KILN_LOG_ERROR
+                        : level == KILN_HAL_LOG_WARN ? KILN_LOG_WARN
+                        : level == KILN_HAL_LOG_INFO ? KILN_LOG_INFO
+                                                     : KILN_LOG_DEBUG;
+  kiln_log(lv, "backend %s: %s", e->pub.name, message);
+}
+
+static const char *host_config_get(void *ctx, const char *key) {
+  loader_entry_t *e = ctx;
+  const kiln_hal_registry_options_t *o = &e->registry->options;
+  if (!o->config_get) return NULL;
+  return o->config_get(o->config_ctx, e->pub.name, key);
+}
+
+static const kiln_hal_backend_t *host_load_backend(void *ctx, const char *name,
+                                                   kiln_hal_error_t **out_error) {
+  loader_entry_t *e = ctx;
+  *out_error = NULL;
+  if (strcmp(name, e->pub.name) == 0) {
+    *out_error = kiln_hal_error_new(KILN_HAL_ERR_INVALID_ARGUMENT,
+                                    "backend '%s' cannot wrap itself", name);
+    return NULL;
+  }
+  const kiln_hal_plugin_t *p = NULL;
+  kiln_status_t st = kiln_hal_registry_open(e->registry, name, &p);
+  if (st) {
+    *out_error = kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE, "%s", kiln_status_message(st));
+    kiln_status_free(st);
+    return NULL;
+  }
+  return &p->table;
+}
+
+/* ---- registry ---------------------------------------------------------------------------- */
+
+static kiln_status_t registry_push(kiln_hal_registry_t *r, loader_entry_t *e) {
+  if (r->count == r->capacity) {
+    int cap = r->capacity ? r->capacity * 2 : 8;
+    loader_entry_t **n = realloc(r->entries, (size_t)cap * sizeof(*n));
+    if (!n) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+    r->entries = n;
+    r->capacity = cap;
+  }
+  r->entries[r->count++] = e;
+  return NULL;
+}
+
+static void entry_free(loader_entry_t *e) {
+  if (!e) return;
+  free(e->pub.path);
+  free(e->pub.name);
+  free(e->pub.reason);
+  free(e);
+}
+
+/* Marks e rejected with a formatted reason. */
+static void entry_reject(loader_entry_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void entry_reject(loader_entry_t *e, const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  free(e->pub.reason);
+  e->pub.reason = loader_strdup(buf);
+  e->pub.state = KILN_HAL_PLUGIN_REJECTED;
+  e->pub.score = 0;
+}
+
+/* dlopen + query + version check + required members + probe. Leaves e USABLE or REJECTED. */
+static void entry_load(loader_entry_t *e) {
+  dlerror();
+  e->handle = dlopen(e->pub.path, RTLD_NOW | RTLD_LOCAL);
+  if (!e->handle) {
+    const char *why = dlerror();
+    entry_reject(e, "dlopen failed: %s", why ? why : "unknown error");
+    return;
+  }
+  kiln_hal_query_fn query;
+  void *sym = dlsym(e->handle, KILN_HAL_ENTRY_SYMBOL);
+  if (!sym) {
+    entry_reject(e, "missing entry symbol %s (not a Kiln backend, or built without exporting it)",
+                 KILN_HAL_ENTRY_SYMBOL);
+    dlclose(e->handle); /* none of its code ran: safe to unmap */
+    e->handle = NULL;
+    return;
+  }
+  memcpy(&query, &sym, sizeof(query));
+  const kiln_hal_backend_t *t = query(KILN_HAL_ABI_MAJOR, KILN_HAL_ABI_MINOR);
+  if (!t) {
+    entry_reject(e, "%s(%d, %d) returned NULL: the plugin declined to serve host ABI %d.%d",
+                 KILN_HAL_ENTRY_SYMBOL, KILN_HAL_ABI_MAJOR, KILN_HAL_ABI_MINOR,
+                 KILN_HAL_ABI_MAJOR, KILN_HAL_ABI_MINOR);
+    return;
+  }
+  size_t frozen = offsetof(kiln_hal_backend_t, name) + sizeof(t->name);
+  if (t->struct_size < frozen) {
+    entry_reject(e, "backend table is %u bytes, smaller than the %zu-byte frozen header",
+                 t->struct_size, frozen);
+    return;
+  }
+  e->pub.abi_major = t->abi_major;
+  e->pub.abi_minor = t->abi_minor;
+  if (t->abi_major != KILN_HAL_ABI_MAJOR) {
+    entry_reject(e, "plugin ABI %u.%u, host ABI %d.%d: majors differ; rebuild the plugin "
+                 "against this Kiln's SDK",
+                 t->abi_major, t->abi_minor, KILN_HAL_ABI_MAJOR, KILN_HAL_ABI_MINOR);
+    return;
+  }
+  if (!t->name || strcmp(t->name, e->pub.name) != 0) {
+    entry_reject(e, "file is named for backend '%s' but the plugin calls itself '%s'",
+                 e->pub.name, t->name ? t->name : "(null)");
+    return;
+  }
+  /* Normalise: copy what the plugin has, leave what it lacks zero. A newer minor's extra
+   * members are beyond sizeof and ignored. */
+  size_t n = t->struct_size < sizeof(kiln_hal_backend_t) ? t->struct_size
+                                                         : sizeof(kiln_hal_backend_t);
+  memset(&e->pub.table, 0, sizeof(e->pub.table));
+  memcpy(&e->pub.table, t, n);
+  e->pub.table.struct_size = sizeof(kiln_hal_backend_t);
+  e->pub.build_info = e->pub.table.build_info ? e->pub.table.build_info : "";
+  for (size_t i = 0; i < sizeof(required_members) / sizeof(required_members[0]); i++) {
+    void *fn;
+    memcpy(&fn, (const char *)&e->pub.table + required_members[i].offset, sizeof(fn));
+    if (!fn) {
+      entry_reject(e, "ABI %u.%u table lacks required member '%s'%s", t->abi_major,
+                   t->abi_minor, required_members[i].name,
+                   required_members[i].offset >= t->struct_size ? " (table too short)" : " (NULL)");
+      return;
+    }
+  }
+  /* Graph members form an optional group: all or none. */
+  const kiln_hal_backend_t *nt = &e->pub.table;
+  int ngraph = !!nt->graph_begin + !!nt->graph_end + !!nt->graph_replay + !!nt->graph_destroy;
+  if (ngraph != 0 && ngraph != 4) {
+    entry_reject(e, "graph members must be all present or all NULL (%d of 4 present)", ngraph);
+    return;
+  }
+  int32_t score = 0;
+  kiln_hal_error_t *err = nt->probe(&score);
+  if (err || score <= 0) {
+    entry_reject(e, "probe found no usable device%s%s", err ? ": " : "",
+                 err && err->message ? err->message : "");
+    kiln_hal_error_free(err);
+    return;
+  }
+  e->pub.score = score;
+  e->pub.state = KILN_HAL_PLUGIN_USABLE;
+  free(e->pub.reason);
+  e->pub.reason = NULL;
+}
+
+static loader_entry_t *registry_find(kiln_hal_registry_t *r, const char *name) {
+  for (int i = 0; i < r->count; i++) {
+    loader_entry_t *e = r->entries[i];
+    if (e->pub.state != KILN_HAL_PLUGIN_SHADOWED && e->pub.name && strcmp(e->pub.name, name) == 0)
+      return e;
+  }
+  return NULL;
+}
+
+/* path with its directory resolved but not its last component: plugins are often symlinks
+ * whose own name (not the target's) is what counts. Returns malloc'ed or NULL. */
+static char *loader_canonical(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? malloc((size_t)(slash - path) + 2) : loader_strdup(".");
+  if (!dir) return NULL;
+  if (slash) {
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+  }
+  char *real = realpath(dir, NULL);
+  free(dir);
+  if (!real) return NULL;
+  char *out = loader_printf("%s/%s", real, slash ? slash + 1 : path);
+  free(real);
+  return out;
+}
+
+static loader_entry_t *registry_find_path(kiln_hal_registry_t *r, const char *path) {
+  char *want = loader_canonical(path);
+  loader_entry_t *found = NULL;
+  for (int i = 0; want && !found && i < r->count; i++) {
+    char *have = loader_canonical(r->entries[i]->pub.path);
+    if (have && strcmp(have, want) == 0) found = r->entries[i];
+    free(have);
+  }
+  free(want);
+  return found;
+}
+
+/* Creates an entry for path; a file name that breaks the naming rule is recorded as rejected
+ * when it at least starts with the plugin prefix (so typos show up in `kiln info`). */
+static kiln_status_t registry_add_file(kiln_hal_registry_t *r, const char *path, int explicit_path,
+                                       loader_entry_t **out_entry) {
+  if (out_entry) *out_entry = NULL;
+  const char *base = loader_basename(path);
+  char name[128];
+  int ok = loader_parse_file_name(base, name, sizeof(name));
+  if (!ok && !explicit_path && strncmp(base, PLUGIN_PREFIX, strlen(PLUGIN_PREFIX)) != 0)
+    return NULL; /* an unrelated file in a plugin directory */
+  loader_entry_t *e = calloc(1, sizeof(*e));
+  if (!e) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  e->registry = r;
+  e->pub.path = loader_strdup(path);
+  e->pub.name = loader_strdup(ok ? name : base);
+  if (!e->pub.path || !e->pub.name) {
+    entry_free(e);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  }
+  kiln_status_t st = registry_push(r, e);
+  if (st) {
+    entry_free(e);
+    return st;
+  }
+  if (!ok) {
+    entry_reject(e, "file name does not match %s<name>%s with <name> in [a-z0-9_-]",
+                 PLUGIN_PREFIX, PLUGIN_SUFFIX);
+  } else if (!explicit_path && registry_find(r, name) != e) {
+    loader_entry_t *first = registry_find(r, name);
+    free(e->pub.reason);
+    e->pub.reason = loader_printf("shadowed by %s, found earlier in the search path",
+                                  first->pub.path);
+    e->pub.state = KILN_HAL_PLUGIN_SHADOWED;
+  } else {
+    entry_load(e);
+  }
+  if (out_entry) *out_entry = e;
+  return NULL;
+}
+
+static int loader_cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Adds every plugin file of one directory, in sorted order. A missing directory is fine. */
+static kiln_status_t registry_scan_dir(kiln_hal_registry_t *r, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    KILN_LOG_D("plugin directory %s: %s", dir, strerror(errno));
+    return NULL;
+  }
+  kiln_status_t st = NULL;
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (strncmp(de->d_name, PLUGIN_PREFIX, strlen(PLUGIN_PREFIX)) != 0) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      char **nn = realloc(names, cap * sizeof(*nn));
+      if (!nn) goto oom;
+      names = nn;
+    }
+    if (!(names[n] = loader_strdup(de->d_name))) goto oom;
+    n++;
+  }
+  if (n) qsort(names, n, sizeof(*names), loader_cmp_str);
+  for (size_t i = 0; i < n && !st; i++) {
+    char *path = loader_printf("%s/%s", dir, names[i]);
+    if (!path) goto oom;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) st = registry_add_file(r, path, 0, NULL);
+    free(path);
+  }
+  goto done;
+oom:
+  st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+done:
+  for (size_t i = 0; i < n; i++) free(names[i]);
+  free(names);
+  closedir(d);
+  return st;
+}
+
+/* Appends dir to the colon-separated search path string (skipping duplicates). */
+static kiln_status_t registry_add_dir(kiln_hal_registry_t *r, const char *dir) {
+  if (!dir || !*dir) return NULL;
+  size_t dl = strlen(dir);
+  for (const char *p = r->search_path; p && *p;) {
+    const char *c = strchr(p, ':');
+    size_t len = c ? (size_t)(c - p) : strlen(p);
+    if (len == dl && strncmp(p, dir, dl) == 0) return NULL;
+    p = c ? c + 1 : p + len;
+  }
+  char *n = r->search_path && *r->search_path ? loader_printf("%s:%s", r->search_path, dir)
+                                              : loader_strdup(dir);
+  if (!n) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  free(r->search_path);
+  r->search_path = n;
+  return registry_scan_dir(r, dir);
+}
+
+static kiln_status_t registry_add_dir_list(kiln_hal_registry_t *r, const char *list) {
+  if (!list) return NULL;
+  char *copy = loader_strdup(list);
+  if (!copy) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  kiln_status_t st = NULL;
+  char *save = NULL;
+  for (char *tok = strtok_r(copy, ":", &save); tok && !st; tok = strtok_r(NULL, ":", &save))
+    st = registry_add_dir(r, tok);
+  free(copy);
+  return st;
+}
+
+/* The directory of the plugins shipped beside this libkiln: <dir of libkiln.so>/kiln, which is
+ * $ORIGIN/../lib/kiln for an executable in bin/. */
+static char *loader_origin_dir(void) {
+  Dl_info info;
+  if (!dladdr((void *)kiln_hal_registry_create, &info) || !info.dli_fname) return NULL;
+  char *lib = realpath(info.dli_fname, NULL);
+  if (!lib) return NULL;
+  char *slash = strrchr(lib, '/');
+  if (slash) *slash = '\0';
+  char *dir = loader_printf("%s/kiln", lib);
+  free(lib);
+  return dir;
+}
+
+kiln_status_t kiln_hal_registry_create(const kiln_hal_registry_options_t *options,
+                                       kiln_hal_registry_t **out_registry) {
+  *out_registry = NULL;
+  kiln_hal_registry_t *r = calloc(1, sizeof(*r));
+  if (!r) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  if (options) r->options = *options;
+  kiln_status_t st = NULL;
+  if (!r->options.skip_env) st = registry_add_dir_list(r, getenv("KILN_BACKEND_PATH"));
+  if (!st) st = registry_add_dir_list(r, r->options.config_path);
+  if (!st && !r->options.skip_default_dirs) {
+    char *origin = loader_origin_dir();
+    if (origin) st = registry_add_dir(r, origin);
+    free(origin);
+    if (!st) st = registry_add_dir(r, KILN_INSTALL_PLUGINDIR);
+  }
+  if (st) {
+    kiln_hal_registry_free(r);
+    return st;
+  }
+  if (!r->search_path) r->search_path = loader_strdup("");
+  *out_registry = r;
+  return NULL;
+}
+
+void kiln_hal_registry_free(kiln_hal_registry_t *r) {
+  if (!r) return;
+  /* Shut plugins down in reverse order of init, so a wrapper goes before what it wraps. */
+  for (int order = r->next_open_order - 1; order >= 0; order--) {
+    for (int i = 0; i < r->count; i++) {
+      loader_entry_t *e = r->entries[i];
+      if (e->pub.state == KILN_HAL_PLUGIN_OPEN && e->open_order == order) e->pub.table.shutdown();
+    }
+  }
+  for (int i = 0; i < r->count; i++) entry_free(r->entries[i]); /* handles stay mapped */
+  free(r->entries);
+  free(r->search_path);
+  free(r);
+}
+
+int kiln_hal_registry_count(const kiln_hal_registry_t *r) { return r->count; }
+
+const kiln_hal_plugin_t *kiln_hal_registry_get(const kiln_hal_registry_t *r, int index) {
+  if (index < 0 || index >= r->count) return NULL;
+  return &r->entries[index]->pub;
+}
+
+const char *kiln_hal_registry_search_path(const kiln_hal_registry_t *r) { return r->search_path; }
+
+static kiln_status_t entry_open(loader_entry_t *e) {
+  if (e->pub.state == KILN_HAL_PLUGIN_OPEN) return NULL;
+  if (e->pub.state != KILN_HAL_PLUGIN_USABLE)
+    return kiln_status_make(KILN_ERR_NOT_FOUND, "backend '%s' (%s) cannot be used: %s",
+                            e->pub.name, e->pub.path, e->pub.reason ? e->pub.reason : "unknown");
+  e->host.struct_size = sizeof(e->host);
+  e->host.ctx = e;
+  e->host.log = host_log;
+  e->host.config_get = host_config_get;
+  e->host.load_backend = host_load_backend;
+  e->host.num_threads = e->registry->options.num_threads;
+  if (e->opening)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "backend '%s' is already starting: plugins wrap each other in a cycle",
+                            e->pub.name);
+  e->opening = 1;
+  kiln_hal_error_t *err = e->pub.table.init(&e->host);
+  e->opening = 0;
+  if (err) {
+    kiln_status_t st = kiln_hal_status_from_error(err, "init");
+    entry_reject(e, "%s", kiln_status_message(st));
+    st = kiln_status_annotate(st, "backend '%s' (%s)", e->pub.name, e->pub.path);
+    return st;
+  }
+  e->pub.state = KILN_HAL_PLUGIN_OPEN;
+  e->open_order = e->registry->next_open_order++;
+  KILN_LOG_I("backend %s: %s (ABI %u.%u, probe score %d)", e->pub.name, e->pub.path,
+             e->pub.abi_major, e->pub.abi_minor, e->pub.score);
+  return NULL;
+}
+
+/* One line per plugin that could not be used, for error messages. */
+static char *registry_reasons(kiln_hal_registry_t *r) {
+  char *s = loader_strdup("");
+  for (int i = 0; s && i < r->count; i++) {
+    loader_entry_t *e = r->entries[i];
+    if (e->pub.state != KILN_HAL_PLUGIN_REJECTED) continue;
+    char *n = loader_printf("%s\n  %s (%s): %s", s, e->pub.name, e->pub.path, e->pub.reason);
+    free(s);
+    s = n;
+  }
+  return s;
+}
+
+kiln_status_t kiln_hal_registry_open(kiln_hal_registry_t *r, const char *name,
+                                     const kiln_hal_plugin_t **out_plugin) {
+  *out_plugin = NULL;
+  loader_entry_t *e = NULL;
+  kiln_status_t st = NULL;
+  if (!name || !*name) name = "auto";
+  if (strchr(name, '/')) {
+    e = registry_find_path(r, name);
+    if (!e) {
+      struct stat sb;
+      if (stat(name, &sb) != 0)
+        return kiln_status_make(KILN_ERR_NOT_FOUND, "backend file %s: %s", name, strerror(errno));
+      if ((st = registry_add_file(r, name, 1, &e))) return st;
+    }
+  } else if (strcmp(name, "auto") == 0) {
+    loader_entry_t *best = NULL;
+    for (int i = 0; i < r->count; i++) {
+      loader_entry_t *c = r->entries[i];
+      if ((c->pub.state == KILN_HAL_PLUGIN_USABLE || c->pub.state == KILN_HAL_PLUGIN_OPEN) &&
+          c->pub.score >= 100 && (!best || c->pub.score > best->pub.score))
+        best = c;
+    }
+    if (best) {
+      st = entry_open(best);
+      if (!st) {
+        *out_plugin = &best->pub;
+        return NULL;
+      }
+      KILN_LOG_W("backend auto: %s failed to start (%s); falling back to cpu", best->pub.name,
+                 kiln_status_message(st));
+      kiln_status_free(st);
+    } else {
+      char *why = registry_reasons(r);
+      KILN_LOG_W("backend auto: no GPU backend is usable; using cpu%s%s",
+                 why && *why ? ". Rejected plugins:" : "", why ? why : "");
+      free(why);
+    }
+    e = registry_find(r, "cpu");
+    if (!e) {
+      char *why = registry_reasons(r);
+      st = kiln_status_make(KILN_ERR_NOT_FOUND,
+                            "backend auto: no usable backend and no cpu plugin in %s%s%s",
+                            *r->search_path ? r->search_path : "(empty search path)",
+                            why && *why ? ". Rejected:" : "", why ? why : "");
+      free(why);
+      return st;
+    }
+  } else {
+    e = registry_find(r, name);
+    if (!e)
+      return kiln_status_make(KILN_ERR_NOT_FOUND,
+                              "backend '%s': no file libkiln-backend-%s.so in the search path %s",
+                              name, name, *r->search_path ? r->search_path : "(empty)");
+  }
+  if ((st = entry_open(e))) return st;
+  *out_plugin = &e->pub;
+  return NULL;
+}

@@ -1,0 +1,127 @@
+/* cli.c - shared option handling for the `kiln` subcommands (see cli.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+
+#ifndef KILN_INSTALL_SYSCONFDIR
+#define KILN_INSTALL_SYSCONFDIR "/usr/local/etc"
+#endif
+
+static int cli_file_exists(const char *path) { return access(path, R_OK) == 0; }
+
+/* The config file to use when --config is not given; NULL = built-in defaults. */
+static const char *cli_default_config(void) {
+  const char *env = getenv("KILN_CONFIG");
+  if (env && *env) return env;
+  if (cli_file_exists("etc/kiln.ini")) return "etc/kiln.ini";
+  if (cli_file_exists(KILN_INSTALL_SYSCONFDIR "/kiln/kiln.ini"))
+    return KILN_INSTALL_SYSCONFDIR "/kiln/kiln.ini";
+  return NULL;
+}
+
+static const char *cli_plugin_config_get(void *ctx, const char *plugin, const char *key) {
+  char section[160];
+  snprintf(section, sizeof(section), "plugin.%s", plugin);
+  return kiln_config_get_raw((const kiln_config_t *)ctx, section, key);
+}
+
+kiln_status_t kiln_cli_init(kiln_cli_t *cli, int argc, char **argv) {
+  memset(cli, 0, sizeof(*cli));
+  kiln_status_t st = NULL;
+  const char *config_path = NULL;
+  const char **sets = calloc((size_t)argc + 1, sizeof(*sets));
+  char **rest = calloc((size_t)argc + 1, sizeof(*rest));
+  int nsets = 0, nrest = 0;
+  const char *log_level = NULL;
+  if (!sets || !rest) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = NULL;
+    int takes = 0;
+    if (strcmp(a, "--config") == 0 || strcmp(a, "--set") == 0 || strcmp(a, "--log-level") == 0) {
+      if (i + 1 >= argc) {
+        st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s needs a value", a);
+        goto fail;
+      }
+      val = argv[++i];
+      takes = 1;
+    } else if (strncmp(a, "--config=", 9) == 0 || strncmp(a, "--set=", 6) == 0 ||
+               strncmp(a, "--log-level=", 12) == 0) {
+      val = strchr(a, '=') + 1;
+      takes = 1;
+    }
+    if (!takes) {
+      rest[nrest++] = argv[i];
+    } else if (strncmp(a, "--config", 8) == 0) {
+      config_path = val;
+    } else if (strncmp(a, "--set", 5) == 0) {
+      sets[nsets++] = val;
+    } else {
+      log_level = val;
+    }
+  }
+  if ((st = kiln_config_create(&cli->config))) goto fail;
+  if (!config_path) config_path = cli_default_config();
+  if (config_path && (st = kiln_config_load_file(cli->config, config_path))) goto fail;
+  cli->config_path = config_path;
+  for (int i = 0; i < nsets; i++)
+    if ((st = kiln_config_set(cli->config, sets[i]))) goto fail;
+  if (log_level && (st = kiln_config_set_value(cli->config, "log", "level", log_level,
+                                               "--log-level")))
+    goto fail;
+  kiln_log_set_level((kiln_log_level_t)kiln_log_level_parse(
+      kiln_config_get_string(cli->config, "log", "level")));
+  kiln_log_set_format(strcmp(kiln_config_get_string(cli->config, "log", "format"), "json") == 0
+                          ? KILN_LOG_JSON
+                          : KILN_LOG_TEXT);
+  cli->argc = nrest;
+  cli->argv = rest;
+  rest = NULL;
+fail:
+  free(sets);
+  free(rest);
+  return st;
+}
+
+kiln_status_t kiln_cli_registry(kiln_cli_t *cli) {
+  kiln_hal_registry_options_t opts = {0};
+  opts.config_path = kiln_config_get_string(cli->config, "backend", "path");
+  opts.num_threads = (int32_t)kiln_config_get_int(cli->config, "backend", "threads");
+  opts.config_get = cli_plugin_config_get;
+  opts.config_ctx = cli->config;
+  return kiln_hal_registry_create(&opts, &cli->registry);
+}
+
+void kiln_cli_free(kiln_cli_t *cli) {
+  kiln_hal_registry_free(cli->registry);
+  kiln_config_free(cli->config);
+  free(cli->argv);
+  memset(cli, 0, sizeof(*cli));
+}
+
+int kiln_cli_fail(kiln_status_t st) {
+  fprintf(stderr, "kiln: %s\n", kiln_status_message(st));
+  kiln_status_free(st);
+  return 1;
+}
+
+const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}

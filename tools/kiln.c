@@ -1,0 +1,72 @@
+/* kiln.c - the `kiln` command: dispatches to the subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kiln/hal.h"
+
+static int cmd_config(kiln_cli_t *cli) {
+  kiln_config_write(cli->config, stdout);
+  return 0;
+}
+
+typedef struct kiln_command {
+  const char *name;
+  int (*run)(kiln_cli_t *cli);
+  const char *help;
+} kiln_command_t;
+
+static const kiln_command_t commands[] = {
+    {"info", kiln_cmd_info, "list backend plugins, their devices, and why any were rejected"},
+    {"selftest", kiln_cmd_selftest,
+     "run a transformer layer's ops on the configured backend against an fp64 reference"},
+    {"config", cmd_config, "print the effective configuration as an INI file"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kiln <command> [--config FILE] [--set section.key=value]... [options]\n"
+          "       kiln --help-config | --version | --help\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+  fprintf(f,
+          "\ncommon options:\n"
+          "  --config FILE            INI file (default: $KILN_CONFIG, ./etc/kiln.ini, or the\n"
+          "                           installed kiln.ini; built-in defaults if none exists)\n"
+          "  --set section.key=value  override one key (repeatable; see --help-config)\n"
+          "  --log-level LEVEL        error|warn|info|debug\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "--help-config") == 0) {
+    kiln_config_print_help(stdout);
+    return 0;
+  }
+  if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+    printf("kiln %s (backend ABI %d.%d)\n", KILN_VERSION_STRING, KILN_HAL_ABI_MAJOR,
+           KILN_HAL_ABI_MINOR);
+    return 0;
+  }
+  const kiln_command_t *cmd = NULL;
+  for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+    if (strcmp(argv[1], commands[i].name) == 0) cmd = &commands[i];
+  if (!cmd) {
+    fprintf(stderr, "kiln: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+  }
+  kiln_cli_t cli;
+  kiln_status_t st = kiln_cli_init(&cli, argc - 1, argv + 1);
+  if (st) {
+    kiln_cli_free(&cli);
+    return kiln_cli_fail(st);
+  }
+  int rc = cmd->run(&cli);
+  kiln_cli_free(&cli);
+  return rc;
+}
