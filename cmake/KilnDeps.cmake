@@ -1,0 +1,39 @@
+# Third-party libraries, as imported targets Kiln::inih, Kiln::cmocka and Kiln::openblas.
+# pkg-config is the normal way (Debian's -dev packages ship .pc files); where pkg-config is
+# absent (e.g. a GPU image with the libraries unpacked under CMAKE_PREFIX_PATH) the headers and
+# libraries are searched for directly.
+find_package(PkgConfig QUIET)
+
+# kiln_find_dep(TARGET PCNAME HEADER LIBNAMES... [PATH_SUFFIXES ...] [OPTIONAL])
+function(kiln_find_dep target pcname header)
+  cmake_parse_arguments(D "OPTIONAL" "" "NAMES;PATH_SUFFIXES" ${ARGN})
+  if(TARGET ${target})
+    return()
+  endif()
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(_kd_${pcname} QUIET IMPORTED_TARGET GLOBAL ${pcname})
+    if(_kd_${pcname}_FOUND)
+      add_library(${target} ALIAS PkgConfig::_kd_${pcname})
+      message(STATUS "${target}: pkg-config ${pcname} ${_kd_${pcname}_VERSION}")
+      return()
+    endif()
+  endif()
+  find_path(_kd_${pcname}_INC ${header})
+  find_library(_kd_${pcname}_LIB NAMES ${D_NAMES} PATH_SUFFIXES ${D_PATH_SUFFIXES})
+  if(_kd_${pcname}_INC AND _kd_${pcname}_LIB)
+    add_library(${target} UNKNOWN IMPORTED GLOBAL)
+    set_target_properties(${target} PROPERTIES IMPORTED_LOCATION ${_kd_${pcname}_LIB}
+      INTERFACE_INCLUDE_DIRECTORIES ${_kd_${pcname}_INC})
+    message(STATUS "${target}: ${_kd_${pcname}_LIB}")
+  elseif(NOT D_OPTIONAL)
+    message(FATAL_ERROR "${target}: ${pcname} not found. On Debian: apt-get install "
+      "libinih-dev libcmocka-dev libopenblas-dev pkg-config (or run `make deps`).")
+  endif()
+endfunction()
+
+kiln_find_dep(Kiln::inih inih ini.h NAMES inih)
+kiln_find_dep(Kiln::openblas openblas cblas.h NAMES openblas
+  PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial)
+if(KILN_BUILD_TESTS)
+  kiln_find_dep(Kiln::cmocka cmocka cmocka.h NAMES cmocka)
+endif()

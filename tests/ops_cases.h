@@ -1,0 +1,29 @@
+/* ops_cases.h - the cmocka tests of the op conformance suite, one per op or concern; main() in
+ * test_ops.c runs them on every backend under test (see ops_harness.h). */
+#ifndef KILN_TESTS_OPS_CASES_H
+#define KILN_TESTS_OPS_CASES_H
+
+/* ops_cases_basic.c */
+void test_ops_gemm(void **state);
+void test_ops_embedding(void **state);
+void test_ops_rmsnorm(void **state);
+void test_ops_rope(void **state);
+void test_ops_silu_mul(void **state);
+void test_ops_add(void **state);
+void test_ops_copy(void **state);
+
+/* ops_cases_attention.c */
+void test_ops_kv_write(void **state);
+void test_ops_attention(void **state);
+
+/* ops_cases_sampling.c */
+void test_ops_argmax(void **state);
+void test_ops_topk(void **state);
+void test_ops_penalize(void **state);
+void test_ops_sample(void **state);
+
+/* ops_cases_misc.c */
+void test_ops_graphs(void **state);
+void test_ops_bad_args(void **state);
+
+#endif /* KILN_TESTS_OPS_CASES_H */

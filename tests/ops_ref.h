@@ -1,0 +1,94 @@
+/* ops_ref.h - fp64 host references for the HAL op conformance suite (tests/test_ops.c).
+ *
+ * Each function implements the semantics written in hal/include/kiln/hal.h literally, with
+ * plain loops in double precision, on dense row-major host arrays of doubles that already hold
+ * values representable in the op's dtype. Rounding to a storage dtype happens only where the
+ * header defines a rounding point inside the op (rmsnorm); the final rounding of an output is
+ * left to the caller's tolerance. Nothing here allocates except ops_ref_topk and
+ * ops_ref_sample (scratch, freed before returning); no function can fail.
+ */
+#ifndef KILN_TESTS_OPS_REF_H
+#define KILN_TESTS_OPS_REF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* v rounded to what dtype (kiln_hal_dtype_t) holds: F32, F16 or BF16 (round to nearest even).
+ * Other dtypes return v unchanged. */
+double ops_ref_round(int32_t dtype, double v);
+
+/* c_out[M,N] = alpha * (a[M,K] @ b[K,N]) + beta * c_in + bias[N]. c_in is read only when
+ * beta != 0 (it may be NULL otherwise); bias may be NULL. out_mag (may be NULL) receives, per
+ * element, |alpha| * sum_k |a*b| + |beta * c_in| + |bias|: the scale of the rounding error an
+ * f32 accumulation may make. */
+void ops_ref_gemm(int64_t M, int64_t N, int64_t K, const double *a, const double *b,
+                  const double *bias, double alpha, double beta, const double *c_in, double *c_out,
+                  double *out_mag);
+
+/* out[T,H] = table[ids[t], :], or zeros for an id outside [0, V). */
+void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
+                       double *out);
+
+/* RMSNorm with the header's rounding points (dtype is the storage dtype):
+ *   s = round(x + residual) (or x);  residual = s;
+ *   out = round(round(s / sqrt(mean(s^2) + eps)) * (w + weight_offset)).
+ * residual may be NULL (no residual); when present it is updated in place. */
+void ops_ref_rmsnorm(int32_t dtype, int64_t T, int64_t H, const double *x, double *residual,
+                     const double *weight, double eps, double weight_offset, double *out);
+
+/* The [P, R] cos/sin table for inverse frequencies theta^(-2i/R), i < R/2, computed in double
+ * and stored as f32 (what the host uploads). */
+void ops_ref_rope_table(int64_t P, int64_t R, double theta, float *cos_sin);
+
+/* Rotary embedding in place on x[T, NH, D]; style is kiln_hal_rope_style_t; cos_sin is the
+ * [P, R] table (as doubles). A position outside [0, P) leaves its row unchanged. */
+void ops_ref_rope(int32_t style, int64_t T, int64_t NH, int64_t D, int64_t R,
+                  const int32_t *positions, int64_t P, const double *cos_sin, double *x);
+
+/* act(x) for kiln_hal_act_t act. */
+double ops_ref_act(int32_t act, double x);
+
+/* out[t, i] = act(x[t, i]) * x[t, I + i];  x: [T, 2I], out: [T, I]. */
+void ops_ref_act_mul(int32_t act, int64_t T, int64_t I, const double *x, double *out);
+
+typedef struct ops_ref_attention_params {
+  int64_t num_seqs, NH, NKV, D, BS, MB;
+  double scale;
+  bool causal;
+  int32_t sliding_window; /* 0 = unlimited */
+  double softcap;         /* 0 = off */
+} ops_ref_attention_params_t;
+
+/* Paged attention. q, out: [T, NH, D]; k_cache, v_cache: [NB, NKV, BS, D]; block_table:
+ * [S, MB]; seq_lens: [S]; qsl: [S + 1]. Writes only rows [qsl[0], qsl[S]) of out. Returns the
+ * number of cache elements read that were NaN (a reference bug or a test setup error: the
+ * caller keeps unused cache slots NaN to catch kernels that read them). */
+int64_t ops_ref_attention(const ops_ref_attention_params_t *p, const double *q,
+                          const double *k_cache, const double *v_cache, const int32_t *block_table,
+                          const int32_t *seq_lens, const int32_t *qsl, double *out);
+
+/* logsumexp of row[0..V). */
+double ops_ref_logsumexp(int64_t V, const double *row);
+
+/* argmax (lowest index among equal maxima); out_logprob (may be NULL) = log_softmax[id]. */
+int32_t ops_ref_argmax(int64_t V, const double *row, double *out_logprob);
+
+/* The k largest entries, descending, ties by lower index first. */
+void ops_ref_topk(int64_t V, const double *row, int64_t k, int32_t *out_ids, double *out_values);
+
+/* Penalties for one row, in place on logits[0..V) in the order the header lists them:
+ * repetition (when has_rep), then frequency/presence (when has_freq), then bias (when
+ * nbias > 0). Ids outside [0, V) are ignored everywhere. */
+void ops_ref_penalize_row(int64_t V, double *logits, const int32_t *prompt, int64_t nprompt,
+                          const int32_t *output, int64_t noutput, bool has_rep, double rep,
+                          bool has_freq, double freq, double pres, const int32_t *bias_ids,
+                          const double *bias_values, int64_t nbias);
+
+/* The header's sampling rule for one row. *out_margin (may be NULL) receives the smallest
+ * distance, relative to the quantities compared, between any decision the rule makes (top_p
+ * cut, min_p cut, the uniform draw against a CDF boundary) and its threshold: a caller that
+ * compares against an f32 implementation re-draws parameters when it is tiny. */
+int32_t ops_ref_sample(int64_t V, const double *logits, double temperature, int32_t top_k,
+                       double top_p, double min_p, double uniform, double *out_margin);
+
+#endif /* KILN_TESTS_OPS_REF_H */
