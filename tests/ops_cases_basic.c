@@ -13,7 +13,7 @@
 
 #include "ops_cases.h"
 #include "ops_harness.h"
-#include "ops_ref.h"
+#include "hal/ref/ops_ref.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

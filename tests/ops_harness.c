@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "hal/loader.h"
-#include "ops_ref.h"
+#include "hal/ref/ops_ref.h"
 
 oh_backend_t oh_backends[OH_MAX_BACKENDS];
 int oh_num_backends;

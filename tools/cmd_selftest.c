@@ -11,7 +11,7 @@
 
 #include "cli.h"
 #include "kiln/hal_util.h"
-#include "ops_ref.h"
+#include "hal/ref/ops_ref.h"
 
 /* Model and batch shape: small, but with GQA, a partial block and odd token counts. */
 enum { V = 509, H = 256, NH = 4, NKV = 2, D = 64, I = 384, BS = 16, NB = 8, MB = 4, S = 2 };

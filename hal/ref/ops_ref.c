@@ -1,5 +1,5 @@
 /* ops_ref.c - fp64 host references for the HAL ops: obviously-correct loops, no tricks. */
-#include "ops_ref.h"
+#include "hal/ref/ops_ref.h"
 
 #include <math.h>
 #include <stdlib.h>

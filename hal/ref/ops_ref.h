@@ -1,4 +1,5 @@
-/* ops_ref.h - fp64 host references for the HAL op conformance suite (tests/test_ops.c).
+/* ops_ref.h - fp64 host references for the HAL ops, used by the conformance suite
+ * (tests/test_ops.c) and `kiln selftest` (tools/cmd_selftest.c).
  *
  * Each function implements the semantics written in hal/include/kiln/hal.h literally, with
  * plain loops in double precision, on dense row-major host arrays of doubles that already hold
@@ -7,8 +8,8 @@
  * left to the caller's tolerance. Nothing here allocates except ops_ref_topk and
  * ops_ref_sample (scratch, freed before returning); no function can fail.
  */
-#ifndef KILN_TESTS_OPS_REF_H
-#define KILN_TESTS_OPS_REF_H
+#ifndef KILN_HAL_REF_OPS_REF_H
+#define KILN_HAL_REF_OPS_REF_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -91,4 +92,4 @@ void ops_ref_penalize_row(int64_t V, double *logits, const int32_t *prompt, int6
 int32_t ops_ref_sample(int64_t V, const double *logits, double temperature, int32_t top_k,
                        double top_p, double min_p, double uniform, double *out_margin);
 
-#endif /* KILN_TESTS_OPS_REF_H */
+#endif /* KILN_HAL_REF_OPS_REF_H */
