@@ -10,6 +10,8 @@ install(TARGETS kiln LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(FILES etc/kiln.ini DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kiln)
 
 set(KILN_PC_PLUGINDIR "\${libdir}/kiln")
+# Relocatable: the prefix is found from the .pc file's own place (pkg-config's ${pcfiledir}).
+file(RELATIVE_PATH KILN_PC_TO_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
 configure_file(cmake/kiln.pc.in ${PROJECT_BINARY_DIR}/kiln.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/kiln.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
