@@ -318,7 +318,10 @@ typedef struct kiln_hal_kv_write_args {
  * q, out, k_cache and v_cache have one float dtype. query_start_loc[0] == 0 and it is
  * non-decreasing. A query row with no visible key gets zeros. Rows at or beyond qsl[S] are not
  * written.
- * max_query_len and max_seq_len are upper bounds over the batch used to size the launch; under
+ * Metadata that breaks these rules (a block id outside [0, NB), q_len > seq_lens[s], a
+ * decreasing query_start_loc) never makes a backend read or write out of bounds; it may be
+ * reported as INVALID_ARGUMENT by the call or the next stream_sync, or leave the affected rows
+ * unspecified. max_query_len and max_seq_len are upper bounds over the batch used to size the launch; under
  * graph capture pass the largest values the graph will ever see. num_seqs == S. */
 typedef struct kiln_hal_attention_args {
   uint32_t struct_size;
@@ -351,7 +354,8 @@ typedef struct kiln_hal_topk_args {
   kiln_hal_tensor_t logits, out_values, out_ids, out_lse;
 } kiln_hal_topk_args_t;
 
-/* Penalties and biases applied to logits in place, per row s (vLLM / OpenAI semantics):
+/* Penalties and biases applied to logits in place, per row s (vLLM / OpenAI semantics), in
+ * this order: repetition, then frequency/presence, then bias:
  *   repetition (r = repetition[s], 1 = off): for each distinct token in prompt or output,
  *       logit = logit > 0 ? logit / r : logit * r
  *   frequency/presence (output tokens only): logit -= frequency[s] * count + presence[s] * (count > 0)

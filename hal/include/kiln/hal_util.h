@@ -117,15 +117,24 @@ static inline bool kiln_hal_tensor_is_contiguous(const kiln_hal_tensor_t *t) {
   return true;
 }
 
-/* Bytes from offset 0 of the buffer to one past the last element the view can touch
- * (0 for an empty view). Negative strides are not allowed in views. */
+/* Bytes from offset 0 of the buffer to one past the last element the view can touch (0 for
+ * an empty view), or UINT64_MAX when a shape, stride or the sum is negative or overflows: a
+ * caller compares the result with the buffer size, and UINT64_MAX never fits. */
 static inline uint64_t kiln_hal_tensor_extent(const kiln_hal_tensor_t *t) {
-  int64_t last = 0;
+  const uint64_t limit = (uint64_t)1 << 62; /* far beyond any buffer, and overflow-safe */
+  uint64_t es = kiln_hal_dtype_size(t->dtype);
+  if (t->ndim < 0 || t->ndim > KILN_HAL_MAX_DIMS) return UINT64_MAX;
+  uint64_t last = 0;
   for (int i = 0; i < t->ndim; i++) {
+    if (t->shape[i] < 0 || t->stride[i] < 0) return UINT64_MAX;
     if (t->shape[i] == 0) return 0;
-    last += (t->shape[i] - 1) * t->stride[i];
+    uint64_t n = (uint64_t)t->shape[i] - 1, st = (uint64_t)t->stride[i];
+    if (n && st > limit / n) return UINT64_MAX;
+    last += n * st;
+    if (last > limit) return UINT64_MAX;
   }
-  return t->offset + (uint64_t)(last + 1) * kiln_hal_dtype_size(t->dtype);
+  if (t->offset > limit || (last + 1) > limit / (es ? es : 1)) return UINT64_MAX;
+  return t->offset + (last + 1) * es;
 }
 
 /* ---- f16 / bf16 <-> f32 ----------------------------------------------------------------- */

@@ -1,0 +1,196 @@
+/* cpu_internal.h - private types and helpers shared by the CPU backend's source files. */
+#ifndef KILN_CPU_INTERNAL_H
+#define KILN_CPU_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/hal.h"
+#include "kiln/hal_util.h"
+
+#include "cpu_pool.h"
+
+/* Every buffer is aligned to this many bytes (the ABI asks for at least 256). */
+#define CPU_BUFFER_ALIGN 256
+
+/* ---- handles ---------------------------------------------------------------------------- */
+
+struct kiln_hal_device {
+  int32_t index;
+};
+
+struct kiln_hal_buffer {
+  void *data;    /* CPU_BUFFER_ALIGN-aligned host memory */
+  uint64_t size; /* bytes a view may touch */
+};
+
+/* One recorded op of a graph. Args are copied by value: tensors are plain views. */
+typedef enum cpu_op_kind {
+  CPU_OP_FILL,
+  CPU_OP_COPY_D2D,
+  CPU_OP_GEMM,
+  CPU_OP_EMBEDDING,
+  CPU_OP_RMSNORM,
+  CPU_OP_ROPE,
+  CPU_OP_SILU_MUL,
+  CPU_OP_ADD,
+  CPU_OP_COPY,
+  CPU_OP_KV_WRITE,
+  CPU_OP_ATTENTION,
+  CPU_OP_ARGMAX,
+  CPU_OP_TOPK,
+  CPU_OP_PENALIZE,
+  CPU_OP_SAMPLE,
+} cpu_op_kind_t;
+
+typedef struct cpu_raw_copy {
+  kiln_hal_buffer_t *dst, *src;
+  uint64_t dst_offset, src_offset, size;
+  uint8_t value; /* fill only */
+} cpu_raw_copy_t;
+
+typedef struct cpu_op {
+  cpu_op_kind_t kind;
+  union {
+    cpu_raw_copy_t raw;
+    kiln_hal_gemm_args_t gemm;
+    kiln_hal_embedding_args_t embedding;
+    kiln_hal_rmsnorm_args_t rmsnorm;
+    kiln_hal_rope_args_t rope;
+    kiln_hal_silu_mul_args_t silu_mul;
+    kiln_hal_add_args_t add;
+    kiln_hal_copy_args_t copy;
+    kiln_hal_kv_write_args_t kv_write;
+    kiln_hal_attention_args_t attention;
+    kiln_hal_argmax_args_t argmax;
+    kiln_hal_topk_args_t topk;
+    kiln_hal_penalize_args_t penalize;
+    kiln_hal_sample_args_t sample;
+  } u;
+} cpu_op_t;
+
+/* A stream runs ops on the calling thread. While capturing, ops are validated and appended to
+ * `rec` instead. `scratch` is working memory for ops, grown on demand and kept between calls
+ * (a stream is used by one thread at a time, so it needs no lock). */
+struct kiln_hal_stream {
+  kiln_hal_device_t *device;
+  bool capturing;
+  bool capture_failed; /* an invalid call during capture: graph_end refuses */
+  cpu_op_t *rec;
+  size_t rec_len, rec_cap;
+  void *scratch;
+  size_t scratch_size;
+};
+
+struct kiln_hal_graph {
+  cpu_op_t *ops;
+  size_t len;
+};
+
+/* ---- global state (cpu_backend.c) ------------------------------------------------------- */
+
+/* The persistent pool, created by init; NULL before init (ops then run single-threaded). */
+extern cpu_pool_t *cpu_g_pool;
+
+/* Threads the backend uses (pool workers + the calling thread). */
+int cpu_num_threads(void);
+
+/* ---- validation helpers (cpu_backend.c) -------------------------------------------------- */
+
+/* Bit masks of accepted dtypes. */
+#define CPU_DT(d) (1u << (d))
+#define CPU_DT_FLOAT (CPU_DT(KILN_HAL_F32) | CPU_DT(KILN_HAL_F16) | CPU_DT(KILN_HAL_BF16))
+
+/* Checks that tensor `name` of op `op` is present, has a dtype in `dtypes`, ndim == `ndim`
+ * (any ndim when 0), non-negative shapes and strides, an element-aligned offset, lies inside
+ * its buffer, and (when last_contig) has a contiguous last dimension. Returns NULL or an
+ * INVALID_ARGUMENT error naming op and argument. */
+kiln_hal_error_t *cpu_check_tensor(const char *op, const char *name, const kiln_hal_tensor_t *t,
+                                   uint32_t dtypes, int32_t ndim, bool last_contig);
+
+/* INVALID_ARGUMENT error with a printf-style message. */
+kiln_hal_error_t *cpu_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Host address of element 0 of a (validated) view. */
+static inline void *cpu_tensor_ptr(const kiln_hal_tensor_t *t) {
+  return (char *)t->buffer->data + t->offset;
+}
+
+/* Copies a caller's args struct into a zeroed full-size one (older callers pass smaller
+ * structs; members they lack read as zero). */
+void cpu_args_copy(void *dst, size_t dst_size, const void *src);
+
+/* Returns stream scratch of at least `bytes` bytes (64-byte aligned), or NULL on OOM. The
+ * pointer stays valid until the next call on the same stream. */
+void *cpu_scratch(kiln_hal_stream_t *stream, size_t bytes);
+
+/* Runs fn over row ranges covering [0, rows): on the pool when rows * elems_per_row is large
+ * enough to pay for waking it, else on the calling thread. */
+typedef void (*cpu_rows_fn)(void *ctx, int64_t r0, int64_t r1, int thread);
+void cpu_parallel_rows(int64_t rows, int64_t elems_per_row, cpu_rows_fn fn, void *ctx);
+
+/* ---- ops: each validates, then (unless dry_run) executes. ------------------------------- */
+
+kiln_hal_error_t *cpu_gemm(kiln_hal_stream_t *s, const kiln_hal_gemm_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_embedding(kiln_hal_stream_t *s, const kiln_hal_embedding_args_t *a,
+                                bool dry_run);
+kiln_hal_error_t *cpu_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsnorm_args_t *a,
+                              bool dry_run);
+kiln_hal_error_t *cpu_rope(kiln_hal_stream_t *s, const kiln_hal_rope_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu_mul_args_t *a,
+                               bool dry_run);
+kiln_hal_error_t *cpu_add(kiln_hal_stream_t *s, const kiln_hal_add_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_copy(kiln_hal_stream_t *s, const kiln_hal_copy_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_kv_write(kiln_hal_stream_t *s, const kiln_hal_kv_write_args_t *a,
+                               bool dry_run);
+kiln_hal_error_t *cpu_attention(kiln_hal_stream_t *s, const kiln_hal_attention_args_t *a,
+                                bool dry_run);
+kiln_hal_error_t *cpu_argmax(kiln_hal_stream_t *s, const kiln_hal_argmax_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_topk(kiln_hal_stream_t *s, const kiln_hal_topk_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_penalize(kiln_hal_stream_t *s, const kiln_hal_penalize_args_t *a,
+                               bool dry_run);
+kiln_hal_error_t *cpu_sample(kiln_hal_stream_t *s, const kiln_hal_sample_args_t *a, bool dry_run);
+
+/* OpenBLAS configuration (cpu_gemm.c): called by init with the pool's thread count. */
+void cpu_gemm_init(int threads);
+const char *cpu_gemm_blas_name(void);
+
+/* ---- vector kernels (cpu_vec.c): AVX2/F16C/FMA when the CPU has them, else scalar. -------- */
+
+/* Picks the kernels for this CPU; safe to call more than once. */
+void cpu_vec_init(void);
+/* Space-separated ISA features the kernels use ("avx2 fma f16c"), for device_info. */
+const char *cpu_vec_features(void);
+
+/* dst[i] = (float)src[i] for a contiguous run of a float dtype. */
+void cpu_vec_to_f32(int32_t dtype, const void *src, float *dst, int64_t n);
+/* dst[i] = round(src[i]) to a float dtype (round to nearest even). */
+void cpu_vec_from_f32(int32_t dtype, const float *src, void *dst, int64_t n);
+/* x[i] = round_to(dtype, x[i]) in place. */
+void cpu_vec_round(int32_t dtype, float *x, int64_t n);
+/* sum a[i] * b[i] with b in a float dtype. */
+float cpu_vec_dot(int32_t dtype, const float *a, const void *b, int64_t n);
+/* y[i] += alpha * x[i] with x in a float dtype. */
+void cpu_vec_axpy(int32_t dtype, float alpha, const void *x, float *y, int64_t n);
+/* out[i*os] = dot(q + i*qs, k) for i < nq (1..4), k in a float dtype, length n. */
+void cpu_vec_dot4(int32_t dtype, const float *q, int64_t qs, int64_t nq, const void *k, int64_t n,
+                  float *out, int64_t os);
+/* acc[d] += sum_{j < nw} w[j] * v[j*ldv + d] for d < n (all F32). */
+void cpu_vec_gemv_acc(const float *w, int64_t nw, const float *v, int64_t ldv, int64_t n,
+                      float *acc);
+/* x[i] = exp(x[i] - m) (0 for x[i] == -inf); returns the sum. */
+float cpu_vec_exp_sum(float *x, int64_t n, float m);
+/* g[i] = act(g[i]) * u[i] for a kiln_hal_act_t. */
+void cpu_vec_act_mul(int32_t act, float *g, const float *u, int64_t n);
+
+/* Small-M GEMM micro-kernels over a column range [n0, n1): out[m*ldo + n] = sum_k
+ * a[m*K + k] * B(k, n) for m < M, with B in a half dtype (F16/BF16) or F32 and
+ *   colb: B(k, n) = b[n*ldb + k]   (K contiguous, a PyTorch Linear weight)
+ *   rowb: B(k, n) = b[k*ldb + n]   (N contiguous) */
+void cpu_vec_gemm_colb(int32_t dtype, int64_t M, int64_t K, const float *a, const void *b,
+                       int64_t ldb, int64_t n0, int64_t n1, float *out, int64_t ldo);
+void cpu_vec_gemm_rowb(int32_t dtype, int64_t M, int64_t K, const float *a, const void *b,
+                       int64_t ldb, int64_t n0, int64_t n1, float *out, int64_t ldo);
+
+#endif /* KILN_CPU_INTERNAL_H */

@@ -1,0 +1,451 @@
+/* cpu_ops.c - row-wise ops: embedding, rmsnorm, rope, silu_mul, add, copy, kv_write. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* Below this many elements an op runs on the calling thread: waking the pool costs more. */
+#define PAR_MIN_ELEMS 32768
+
+typedef struct rows_job {
+  cpu_rows_fn fn;
+  void *ctx;
+  int64_t rows, per_task;
+} rows_job_t;
+
+static void rows_task(void *vctx, int64_t task, int thread) {
+  const rows_job_t *j = vctx;
+  int64_t r0 = task * j->per_task, r1 = r0 + j->per_task;
+  if (r1 > j->rows) r1 = j->rows;
+  j->fn(j->ctx, r0, r1, thread);
+}
+
+void cpu_parallel_rows(int64_t rows, int64_t elems_per_row, cpu_rows_fn fn, void *ctx) {
+  if (rows <= 0) return;
+  int64_t tasks = 1;
+  if (rows * elems_per_row >= PAR_MIN_ELEMS) {
+    tasks = 4 * (int64_t)cpu_num_threads();
+    if (tasks > rows) tasks = rows;
+  }
+  rows_job_t j = {fn, ctx, rows, (rows + tasks - 1) / tasks};
+  cpu_pool_run(cpu_g_pool, (rows + j.per_task - 1) / j.per_task, rows_task, &j);
+}
+
+/* Element offset of row r of a view whose rows are all dims but the last. */
+static int64_t row_offset(const kiln_hal_tensor_t *t, int64_t r) {
+  int64_t off = 0;
+  for (int d = t->ndim - 2; d >= 0; d--) {
+    off += (r % t->shape[d]) * t->stride[d];
+    r /= t->shape[d];
+  }
+  return off;
+}
+
+static int64_t row_count(const kiln_hal_tensor_t *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim - 1; d++) n *= t->shape[d];
+  return n;
+}
+
+static char *elem_ptr(const kiln_hal_tensor_t *t, int64_t elem) {
+  return (char *)cpu_tensor_ptr(t) + elem * (int64_t)kiln_hal_dtype_size(t->dtype);
+}
+
+static kiln_hal_error_t *same_shape(const char *op, const char *an, const kiln_hal_tensor_t *a,
+                                    const char *bn, const kiln_hal_tensor_t *b) {
+  bool same = a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  if (same) return NULL;
+  char sa[96] = "", sb[96] = "";
+  for (int d = 0; d < a->ndim; d++)
+    snprintf(sa + strlen(sa), sizeof(sa) - strlen(sa), "%s%lld", d ? ", " : "", (long long)a->shape[d]);
+  for (int d = 0; d < b->ndim; d++)
+    snprintf(sb + strlen(sb), sizeof(sb) - strlen(sb), "%s%lld", d ? ", " : "", (long long)b->shape[d]);
+  return cpu_err("%s: %s has shape [%s] but %s has shape [%s]", op, bn, sb, an, sa);
+}
+
+static kiln_hal_error_t *oom(const char *op) {
+  return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "%s: out of scratch memory", op);
+}
+
+/* ============================================================================================
+ * embedding
+ * ==========================================================================================*/
+
+typedef struct emb_ctx {
+  const kiln_hal_embedding_args_t *a;
+  int64_t V, H;
+} emb_ctx_t;
+
+static void emb_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  (void)thread;
+  const emb_ctx_t *c = vctx;
+  const kiln_hal_embedding_args_t *a = c->a;
+  size_t rowbytes = (size_t)c->H * kiln_hal_dtype_size(a->table.dtype);
+  const int32_t *ids = cpu_tensor_ptr(&a->ids);
+  for (int64_t t = r0; t < r1; t++) {
+    int32_t id = ids[t * a->ids.stride[0]];
+    char *dst = elem_ptr(&a->out, t * a->out.stride[0]);
+    if (id >= 0 && id < c->V) memcpy(dst, elem_ptr(&a->table, id * a->table.stride[0]), rowbytes);
+    else memset(dst, 0, rowbytes);
+  }
+}
+
+kiln_hal_error_t *cpu_embedding(kiln_hal_stream_t *s, const kiln_hal_embedding_args_t *a,
+                                bool dry_run) {
+  (void)s;
+  kiln_hal_error_t *e;
+  if ((e = cpu_check_tensor("embedding", "table", &a->table, CPU_DT_FLOAT, 2, true)) ||
+      (e = cpu_check_tensor("embedding", "ids", &a->ids, CPU_DT(KILN_HAL_I32), 1, false)) ||
+      (e = cpu_check_tensor("embedding", "out", &a->out, CPU_DT(a->table.dtype), 2, true)))
+    return e;
+  int64_t T = a->ids.shape[0], V = a->table.shape[0], H = a->table.shape[1];
+  if (a->out.shape[0] != T || a->out.shape[1] != H)
+    return cpu_err("embedding: out is [%lld, %lld], want [T, H] = [%lld, %lld]",
+                   (long long)a->out.shape[0], (long long)a->out.shape[1], (long long)T,
+                   (long long)H);
+  if (dry_run) return NULL;
+  emb_ctx_t c = {a, V, H};
+  cpu_parallel_rows(T, H, emb_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * rmsnorm
+ * ==========================================================================================*/
+
+typedef struct norm_ctx {
+  const kiln_hal_rmsnorm_args_t *a;
+  int64_t H;
+  const float *w; /* weight + weight_offset, F32 */
+  float *tmp;     /* 2 * H floats per thread */
+} norm_ctx_t;
+
+static void norm_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const norm_ctx_t *c = vctx;
+  const kiln_hal_rmsnorm_args_t *a = c->a;
+  int32_t dt = a->x.dtype;
+  int64_t H = c->H;
+  float *sv = c->tmp + (int64_t)thread * 2 * H, *rv = sv + H;
+  bool res = kiln_hal_tensor_present(&a->residual);
+  for (int64_t t = r0; t < r1; t++) {
+    cpu_vec_to_f32(dt, elem_ptr(&a->x, t * a->x.stride[0]), sv, H);
+    if (res) {
+      char *rp = elem_ptr(&a->residual, t * a->residual.stride[0]);
+      cpu_vec_to_f32(dt, rp, rv, H);
+      for (int64_t i = 0; i < H; i++) sv[i] += rv[i];
+      cpu_vec_from_f32(dt, sv, rp, H);
+      cpu_vec_round(dt, sv, H);
+    }
+    float ms = H ? cpu_vec_dot(KILN_HAL_F32, sv, sv, H) / (float)H : 0.0f;
+    float r = 1.0f / sqrtf(ms + a->eps);
+    for (int64_t i = 0; i < H; i++) sv[i] *= r;
+    cpu_vec_round(dt, sv, H);
+    for (int64_t i = 0; i < H; i++) sv[i] *= c->w[i];
+    cpu_vec_from_f32(dt, sv, elem_ptr(&a->out, t * a->out.stride[0]), H);
+  }
+}
+
+kiln_hal_error_t *cpu_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsnorm_args_t *a,
+                              bool dry_run) {
+  kiln_hal_error_t *e;
+  if ((e = cpu_check_tensor("rmsnorm", "x", &a->x, CPU_DT_FLOAT, 2, true))) return e;
+  uint32_t dt = CPU_DT(a->x.dtype);
+  if ((e = cpu_check_tensor("rmsnorm", "out", &a->out, dt, 2, true)) ||
+      (e = cpu_check_tensor("rmsnorm", "weight", &a->weight, dt, 1, true)) ||
+      (e = same_shape("rmsnorm", "x", &a->x, "out", &a->out)))
+    return e;
+  if (kiln_hal_tensor_present(&a->residual) &&
+      ((e = cpu_check_tensor("rmsnorm", "residual", &a->residual, dt, 2, true)) ||
+       (e = same_shape("rmsnorm", "x", &a->x, "residual", &a->residual))))
+    return e;
+  int64_t T = a->x.shape[0], H = a->x.shape[1];
+  if (a->weight.shape[0] != H)
+    return cpu_err("rmsnorm: weight has %lld elements, x has H=%lld", (long long)a->weight.shape[0],
+                   (long long)H);
+  if (!(a->eps >= 0.0f)) return cpu_err("rmsnorm: eps is %g, want >= 0", (double)a->eps);
+  if (dry_run || T == 0 || H == 0) return NULL;
+  int threads = cpu_num_threads();
+  float *w = cpu_scratch(s, (size_t)H * sizeof(float) * (1 + 2 * (size_t)threads));
+  if (!w) return oom("rmsnorm");
+  cpu_vec_to_f32(a->weight.dtype, cpu_tensor_ptr(&a->weight), w, H);
+  for (int64_t i = 0; i < H; i++) w[i] += a->weight_offset;
+  norm_ctx_t c = {a, H, w, w + H};
+  cpu_parallel_rows(T, 4 * H, norm_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * rope
+ * ==========================================================================================*/
+
+typedef struct rope_ctx {
+  const kiln_hal_rope_args_t *a;
+  int64_t P, R;
+  float *tmp; /* R floats per thread */
+} rope_ctx_t;
+
+static void rope_heads(const rope_ctx_t *c, const kiln_hal_tensor_t *x, int64_t t,
+                       const float *cs, float *v) {
+  int64_t R = c->R, half = R / 2;
+  bool neox = c->a->style == KILN_HAL_ROPE_NEOX;
+  for (int64_t h = 0; h < x->shape[1]; h++) {
+    char *p = elem_ptr(x, t * x->stride[0] + h * x->stride[1]);
+    cpu_vec_to_f32(x->dtype, p, v, R);
+    for (int64_t i = 0; i < half; i++) {
+      int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+      float x0 = v[i0], x1 = v[i1], co = cs[i], si = cs[half + i];
+      v[i0] = x0 * co - x1 * si;
+      v[i1] = x1 * co + x0 * si;
+    }
+    cpu_vec_from_f32(x->dtype, v, p, R);
+  }
+}
+
+static void rope_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const rope_ctx_t *c = vctx;
+  const kiln_hal_rope_args_t *a = c->a;
+  const int32_t *pos = cpu_tensor_ptr(&a->positions);
+  float *v = c->tmp + (int64_t)thread * c->R;
+  for (int64_t t = r0; t < r1; t++) {
+    int32_t p = pos[t * a->positions.stride[0]];
+    if (p < 0 || p >= c->P) continue;
+    const float *cs = (const float *)cpu_tensor_ptr(&a->cos_sin) + (int64_t)p * a->cos_sin.stride[0];
+    if (kiln_hal_tensor_present(&a->q)) rope_heads(c, &a->q, t, cs, v);
+    if (kiln_hal_tensor_present(&a->k)) rope_heads(c, &a->k, t, cs, v);
+  }
+}
+
+kiln_hal_error_t *cpu_rope(kiln_hal_stream_t *s, const kiln_hal_rope_args_t *a, bool dry_run) {
+  kiln_hal_error_t *e;
+  if ((e = cpu_check_tensor("rope", "positions", &a->positions, CPU_DT(KILN_HAL_I32), 1, false)) ||
+      (e = cpu_check_tensor("rope", "cos_sin", &a->cos_sin, CPU_DT(KILN_HAL_F32), 2, true)))
+    return e;
+  int64_t T = a->positions.shape[0], P = a->cos_sin.shape[0], R = a->cos_sin.shape[1];
+  if (R % 2 != 0) return cpu_err("rope: cos_sin has an odd rotary dim R = %lld", (long long)R);
+  if (a->style != KILN_HAL_ROPE_NEOX && a->style != KILN_HAL_ROPE_INTERLEAVED)
+    return cpu_err("rope: unknown style %d", (int)a->style);
+  const kiln_hal_tensor_t *xs[2] = {&a->q, &a->k};
+  const char *names[2] = {"q", "k"};
+  for (int i = 0; i < 2; i++) {
+    if (!kiln_hal_tensor_present(xs[i])) continue;
+    if ((e = cpu_check_tensor("rope", names[i], xs[i], CPU_DT_FLOAT, 3, true))) return e;
+    if (xs[i]->shape[0] != T)
+      return cpu_err("rope: %s has %lld tokens, positions has %lld", names[i],
+                     (long long)xs[i]->shape[0], (long long)T);
+    if (xs[i]->shape[2] < R)
+      return cpu_err("rope: %s has head dim %lld < rotary dim R = %lld", names[i],
+                     (long long)xs[i]->shape[2], (long long)R);
+  }
+  if (dry_run || T == 0 || R == 0) return NULL;
+  int threads = cpu_num_threads();
+  float *tmp = cpu_scratch(s, (size_t)R * sizeof(float) * (size_t)threads);
+  if (!tmp) return oom("rope");
+  rope_ctx_t c = {a, P, R, tmp};
+  int64_t heads = (kiln_hal_tensor_present(&a->q) ? a->q.shape[1] : 0) +
+                  (kiln_hal_tensor_present(&a->k) ? a->k.shape[1] : 0);
+  cpu_parallel_rows(T, heads * R, rope_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * silu_mul (gated activations)
+ * ==========================================================================================*/
+
+typedef struct act_ctx {
+  const kiln_hal_silu_mul_args_t *a;
+  int64_t I;
+  float *tmp; /* 2 * I floats per thread */
+} act_ctx_t;
+
+static void act_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const act_ctx_t *c = vctx;
+  const kiln_hal_silu_mul_args_t *a = c->a;
+  int64_t I = c->I;
+  float *g = c->tmp + (int64_t)thread * 2 * I, *u = g + I;
+  for (int64_t t = r0; t < r1; t++) {
+    const char *x = elem_ptr(&a->x, t * a->x.stride[0]);
+    cpu_vec_to_f32(a->x.dtype, x, g, 2 * I);
+    cpu_vec_act_mul(a->act, g, u, I);
+    cpu_vec_from_f32(a->out.dtype, g, elem_ptr(&a->out, t * a->out.stride[0]), I);
+  }
+}
+
+kiln_hal_error_t *cpu_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu_mul_args_t *a,
+                               bool dry_run) {
+  kiln_hal_error_t *e;
+  if ((e = cpu_check_tensor("silu_mul", "x", &a->x, CPU_DT_FLOAT, 2, true)) ||
+      (e = cpu_check_tensor("silu_mul", "out", &a->out, CPU_DT(a->x.dtype), 2, true)))
+    return e;
+  int64_t T = a->x.shape[0], I = a->out.shape[1];
+  if (a->out.shape[0] != T || a->x.shape[1] != 2 * I)
+    return cpu_err("silu_mul: x is [%lld, %lld] and out is [%lld, %lld], want [T, 2I] and [T, I]",
+                   (long long)T, (long long)a->x.shape[1], (long long)a->out.shape[0],
+                   (long long)I);
+  if (a->act != KILN_HAL_ACT_SILU && a->act != KILN_HAL_ACT_GELU_TANH &&
+      a->act != KILN_HAL_ACT_GELU)
+    return cpu_err("silu_mul: unknown activation %d", (int)a->act);
+  if (dry_run || T == 0 || I == 0) return NULL;
+  float *tmp = cpu_scratch(s, (size_t)I * 2 * sizeof(float) * (size_t)cpu_num_threads());
+  if (!tmp) return oom("silu_mul");
+  act_ctx_t c = {a, I, tmp};
+  cpu_parallel_rows(T, 4 * I, act_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * add
+ * ==========================================================================================*/
+
+typedef struct add_ctx {
+  const kiln_hal_add_args_t *a;
+  int64_t H;
+  float *tmp; /* 2 * H floats per thread */
+} add_ctx_t;
+
+static void add_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const add_ctx_t *c = vctx;
+  const kiln_hal_add_args_t *a = c->a;
+  int32_t dt = a->a.dtype;
+  float *x = c->tmp + (int64_t)thread * 2 * c->H, *y = x + c->H;
+  for (int64_t r = r0; r < r1; r++) {
+    cpu_vec_to_f32(dt, elem_ptr(&a->a, row_offset(&a->a, r)), x, c->H);
+    cpu_vec_to_f32(dt, elem_ptr(&a->b, row_offset(&a->b, r)), y, c->H);
+    for (int64_t i = 0; i < c->H; i++) x[i] += y[i];
+    cpu_vec_from_f32(dt, x, elem_ptr(&a->out, row_offset(&a->out, r)), c->H);
+  }
+}
+
+kiln_hal_error_t *cpu_add(kiln_hal_stream_t *s, const kiln_hal_add_args_t *a, bool dry_run) {
+  kiln_hal_error_t *e;
+  if ((e = cpu_check_tensor("add", "a", &a->a, CPU_DT_FLOAT, 0, true))) return e;
+  uint32_t dt = CPU_DT(a->a.dtype);
+  if ((e = cpu_check_tensor("add", "b", &a->b, dt, 0, true)) ||
+      (e = cpu_check_tensor("add", "out", &a->out, dt, 0, true)) ||
+      (e = same_shape("add", "a", &a->a, "b", &a->b)) ||
+      (e = same_shape("add", "a", &a->a, "out", &a->out)))
+    return e;
+  int64_t rows = row_count(&a->a), H = a->a.shape[a->a.ndim - 1];
+  if (dry_run || rows == 0 || H == 0) return NULL;
+  float *tmp = cpu_scratch(s, (size_t)H * 2 * sizeof(float) * (size_t)cpu_num_threads());
+  if (!tmp) return oom("add");
+  add_ctx_t c = {a, H, tmp};
+  cpu_parallel_rows(rows, 3 * H, add_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * copy (with dtype conversion, any strides)
+ * ==========================================================================================*/
+
+typedef struct copy_ctx {
+  const kiln_hal_copy_args_t *a;
+  int64_t n; /* elements per row */
+  float *tmp; /* n floats per thread */
+} copy_ctx_t;
+
+static void copy_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const copy_ctx_t *c = vctx;
+  const kiln_hal_tensor_t *src = &c->a->src, *dst = &c->a->dst;
+  int64_t n = c->n, ss = src->stride[src->ndim - 1], ds = dst->stride[dst->ndim - 1];
+  size_t es = kiln_hal_dtype_size(src->dtype), ed = kiln_hal_dtype_size(dst->dtype);
+  bool same = src->dtype == dst->dtype;
+  for (int64_t r = r0; r < r1; r++) {
+    const char *sp = elem_ptr(src, row_offset(src, r));
+    char *dp = elem_ptr(dst, row_offset(dst, r));
+    if ((ss == 1 || n == 1) && (ds == 1 || n == 1)) {
+      if (same) {
+        memmove(dp, sp, (size_t)n * es);
+      } else {
+        float *v = c->tmp + (int64_t)thread * n;
+        cpu_vec_to_f32(src->dtype, sp, v, n);
+        cpu_vec_from_f32(dst->dtype, v, dp, n);
+      }
+    } else if (same) {
+      for (int64_t i = 0; i < n; i++) memcpy(dp + i * ds * (int64_t)ed, sp + i * ss * (int64_t)es, es);
+    } else {
+      for (int64_t i = 0; i < n; i++)
+        kiln_hal_store_f32(dp, dst->dtype, i * ds, kiln_hal_load_f32(sp, src->dtype, i * ss));
+    }
+  }
+}
+
+kiln_hal_error_t *cpu_copy(kiln_hal_stream_t *s, const kiln_hal_copy_args_t *a, bool dry_run) {
+  kiln_hal_error_t *e;
+  uint32_t any = CPU_DT_FLOAT | CPU_DT(KILN_HAL_I32) | CPU_DT(KILN_HAL_I64) | CPU_DT(KILN_HAL_U8);
+  if ((e = cpu_check_tensor("copy", "src", &a->src, any, 0, false)) ||
+      (e = cpu_check_tensor("copy", "dst", &a->dst, any, 0, false)) ||
+      (e = same_shape("copy", "src", &a->src, "dst", &a->dst)))
+    return e;
+  bool sf = CPU_DT_FLOAT & CPU_DT(a->src.dtype), df = CPU_DT_FLOAT & CPU_DT(a->dst.dtype);
+  if (!(sf && df) && a->src.dtype != a->dst.dtype)
+    return cpu_err("copy: cannot convert %s to %s (float dtypes convert; integer dtypes must "
+                   "match)",
+                   kiln_hal_dtype_name(a->src.dtype), kiln_hal_dtype_name(a->dst.dtype));
+  int64_t rows = row_count(&a->src), n = a->src.shape[a->src.ndim - 1];
+  if (dry_run || rows == 0 || n == 0) return NULL;
+  float *tmp = cpu_scratch(s, (size_t)n * sizeof(float) * (size_t)cpu_num_threads());
+  if (!tmp) return oom("copy");
+  copy_ctx_t c = {a, n, tmp};
+  cpu_parallel_rows(rows, n, copy_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * kv_write
+ * ==========================================================================================*/
+
+typedef struct kvw_ctx {
+  const kiln_hal_kv_write_args_t *a;
+  int64_t NKV, D, BS, slots;
+} kvw_ctx_t;
+
+static void kvw_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  (void)thread;
+  const kvw_ctx_t *c = vctx;
+  const kiln_hal_kv_write_args_t *a = c->a;
+  const int32_t *sm = cpu_tensor_ptr(&a->slot_mapping);
+  size_t rowbytes = (size_t)c->D * kiln_hal_dtype_size(a->k.dtype);
+  for (int64_t t = r0; t < r1; t++) {
+    int64_t slot = sm[t * a->slot_mapping.stride[0]];
+    if (slot < 0 || slot >= c->slots) continue;
+    int64_t blk = slot / c->BS, off = slot % c->BS;
+    for (int64_t h = 0; h < c->NKV; h++) {
+      memcpy(elem_ptr(&a->k_cache, blk * a->k_cache.stride[0] + h * a->k_cache.stride[1] +
+                                       off * a->k_cache.stride[2]),
+             elem_ptr(&a->k, t * a->k.stride[0] + h * a->k.stride[1]), rowbytes);
+      memcpy(elem_ptr(&a->v_cache, blk * a->v_cache.stride[0] + h * a->v_cache.stride[1] +
+                                       off * a->v_cache.stride[2]),
+             elem_ptr(&a->v, t * a->v.stride[0] + h * a->v.stride[1]), rowbytes);
+    }
+  }
+}
+
+kiln_hal_error_t *cpu_kv_write(kiln_hal_stream_t *s, const kiln_hal_kv_write_args_t *a,
+                               bool dry_run) {
+  (void)s;
+  kiln_hal_error_t *e;
+  if ((e = cpu_check_tensor("kv_write", "k_cache", &a->k_cache, CPU_DT_FLOAT, 4, true))) return e;
+  uint32_t dt = CPU_DT(a->k_cache.dtype);
+  if ((e = cpu_check_tensor("kv_write", "v_cache", &a->v_cache, dt, 4, true)) ||
+      (e = cpu_check_tensor("kv_write", "k", &a->k, dt, 3, true)) ||
+      (e = cpu_check_tensor("kv_write", "v", &a->v, dt, 3, true)) ||
+      (e = cpu_check_tensor("kv_write", "slot_mapping", &a->slot_mapping, CPU_DT(KILN_HAL_I32), 1,
+                            false)) ||
+      (e = same_shape("kv_write", "k_cache", &a->k_cache, "v_cache", &a->v_cache)) ||
+      (e = same_shape("kv_write", "k", &a->k, "v", &a->v)))
+    return e;
+  int64_t T = a->k.shape[0], NKV = a->k.shape[1], D = a->k.shape[2];
+  int64_t NB = a->k_cache.shape[0], BS = a->k_cache.shape[2];
+  if (a->slot_mapping.shape[0] != T)
+    return cpu_err("kv_write: slot_mapping has %lld entries, k has T=%lld",
+                   (long long)a->slot_mapping.shape[0], (long long)T);
+  if (a->k_cache.shape[1] != NKV || a->k_cache.shape[3] != D)
+    return cpu_err("kv_write: k is [T, %lld, %lld] but the cache is [NB, %lld, BS, %lld]",
+                   (long long)NKV, (long long)D, (long long)a->k_cache.shape[1],
+                   (long long)a->k_cache.shape[3]);
+  if (dry_run || T == 0 || NKV == 0 || D == 0 || BS == 0) return NULL;
+  kvw_ctx_t c = {a, NKV, D, BS, NB * BS};
+  cpu_parallel_rows(T, 2 * NKV * D, kvw_rows, &c);
+  return NULL;
+}

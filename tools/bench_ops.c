@@ -1,0 +1,406 @@
+/* bench_ops.c - times a backend plugin's main ops against measured machine ceilings.
+ *
+ * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm]
+ *
+ * Standalone: it dlopens the plugin and calls kiln_backend_query() like any host would, and
+ * links nothing but libdl and libm. Every figure is the median of N timed runs after warm-up
+ * (the minimum is printed too) and is set against a ceiling measured in the same run (from
+ * its fastest run: a ceiling is the best the machine did):
+ *   matrix rate  the plugin's own F32 GEMM on a large square problem (GFLOP/s)
+ *   bytes        the larger of a single-threaded memcpy and the plugin's parallel F32 copy of
+ *                a 512 MiB buffer, counting bytes read + written (GB/s)
+ * "roof" is the time the op would take at the ceiling that binds it, max(flops / matrix rate,
+ * bytes / bandwidth), divided by the measured time: 100% = at the ceiling. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kiln/hal.h"
+#include "kiln/hal_util.h"
+
+static const kiln_hal_backend_t *be;
+static kiln_hal_device_t *dev;
+static kiln_hal_stream_t *stream;
+static int reps = 10;
+static int quick;
+static const char *only; /* NULL: every group */
+static double peak_gflops, peak_gbs;
+
+static void die(const char *what, kiln_hal_error_t *e) {
+  fprintf(stderr, "bench_ops: %s: %s\n", what, e ? e->message : "failed");
+  exit(1);
+}
+
+static void check(kiln_hal_error_t *e, const char *what) {
+  if (e) die(what, e);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct timing {
+  double median, min;
+} timing_t;
+
+/* Runs fn twice to warm up, then `reps` times (fewer when one run takes over a second). */
+static timing_t time_it(void (*fn)(void *), void *ctx) {
+  double t[256];
+  fn(ctx);
+  double t0 = now_s();
+  fn(ctx);
+  double once = now_s() - t0;
+  int n = reps;
+  if (once > 0.25 && n > 5) n = 5;
+  if (once > 1.0) n = 3;
+  if (n > 256) n = 256;
+  for (int i = 0; i < n; i++) {
+    double a = now_s();
+    fn(ctx);
+    check(be->stream_sync(stream), "stream_sync");
+    t[i] = now_s() - a;
+  }
+  qsort(t, (size_t)n, sizeof(double), cmp_double);
+  timing_t r = {n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]), t[0]};
+  return r;
+}
+
+static kiln_hal_buffer_t *alloc_buf(uint64_t bytes) {
+  kiln_hal_buffer_t *b = NULL;
+  check(be->buffer_alloc(dev, bytes, 0, &b), "buffer_alloc");
+  return b;
+}
+
+/* Fills a float buffer with values in [-scale, scale) through a host staging copy. */
+static void fill_random(kiln_hal_buffer_t *b, int32_t dtype, int64_t n, float scale) {
+  size_t es = kiln_hal_dtype_size(dtype);
+  int64_t chunk = 1 << 20;
+  void *host = malloc((size_t)chunk * es);
+  if (!host) die("malloc", NULL);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int64_t i = 0; i < n; i += chunk) {
+    int64_t m = n - i < chunk ? n - i : chunk;
+    for (int64_t j = 0; j < m; j++) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      float v = scale * ((float)(x >> 40) / 8388608.0f - 1.0f);
+      kiln_hal_store_f32(host, dtype, j, v);
+    }
+    check(be->copy_h2d(stream, b, (uint64_t)i * es, host, (uint64_t)m * es), "copy_h2d");
+  }
+  free(host);
+}
+
+static void print_header(void) {
+  printf("%-44s %10s %10s %10s %9s %7s\n", "op", "median ms", "min ms", "rate", "unit", "roof");
+}
+
+/* flops and bytes of one call decide the roof. */
+static void report(const char *name, timing_t t, double flops, double bytes, int use_flops_rate) {
+  double rate = use_flops_rate ? flops / t.median * 1e-9 : bytes / t.median * 1e-9;
+  double bound = fmax(flops / (peak_gflops * 1e9), bytes / (peak_gbs * 1e9));
+  printf("%-44s %10.3f %10.3f %10.1f %9s %6.0f%%\n", name, t.median * 1e3, t.min * 1e3, rate,
+         use_flops_rate ? "GFLOP/s" : "GB/s", 100.0 * bound / t.median);
+}
+
+/* ---- ceilings ---------------------------------------------------------------------------- */
+
+typedef struct memcpy_ctx {
+  void *dst, *src;
+  size_t n;
+} memcpy_ctx_t;
+
+static void run_memcpy(void *vctx) {
+  memcpy_ctx_t *c = vctx;
+  memcpy(c->dst, c->src, c->n);
+}
+
+static void run_copy(void *vctx) { check(be->copy(stream, vctx), "copy"); }
+static void run_gemm(void *vctx) { check(be->gemm(stream, vctx), "gemm"); }
+static void run_attention(void *vctx) { check(be->attention(stream, vctx), "attention"); }
+static void run_rmsnorm(void *vctx) { check(be->rmsnorm(stream, vctx), "rmsnorm"); }
+
+static void measure_ceilings(void) {
+  size_t n = quick ? (size_t)64 << 20 : (size_t)512 << 20;
+  memcpy_ctx_t mc = {malloc(n), malloc(n), n};
+  if (!mc.dst || !mc.src) die("malloc for memcpy", NULL);
+  memset(mc.src, 1, n);
+  memset(mc.dst, 2, n);
+  timing_t tm = time_it(run_memcpy, &mc);
+  double memcpy_gbs = 2.0 * (double)n / tm.min * 1e-9;
+  free(mc.dst);
+  free(mc.src);
+
+  int64_t elems = (int64_t)(n / 4);
+  kiln_hal_buffer_t *a = alloc_buf(n), *b = alloc_buf(n);
+  fill_random(a, KILN_HAL_F32, elems, 1.0f);
+  kiln_hal_copy_args_t ca = {sizeof(ca), kiln_hal_tensor_make(a, 0, KILN_HAL_F32, 1, &elems),
+                             kiln_hal_tensor_make(b, 0, KILN_HAL_F32, 1, &elems)};
+  /* A 1-d view is one row; a 2-d one lets the plugin split rows over threads. */
+  int64_t shape2[2] = {elems / 4096, 4096};
+  ca.src = kiln_hal_tensor_make(a, 0, KILN_HAL_F32, 2, shape2);
+  ca.dst = kiln_hal_tensor_make(b, 0, KILN_HAL_F32, 2, shape2);
+  timing_t tc = time_it(run_copy, &ca);
+  double copy_gbs = 2.0 * (double)n / tc.min * 1e-9;
+  be->buffer_free(a);
+  be->buffer_free(b);
+  peak_gbs = fmax(memcpy_gbs, copy_gbs);
+
+  int64_t S = quick ? 1024 : 2048;
+  int64_t sq[2] = {S, S};
+  kiln_hal_buffer_t *ga = alloc_buf((uint64_t)(S * S * 4)), *gb = alloc_buf((uint64_t)(S * S * 4));
+  kiln_hal_buffer_t *gc = alloc_buf((uint64_t)(S * S * 4));
+  fill_random(ga, KILN_HAL_F32, S * S, 1.0f);
+  fill_random(gb, KILN_HAL_F32, S * S, 1.0f);
+  kiln_hal_gemm_args_t g;
+  memset(&g, 0, sizeof(g));
+  g.struct_size = sizeof(g);
+  g.a = kiln_hal_tensor_make(ga, 0, KILN_HAL_F32, 2, sq);
+  g.b = kiln_hal_tensor_make(gb, 0, KILN_HAL_F32, 2, sq);
+  g.c = kiln_hal_tensor_make(gc, 0, KILN_HAL_F32, 2, sq);
+  g.alpha = 1.0f;
+  timing_t tg = time_it(run_gemm, &g);
+  peak_gflops = 2.0 * (double)S * (double)S * (double)S / tg.min * 1e-9;
+  be->buffer_free(ga);
+  be->buffer_free(gb);
+  be->buffer_free(gc);
+
+  printf("ceilings: matrix rate %.1f GFLOP/s (f32 gemm %lldx%lldx%lld)\n", peak_gflops,
+         (long long)S, (long long)S, (long long)S);
+  printf("          bytes %.1f GB/s (memcpy 1 thread %.1f GB/s, plugin copy %.1f GB/s; "
+         "read + write of %zu MiB)\n\n",
+         peak_gbs, memcpy_gbs, copy_gbs, n >> 20);
+}
+
+/* ---- GEMM: x[M, K] @ W^T with W a PyTorch Linear weight [N, K] ------------------------------ */
+
+static void bench_gemm(void) {
+  static const int64_t Ms[] = {1, 8, 128, 512};
+  static const int64_t KN[][2] = {{4096, 4096}, {4096, 14336}, {896, 4864}};
+  static const int32_t dts[] = {KILN_HAL_F32, KILN_HAL_BF16};
+  print_header();
+  for (int di = 0; di < 2; di++)
+    for (int s = 0; s < 3; s++) {
+      int32_t dt = dts[di];
+      int64_t K = KN[s][0], N = KN[s][1];
+      size_t es = kiln_hal_dtype_size(dt);
+      int64_t maxM = quick ? 128 : 512;
+      kiln_hal_buffer_t *w = alloc_buf((uint64_t)(N * K) * es);
+      kiln_hal_buffer_t *x = alloc_buf((uint64_t)(maxM * K) * es);
+      kiln_hal_buffer_t *y = alloc_buf((uint64_t)(maxM * N) * es);
+      fill_random(w, dt, N * K, 0.05f);
+      fill_random(x, dt, maxM * K, 1.0f);
+      for (int mi = 0; mi < 4; mi++) {
+        int64_t M = Ms[mi];
+        if (M > maxM) continue;
+        kiln_hal_gemm_args_t g;
+        memset(&g, 0, sizeof(g));
+        g.struct_size = sizeof(g);
+        int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
+        g.a = kiln_hal_tensor_make(x, 0, dt, 2, as);
+        g.b = kiln_hal_tensor_make(w, 0, dt, 2, bs);
+        g.b.stride[0] = 1; /* [K, N] view of the [N, K] weight */
+        g.b.stride[1] = K;
+        g.c = kiln_hal_tensor_make(y, 0, dt, 2, cs);
+        g.alpha = 1.0f;
+        timing_t t = time_it(run_gemm, &g);
+        char name[96];
+        snprintf(name, sizeof(name), "gemm %-4s M=%-3lld K=%-5lld N=%-5lld", kiln_hal_dtype_name(dt),
+                 (long long)M, (long long)K, (long long)N);
+        double flops = 2.0 * (double)M * (double)N * (double)K;
+        double bytes = (double)((N * K + M * K + M * N) * (int64_t)es);
+        report(name, t, flops, bytes, 1);
+      }
+      be->buffer_free(w);
+      be->buffer_free(x);
+      be->buffer_free(y);
+    }
+}
+
+/* ---- attention: decode batch and one prefill ------------------------------------------------ */
+
+typedef struct attn_case {
+  const char *label;
+  int64_t S, ctx, qlen; /* every sequence: ctx keys, qlen queries (the last ones) */
+} attn_case_t;
+
+static void bench_attention(void) {
+  const int64_t NH = 32, NKV = 8, D = 128, BS = 16;
+  attn_case_t cases[] = {{"decode", 16, 1024, 1}, {"decode", 1, 8192, 1}, {"prefill", 1, 512, 512}};
+  static const int32_t dts[] = {KILN_HAL_BF16, KILN_HAL_F32};
+  printf("\n");
+  print_header();
+  for (int di = 0; di < 2; di++)
+    for (int ci = 0; ci < 3; ci++) {
+      attn_case_t *c = &cases[ci];
+      int32_t dt = dts[di];
+      size_t es = kiln_hal_dtype_size(dt);
+      int64_t MB = (c->ctx + BS - 1) / BS, NB = c->S * MB, T = c->S * c->qlen;
+      int64_t cache_shape[4] = {NB, NKV, BS, D}, qshape[3] = {T, NH, D};
+      int64_t cache_elems = NB * NKV * BS * D;
+      kiln_hal_buffer_t *kc = alloc_buf((uint64_t)cache_elems * es);
+      kiln_hal_buffer_t *vc = alloc_buf((uint64_t)cache_elems * es);
+      kiln_hal_buffer_t *q = alloc_buf((uint64_t)(T * NH * D) * es);
+      kiln_hal_buffer_t *o = alloc_buf((uint64_t)(T * NH * D) * es);
+      kiln_hal_buffer_t *meta = alloc_buf((uint64_t)(c->S * MB + 2 * c->S + 1) * 4);
+      fill_random(kc, dt, cache_elems, 1.0f);
+      fill_random(vc, dt, cache_elems, 1.0f);
+      fill_random(q, dt, T * NH * D, 1.0f);
+      int32_t *host = malloc((size_t)(c->S * MB + 2 * c->S + 1) * 4);
+      if (!host) die("malloc", NULL);
+      /* Sequence s owns blocks s, s + S, s + 2S...: interleaved like a real pool. */
+      for (int64_t s = 0; s < c->S; s++)
+        for (int64_t b = 0; b < MB; b++) host[s * MB + b] = (int32_t)(b * c->S + s);
+      int32_t *lens = host + c->S * MB, *qsl = lens + c->S;
+      for (int64_t s = 0; s < c->S; s++) lens[s] = (int32_t)c->ctx;
+      for (int64_t s = 0; s <= c->S; s++) qsl[s] = (int32_t)(s * c->qlen);
+      check(be->copy_h2d(stream, meta, 0, host, (uint64_t)(c->S * MB + 2 * c->S + 1) * 4), "h2d");
+      free(host);
+      kiln_hal_attention_args_t a;
+      memset(&a, 0, sizeof(a));
+      a.struct_size = sizeof(a);
+      a.q = kiln_hal_tensor_make(q, 0, dt, 3, qshape);
+      a.out = kiln_hal_tensor_make(o, 0, dt, 3, qshape);
+      a.k_cache = kiln_hal_tensor_make(kc, 0, dt, 4, cache_shape);
+      a.v_cache = kiln_hal_tensor_make(vc, 0, dt, 4, cache_shape);
+      int64_t bts[2] = {c->S, MB}, ls[1] = {c->S}, qs[1] = {c->S + 1};
+      a.block_table = kiln_hal_tensor_make(meta, 0, KILN_HAL_I32, 2, bts);
+      a.seq_lens = kiln_hal_tensor_make(meta, (uint64_t)(c->S * MB) * 4, KILN_HAL_I32, 1, ls);
+      a.query_start_loc =
+          kiln_hal_tensor_make(meta, (uint64_t)(c->S * MB + c->S) * 4, KILN_HAL_I32, 1, qs);
+      a.num_seqs = (int32_t)c->S;
+      a.max_query_len = (int32_t)c->qlen;
+      a.max_seq_len = (int32_t)c->ctx;
+      a.scale = 1.0f / sqrtf((float)D);
+      a.causal = true;
+      timing_t t = time_it(run_attention, &a);
+      /* Keys each query row sees (causal), K and V bytes read once per KV head and sequence. */
+      double pairs = 0;
+      for (int64_t i = 0; i < c->qlen; i++) pairs += (double)(c->ctx - c->qlen + i + 1);
+      pairs *= (double)c->S;
+      double flops = 4.0 * pairs * (double)NH * (double)D;
+      double kv_bytes = 2.0 * (double)c->S * (double)c->ctx * (double)(NKV * D) * (double)es;
+      char name[96];
+      snprintf(name, sizeof(name), "attn %-4s %-7s S=%lld ctx=%lld q=%lld", kiln_hal_dtype_name(dt),
+               c->label, (long long)c->S, (long long)c->ctx, (long long)c->qlen);
+      /* Decode is judged by KV bytes (GB/s), prefill by flops (GFLOP/s). */
+      report(name, t, flops, kv_bytes, c->qlen > 1);
+      be->buffer_free(kc);
+      be->buffer_free(vc);
+      be->buffer_free(q);
+      be->buffer_free(o);
+      be->buffer_free(meta);
+    }
+}
+
+/* ---- rmsnorm with the fused residual add ------------------------------------------------------ */
+
+static void bench_rmsnorm(void) {
+  static const int32_t dts[] = {KILN_HAL_BF16, KILN_HAL_F32};
+  static const int64_t Ts[] = {16, 512};
+  const int64_t H = 4096;
+  printf("\n");
+  print_header();
+  for (int di = 0; di < 2; di++)
+    for (int ti = 0; ti < 2; ti++) {
+      int32_t dt = dts[di];
+      int64_t T = Ts[ti], shape[2] = {T, H}, ws[1] = {H};
+      size_t es = kiln_hal_dtype_size(dt);
+      kiln_hal_buffer_t *x = alloc_buf((uint64_t)(T * H) * es), *r = alloc_buf((uint64_t)(T * H) * es);
+      kiln_hal_buffer_t *w = alloc_buf((uint64_t)H * es), *o = alloc_buf((uint64_t)(T * H) * es);
+      fill_random(x, dt, T * H, 1.0f);
+      fill_random(r, dt, T * H, 1.0f);
+      fill_random(w, dt, H, 1.0f);
+      kiln_hal_rmsnorm_args_t a;
+      memset(&a, 0, sizeof(a));
+      a.struct_size = sizeof(a);
+      a.x = kiln_hal_tensor_make(x, 0, dt, 2, shape);
+      a.residual = kiln_hal_tensor_make(r, 0, dt, 2, shape);
+      a.weight = kiln_hal_tensor_make(w, 0, dt, 1, ws);
+      a.out = kiln_hal_tensor_make(o, 0, dt, 2, shape);
+      a.eps = 1e-5f;
+      timing_t t = time_it(run_rmsnorm, &a);
+      char name[96];
+      snprintf(name, sizeof(name), "rmsnorm+residual %-4s T=%-4lld H=%lld", kiln_hal_dtype_name(dt),
+               (long long)T, (long long)H);
+      /* x, residual read; residual, out written. */
+      report(name, t, 0.0, 4.0 * (double)(T * H) * (double)es, 0);
+      be->buffer_free(x);
+      be->buffer_free(r);
+      be->buffer_free(w);
+      be->buffer_free(o);
+    }
+}
+
+int main(int argc, char **argv) {
+  const char *path = NULL;
+  int threads = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (argv[i][0] != '-' && !path) path = argv[i];
+    else {
+      fprintf(stderr, "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  if (!path) {
+    fprintf(stderr, "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm]\n",
+              argv[0]);
+    return 2;
+  }
+  if (reps < 1) reps = 1;
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "bench_ops: %s\n", dlerror());
+    return 1;
+  }
+  kiln_hal_query_fn query;
+  *(void **)&query = dlsym(h, KILN_HAL_ENTRY_SYMBOL);
+  if (!query) {
+    fprintf(stderr, "bench_ops: %s exports no %s\n", path, KILN_HAL_ENTRY_SYMBOL);
+    return 1;
+  }
+  be = query(KILN_HAL_ABI_MAJOR, KILN_HAL_ABI_MINOR);
+  if (!be || be->abi_major != KILN_HAL_ABI_MAJOR) {
+    fprintf(stderr, "bench_ops: %s: no table for ABI %d.x\n", path, KILN_HAL_ABI_MAJOR);
+    return 1;
+  }
+  kiln_hal_host_t host;
+  memset(&host, 0, sizeof(host));
+  host.struct_size = sizeof(host);
+  host.num_threads = threads;
+  check(be->init(&host), "init");
+  kiln_hal_device_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  check(be->device_info(0, &info), "device_info");
+  check(be->device_open(0, &dev), "device_open");
+  check(be->stream_create(dev, &stream), "stream_create");
+  printf("plugin: %s (%s)\ndevice: %s, %s\nreps: %d (median and min; fewer for runs over 0.25 s)\n\n",
+         be->name, be->build_info, info.name, info.arch, reps);
+
+  measure_ceilings();
+  if (!only || !strcmp(only, "gemm")) bench_gemm();
+  if (!only || !strcmp(only, "attn")) bench_attention();
+  if (!only || !strcmp(only, "norm")) bench_rmsnorm();
+
+  be->stream_destroy(stream);
+  be->device_close(dev);
+  be->shutdown();
+  return 0;
+}
