@@ -6,7 +6,8 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
-DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev valgrind
+DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev \
+              libpcre2-dev libutf8proc-dev valgrind
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build run test test-release test-asan memcheck clean

@@ -392,7 +392,7 @@ static void sample_run(const oh_backend_t *be, int64_t V, bool lp, int trial) {
     for (int attempt = 0; attempt < 100; attempt++) {
       /* Each retry is more peaked: a flat 32k-token distribution puts CDF steps closer
        * together than an f32 sum can resolve. */
-      make_logits(row, V, oh_rand_uniform(1.0, 6.0) + 0.5 * attempt, s < 2, false);
+      make_logits(row, V, oh_rand_uniform(1.0, 6.0) + 2.0 * attempt, s < 2, false);
       uni[s] = (double)(float)oh_rand_uniform(0, 1);
       if (uni[s] >= 1.0) uni[s] = 0.5;
       want[s] = ops_ref_sample(V, row, temp[s], topk[s], topp[s], minp[s], uni[s], &margin);
