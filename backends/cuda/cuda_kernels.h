@@ -1,0 +1,114 @@
+/* cuda_kernels.h - the kernel launchers of the CUDA backend, callable from its C host code.
+ *
+ * The host side (cuda_backend.c) validates every op against hal.h and then calls one launcher
+ * with plain device pointers and shapes. A launcher sizes the grid, enqueues its kernel(s) on
+ * the stream and returns the launch error (cudaGetLastError) or cudaSuccess; it never
+ * synchronises. Launchers that depend on the warp width take it from the device. */
+#ifndef KILN_CUDA_KERNELS_H
+#define KILN_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "portable.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A validated tensor view: ptr is the address of element 0 (buffer base + offset). */
+typedef struct cuda_view {
+  void *ptr;
+  int32_t dtype; /* kiln_hal_dtype_t */
+  int32_t ndim;
+  int64_t shape[4];
+  int64_t stride[4]; /* elements */
+} cuda_view_t;
+
+/* out[t, :] = table[ids[t], :] or zeros.   table: [V, H]   ids: [T] I32   out: [T, H] */
+cudaError_t cuda_launch_embedding(cudaStream_t st, cuda_view_t table, cuda_view_t ids,
+                                  cuda_view_t out);
+
+/* RMSNorm with optional fused residual (residual.ptr NULL = absent). All [T, H] / [H]. */
+cudaError_t cuda_launch_rmsnorm(cudaStream_t st, int warp, cuda_view_t x, cuda_view_t residual,
+                                cuda_view_t weight, cuda_view_t out, float eps, float offset);
+
+/* In-place rotary embedding of x: [T, NHX, D]; positions [T] I32; cos_sin [P, R] F32. */
+cudaError_t cuda_launch_rope(cudaStream_t st, cuda_view_t x, cuda_view_t positions,
+                             cuda_view_t cos_sin, int32_t style);
+
+/* out[t, i] = act(x[t, i]) * x[t, I + i].   x: [T, 2I]   out: [T, I] */
+cudaError_t cuda_launch_silu_mul(cudaStream_t st, cuda_view_t x, cuda_view_t out, int32_t act);
+
+/* out = a + b, all [T, H] of one float dtype. */
+cudaError_t cuda_launch_add(cudaStream_t st, cuda_view_t a, cuda_view_t b, cuda_view_t out);
+
+/* dst = src for same-shaped views of up to 4 dims (float<->float converting, or equal ints). */
+cudaError_t cuda_launch_copy(cudaStream_t st, cuda_view_t src, cuda_view_t dst);
+
+/* Scatter k, v [T, NKV, D] into dense caches [NB, NKV, BS, D] at slots [T] I32. */
+cudaError_t cuda_launch_kv_write(cudaStream_t st, cuda_view_t k, cuda_view_t v, cuda_view_t k_cache,
+                                 cuda_view_t v_cache, cuda_view_t slots);
+
+/* c[b, m, n] = (beta != 0 ? beta * c[b, m, n] : 0) + (bias ? bias[n] : 0) for c: [B, M, N]
+ * (3-D view; c is never read when beta == 0). bias: NULL or [N] in c's dtype, contiguous. */
+cudaError_t cuda_launch_scale_bias(cudaStream_t st, cuda_view_t c, const void *bias, float beta);
+
+/* c[i, j] = round(tmp[i * N + j] + (beta != 0 ? beta * c[i, j] : 0) + (bias ? bias[j] : 0))
+ * for c: a 2-D [rows, N] view (row stride c.stride[0]); tmp: dense f32 [rows, N]. */
+cudaError_t cuda_launch_gemm_finish(cudaStream_t st, cuda_view_t c, const float *tmp,
+                                    const void *bias, float beta);
+
+typedef struct cuda_attention_params {
+  cuda_view_t q, out;            /* [T, NH, D] */
+  const void *k_cache, *v_cache; /* dense [NB, NKV, BS, D] */
+  const int32_t *block_table;    /* [S, MB], row stride bt_stride */
+  const int32_t *seq_lens;       /* [S], stride seq_lens_stride */
+  const int32_t *qsl;            /* [S + 1], stride qsl_stride */
+  int64_t bt_stride, seq_lens_stride, qsl_stride;
+  int32_t num_seqs, max_query_len, num_blocks, num_kv_heads, block_size, max_blocks;
+  float scale, softcap;
+  int32_t sliding_window;
+  bool causal;
+} cuda_attention_params_t;
+
+/* Paged attention (cuda_attention.cu). Head dims up to 256. */
+cudaError_t cuda_launch_attention(cudaStream_t st, int warp, const cuda_attention_params_t *p);
+
+/* argmax over rows of logits [S, V] F32; logprob.ptr NULL = absent. */
+cudaError_t cuda_launch_argmax(cudaStream_t st, int warp, cuda_view_t logits, cuda_view_t ids,
+                               cuda_view_t logprob);
+
+/* top-k (k = values.shape[1]); lse.ptr NULL = absent. */
+cudaError_t cuda_launch_topk(cudaStream_t st, int warp, cuda_view_t logits, cuda_view_t values,
+                             cuda_view_t ids, cuda_view_t lse);
+
+typedef struct cuda_penalize_params {
+  cuda_view_t logits;                     /* [S, V] F32 */
+  cuda_view_t prompt_ids, prompt_offsets; /* ptr NULL = absent */
+  cuda_view_t output_ids, output_offsets;
+  cuda_view_t repetition, frequency, presence;
+  cuda_view_t bias_ids, bias_values, bias_offsets;
+} cuda_penalize_params_t;
+
+/* Penalties in place. smem_limit: the device's opt-in shared memory per block (bytes); the
+ * launcher returns cudaErrorInvalidValue when V needs more. */
+cudaError_t cuda_launch_penalize(cudaStream_t st, int warp, const cuda_penalize_params_t *p,
+                                 int64_t smem_limit);
+
+/* Bytes of shared memory penalize needs for a vocabulary of V. */
+int64_t cuda_penalize_smem_bytes(int64_t V);
+
+typedef struct cuda_sample_params {
+  cuda_view_t logits;                                    /* [S, V] F32 */
+  cuda_view_t temperature, top_k, top_p, min_p, uniform; /* [S] */
+  cuda_view_t out_ids, out_logprob;                      /* out_logprob.ptr NULL = absent */
+} cuda_sample_params_t;
+
+cudaError_t cuda_launch_sample(cudaStream_t st, int warp, const cuda_sample_params_t *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_CUDA_KERNELS_H */
