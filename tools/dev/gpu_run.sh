@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# gpu_run.sh - one call on the GPU machine (device tool): build a source snapshot with the
+# Debian libraries carried as .deb files, then run kiln info, the op conformance suite and
+# kiln selftest on the cuda backend, the op benchmarks, and (when the tokenizer cache is
+# carried) the Hugging Face goldens and tokenizer reference timing.
+# Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
+#   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
+#   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD)
+#   DEPS_DIR/tok/       optional tokenizer cache (tests/fetch_tokenizers.sh layout)
+#   DEPS_DIR/bench.txt  optional tokenizer benchmark text
+# Logs and results go to $OUT.
+set -uo pipefail
+deps=$(cd "$1" && pwd)
+OUT=${OUT:-/tmp/kiln-gpu-out}
+mkdir -p "$OUT"
+sys=/tmp/sys
+mkdir -p "$sys" /tmp/src
+for f in "$deps"/*.deb; do dpkg -x "$f" "$sys" 2>/dev/null || (cd /tmp && ar x "$f" data.tar.xz && tar xJf data.tar.xz -C "$sys"); done
+tar xf "$deps/src.tar" -C /tmp/src
+ml=$sys/usr/lib/x86_64-linux-gnu
+export PKG_CONFIG_PATH=$ml/pkgconfig:$ml/openblas-pthread/pkgconfig PKG_CONFIG_SYSROOT_DIR=$sys
+export LD_LIBRARY_PATH=$ml:$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt" 2>&1; cat "$OUT/gpu.txt"
+cd /tmp/src
+echo "== configure + build"
+if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$sys/usr" \
+        -DCMAKE_LIBRARY_PATH="$ml;$ml/openblas-pthread" \
+        -DCMAKE_INCLUDE_PATH="$sys/usr/include;$sys/usr/include/x86_64-linux-gnu" &&
+       cmake --build build -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
+  grep -E "error|Error" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1
+fi
+echo "== kiln info"; ./build/bin/kiln info 2>&1 | tee "$OUT/info.txt"
+echo "== test_ops on cuda"
+for seed in ${SEEDS:-1 2}; do
+  (cd build/tests && KILN_TEST_SEED=$seed KILN_BACKEND_PATH=/tmp/src/build/lib/kiln KILN_TEST_BACKENDS=cuda \
+     timeout 300 ./test_ops) >"$OUT/test_ops_$seed.log" 2>&1
+  echo "seed $seed rc=$?"; grep -E "^FAIL|failure\(s\)|PASSED|FAILED" "$OUT/test_ops_$seed.log" | grep -v " 0 failure" | head -30
+done
+echo "== selftest on cuda"; ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
+echo "== ctest (all, default backends)"; (cd build && timeout 300 ctest 2>&1 | tail -15) | tee "$OUT/ctest.txt"
+if [ -n "${BENCH:-}" ]; then
+  echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
+fi
+if [ -d "$deps/tok" ]; then
+  echo "== Hugging Face goldens"
+  python3 tools/dev/gen_tokenizer_goldens.py "$deps/tok" "$OUT/goldens" "$deps/bench.txt" 2>&1 | tee "$OUT/goldens.log"
+  (cd "$OUT/goldens" && tar cf "$OUT/goldens.tar" .)
+  rm -rf "$OUT/goldens"
+fi
+if [ -n "${SANITIZE:-}" ]; then
+  echo "== compute-sanitizer memcheck on test_ops (cuda)"
+  (cd build/tests && KILN_TEST_SEED=3 KILN_BACKEND_PATH=/tmp/src/build/lib/kiln KILN_TEST_BACKENDS=cuda \
+     timeout "$SANITIZE" compute-sanitizer --tool memcheck --leak-check no ./test_ops) >"$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | head
+fi
