@@ -10,7 +10,7 @@ DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopen
               libpcre2-dev libutf8proc-dev valgrind
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-release test-asan memcheck clean
+.PHONY: all deps build run test test-release test-asan test-memcheck clean
 
 all: build
 
@@ -45,11 +45,12 @@ test-asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
-test: test-release test-asan
+# valgrind over the cmocka suites of the release build (the scripted CLI/SDK tests and the
+# selftest are left to the sanitizer build), for leaks and uninitialised reads.
+test-memcheck: build
+	cd $(BUILD) && ctest -T memcheck -E 'test_cli|test_sdk|kiln_selftest|fetch_' --output-on-failure -j $(JOBS)
 
-# valgrind over the unit tests (no sanitizers), for leaks and uninitialised reads.
-memcheck: build
-	cd $(BUILD) && ctest -T memcheck -LE slow --output-on-failure
+test: test-release test-asan test-memcheck
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

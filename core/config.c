@@ -10,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "config.h"
+#include "core/strbuf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -221,22 +222,6 @@ static _Noreturn void config_die(const char *func, const char *fmt, ...) {
 
 static kiln_status_t config_oom(void) {
   return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory in the config");
-}
-
-/* A printf into a new heap string; NULL on OOM. */
-static char *config_strdupf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *config_strdupf(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) return NULL;
-  char *s = malloc((size_t)n + 1);
-  if (!s) return NULL;
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  return s;
 }
 
 static void config_value_clear(config_value_t *v) {
@@ -907,7 +892,7 @@ static int config_handle(void *user, const char *section, const char *key, const
                          ld->name, ld->lineno, section, key, seen, ld->lineno);
     goto done;
   }
-  origin = config_strdupf("%s:%d", ld->name, ld->lineno);
+  origin = kiln_strprintf("%s:%d", ld->name, ld->lineno);
   if (!origin) {
     st = config_oom();
     goto done;

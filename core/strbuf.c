@@ -139,3 +139,16 @@ void kiln_strbuf_free(kiln_strbuf_t *b) {
   b->cap = 0;
   b->failed = false;
 }
+
+char *kiln_strprintf(const char *fmt, ...) {
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  va_list ap;
+  va_start(ap, fmt);
+  bool ok = kiln_strbuf_vprintf(&b, fmt, ap);
+  va_end(ap);
+  if (!ok) {
+    kiln_strbuf_free(&b);
+    return NULL;
+  }
+  return kiln_strbuf_detach(&b, NULL);
+}

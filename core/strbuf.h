@@ -45,4 +45,7 @@ char *kiln_strbuf_detach(kiln_strbuf_t *b, size_t *out_len);
 /* Frees the allocation and leaves an empty, reusable buffer (freeing twice is harmless). */
 void kiln_strbuf_free(kiln_strbuf_t *b);
 
+/* A printf into a new malloc'ed string; NULL on out-of-memory or a formatting error. */
+char *kiln_strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif /* KILN_CORE_STRBUF_H */

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "core/log.h"
+#include "core/strbuf.h"
 #include "kiln/hal_util.h"
 
 #ifndef KILN_INSTALL_PLUGINDIR
@@ -56,28 +57,6 @@ static const struct {
 };
 
 /* ---- small helpers --------------------------------------------------------------------- */
-
-static char *loader_strdup(const char *s) {
-  size_t n = strlen(s) + 1;
-  char *d = malloc(n);
-  if (d) memcpy(d, s, n);
-  return d;
-}
-
-static char *loader_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *loader_printf(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) return NULL;
-  char *s = malloc((size_t)n + 1);
-  if (!s) return NULL;
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  return s;
-}
 
 /* Takes ownership of err. */
 kiln_status_t kiln_hal_status_from_error(kiln_hal_error_t *err, const char *context) {
@@ -188,7 +167,7 @@ static void entry_reject(loader_entry_t *e, const char *fmt, ...) {
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
   free(e->pub.reason);
-  e->pub.reason = loader_strdup(buf);
+  e->pub.reason = strdup(buf);
   e->pub.state = KILN_HAL_PLUGIN_REJECTED;
   e->pub.score = 0;
 }
@@ -290,7 +269,7 @@ static loader_entry_t *registry_find(kiln_hal_registry_t *r, const char *name) {
  * whose own name (not the target's) is what counts. Returns malloc'ed or NULL. */
 static char *loader_canonical(const char *path) {
   const char *slash = strrchr(path, '/');
-  char *dir = slash ? malloc((size_t)(slash - path) + 2) : loader_strdup(".");
+  char *dir = slash ? malloc((size_t)(slash - path) + 2) : strdup(".");
   if (!dir) return NULL;
   if (slash) {
     size_t n = slash == path ? 1 : (size_t)(slash - path);
@@ -300,7 +279,7 @@ static char *loader_canonical(const char *path) {
   char *real = realpath(dir, NULL);
   free(dir);
   if (!real) return NULL;
-  char *out = loader_printf("%s/%s", real, slash ? slash + 1 : path);
+  char *out = kiln_strprintf("%s/%s", real, slash ? slash + 1 : path);
   free(real);
   return out;
 }
@@ -330,8 +309,8 @@ static kiln_status_t registry_add_file(kiln_hal_registry_t *r, const char *path,
   loader_entry_t *e = calloc(1, sizeof(*e));
   if (!e) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
   e->registry = r;
-  e->pub.path = loader_strdup(path);
-  e->pub.name = loader_strdup(ok ? name : base);
+  e->pub.path = strdup(path);
+  e->pub.name = strdup(ok ? name : base);
   if (!e->pub.path || !e->pub.name) {
     entry_free(e);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
@@ -347,7 +326,7 @@ static kiln_status_t registry_add_file(kiln_hal_registry_t *r, const char *path,
   } else if (!explicit_path && registry_find(r, name) != e) {
     loader_entry_t *first = registry_find(r, name);
     free(e->pub.reason);
-    e->pub.reason = loader_printf("shadowed by %s, found earlier in the search path",
+    e->pub.reason = kiln_strprintf("shadowed by %s, found earlier in the search path",
                                   first->pub.path);
     e->pub.state = KILN_HAL_PLUGIN_SHADOWED;
   } else {
@@ -380,12 +359,12 @@ static kiln_status_t registry_scan_dir(kiln_hal_registry_t *r, const char *dir) 
       if (!nn) goto oom;
       names = nn;
     }
-    if (!(names[n] = loader_strdup(de->d_name))) goto oom;
+    if (!(names[n] = strdup(de->d_name))) goto oom;
     n++;
   }
   if (n) qsort(names, n, sizeof(*names), loader_cmp_str);
   for (size_t i = 0; i < n && !st; i++) {
-    char *path = loader_printf("%s/%s", dir, names[i]);
+    char *path = kiln_strprintf("%s/%s", dir, names[i]);
     if (!path) goto oom;
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) st = registry_add_file(r, path, 0, NULL);
@@ -411,8 +390,8 @@ static kiln_status_t registry_add_dir(kiln_hal_registry_t *r, const char *dir) {
     if (len == dl && strncmp(p, dir, dl) == 0) return NULL;
     p = c ? c + 1 : p + len;
   }
-  char *n = r->search_path && *r->search_path ? loader_printf("%s:%s", r->search_path, dir)
-                                              : loader_strdup(dir);
+  char *n = r->search_path && *r->search_path ? kiln_strprintf("%s:%s", r->search_path, dir)
+                                              : strdup(dir);
   if (!n) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
   free(r->search_path);
   r->search_path = n;
@@ -421,7 +400,7 @@ static kiln_status_t registry_add_dir(kiln_hal_registry_t *r, const char *dir) {
 
 static kiln_status_t registry_add_dir_list(kiln_hal_registry_t *r, const char *list) {
   if (!list) return NULL;
-  char *copy = loader_strdup(list);
+  char *copy = strdup(list);
   if (!copy) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
   kiln_status_t st = NULL;
   char *save = NULL;
@@ -440,7 +419,7 @@ static char *loader_origin_dir(void) {
   if (!lib) return NULL;
   char *slash = strrchr(lib, '/');
   if (slash) *slash = '\0';
-  char *dir = loader_printf("%s/kiln", lib);
+  char *dir = kiln_strprintf("%s/kiln", lib);
   free(lib);
   return dir;
 }
@@ -464,7 +443,7 @@ kiln_status_t kiln_hal_registry_create(const kiln_hal_registry_options_t *option
     kiln_hal_registry_free(r);
     return st;
   }
-  if (!r->search_path) r->search_path = loader_strdup("");
+  if (!r->search_path) r->search_path = strdup("");
   *out_registry = r;
   return NULL;
 }
@@ -526,11 +505,11 @@ static kiln_status_t entry_open(loader_entry_t *e) {
 
 /* One line per plugin that could not be used, for error messages. */
 static char *registry_reasons(kiln_hal_registry_t *r) {
-  char *s = loader_strdup("");
+  char *s = strdup("");
   for (int i = 0; s && i < r->count; i++) {
     loader_entry_t *e = r->entries[i];
     if (e->pub.state != KILN_HAL_PLUGIN_REJECTED) continue;
-    char *n = loader_printf("%s\n  %s (%s): %s", s, e->pub.name, e->pub.path, e->pub.reason);
+    char *n = kiln_strprintf("%s\n  %s (%s): %s", s, e->pub.name, e->pub.path, e->pub.reason);
     free(s);
     s = n;
   }
