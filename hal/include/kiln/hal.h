@@ -152,6 +152,8 @@ typedef enum kiln_hal_device_kind {
   KILN_HAL_DEVICE_OTHER = 2,
 } kiln_hal_device_kind_t;
 
+/* Filled by device_info(). The caller zeroes it and sets struct_size to its own sizeof; the
+ * plugin writes only the members that struct_size covers. */
 typedef struct kiln_hal_device_info {
   uint32_t struct_size;
   int32_t kind;          /* kiln_hal_device_kind_t */
@@ -245,7 +247,7 @@ typedef enum kiln_hal_rope_style {
 } kiln_hal_rope_style_t;
 
 /* Rotary embedding applied in place to q and k (either may be absent).
- *   q: [T, NH, D]   k: [T, NKV, D]   positions: [T] I32
+ *   q: [T, NH, D]   k: [T, NKV, D] (same D and dtype as q)   positions: [T] I32
  *   cos_sin: [P, R] F32: row p holds cos(p * f_i) for i < R/2, then sin(p * f_i); R <= D is
  *            the rotary dim (partial rotary leaves dims >= R untouched). Every scaling variant
  *            (linear, dynamic NTK, llama3, YaRN with its attention factor) is expressed by the
