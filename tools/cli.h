@@ -36,5 +36,8 @@ const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes);
 
 int kiln_cmd_info(kiln_cli_t *cli);
 int kiln_cmd_selftest(kiln_cli_t *cli);
+int kiln_cmd_tokenize(kiln_cli_t *cli);
+int kiln_cmd_detokenize(kiln_cli_t *cli);
+int kiln_cmd_template(kiln_cli_t *cli);
 
 #endif /* KILN_TOOLS_CLI_H */

@@ -20,6 +20,11 @@ static const kiln_command_t commands[] = {
     {"info", kiln_cmd_info, "list backend plugins, their devices, and why any were rejected"},
     {"selftest", kiln_cmd_selftest,
      "run a transformer layer's ops on the configured backend against an fp64 reference"},
+    {"tokenize", kiln_cmd_tokenize,
+     "text on stdin -> token ids (--tokenizer DIR [--special] [--json])"},
+    {"detokenize", kiln_cmd_detokenize, "token ids on stdin -> text (--tokenizer DIR)"},
+    {"template", kiln_cmd_template,
+     "render a chat template (--tokenizer DIR --messages FILE.json [--add-generation-prompt])"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
 };
 
