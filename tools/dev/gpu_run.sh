@@ -37,9 +37,16 @@ for seed in ${SEEDS:-1 2}; do
   echo "seed $seed rc=$?"; grep -E "^FAIL|failure\(s\)|PASSED|FAILED" "$OUT/test_ops_$seed.log" | grep -v " 0 failure" | head -30
 done
 echo "== selftest on cuda"; ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
-echo "== ctest (all, default backends)"; (cd build && timeout 300 ctest 2>&1 | tail -15) | tee "$OUT/ctest.txt"
+echo "== ctest (all, default backends)"
+(cd build && KILN_TOKENIZER_CACHE="$deps/tok" timeout 300 ctest -E fetch_tokenizers 2>&1 | tail -15) | tee "$OUT/ctest.txt"
 if [ -n "${BENCH:-}" ]; then
   echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
+fi
+if [ -d "$deps/tok" ] && [ -f "$deps/bench.txt" ]; then
+  echo "== Kiln tokenizer encode speed (one thread)"
+  for n in qwen3 llama3 llama2; do
+    echo "-- $n"; ./build/bin/kiln-bench-tokenizer "$deps/tok/$n" "$deps/bench.txt" 3 2>&1 | tee -a "$OUT/bench_tokenizer.txt"
+  done
 fi
 if [ -d "$deps/tok" ]; then
   echo "== Hugging Face goldens"
