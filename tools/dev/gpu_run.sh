@@ -38,7 +38,7 @@ for seed in ${SEEDS:-1 2}; do
 done
 echo "== selftest on cuda"; ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
 echo "== ctest (all, default backends)"
-(cd build && KILN_TOKENIZER_CACHE="$deps/tok" timeout 300 ctest -E fetch_tokenizers 2>&1 | tail -15) | tee "$OUT/ctest.txt"
+(cd build && KILN_TOKENIZER_CACHE="$deps/tok" timeout 300 ctest -FS tokenizers 2>&1 | tail -15) | tee "$OUT/ctest.txt"
 if [ -n "${BENCH:-}" ]; then
   echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
 fi
