@@ -83,9 +83,10 @@ def template_goldens(cache, out):
 
 
 def hf_bench(cache, text_path, out):
-    with open(text_path, encoding="utf-8") as f:
+    # newline="" keeps CR/CRLF as they are; lines split on "\n" only, as the C benchmark does.
+    with open(text_path, encoding="utf-8", newline="") as f:
         text = f.read()
-    lines = text.splitlines(keepends=True)
+    lines = [line for line in text.split("\n") if line]
     res = {"bytes": len(text.encode("utf-8")), "lines": len(lines),
            "tokenizers_version": __import__("tokenizers").__version__,
            "transformers_version": transformers.__version__, "results": {}}
@@ -106,6 +107,7 @@ def hf_bench(cache, text_path, out):
             print(f"HF tokenizers {name} {mode}: {res['bytes'] / best / 1e6:.2f} MB/s, {ntok} tokens, "
                   f"{best:.3f} s (best of 3, one thread)")
         res["results"][name] = r
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "hf_bench.json"), "w") as f:
         json.dump(res, f, indent=2)
 
