@@ -10,6 +10,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CPU_HAVE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define CPU_HAVE_X86 0
@@ -380,16 +381,24 @@ AVX2 static void gemm_rowb_avx2(int32_t dtype, int64_t M, int64_t K, const float
  * Dispatch
  * ==========================================================================================*/
 
+#if CPU_HAVE_X86
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". */
+static bool cpu_has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 void cpu_vec_init(void) {
 #if CPU_HAVE_X86
   __builtin_cpu_init();
-  g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+  bool f16c = cpu_has_f16c();
+  g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   g_features[0] = '\0';
   static const char *const names[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f"};
   bool have[6] = {__builtin_cpu_supports("sse4.2"), __builtin_cpu_supports("avx"),
                   __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
-                  __builtin_cpu_supports("f16c"), __builtin_cpu_supports("avx512f")};
+                  f16c, __builtin_cpu_supports("avx512f")};
   size_t len = 0;
   for (int i = 0; i < 6; i++)
     if (have[i]) {

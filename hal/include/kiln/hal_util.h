@@ -30,6 +30,11 @@ static kiln_hal_error_t kiln_hal_error_oom_static = {
     sizeof(kiln_hal_error_t), KILN_HAL_ERR_OUT_OF_MEMORY,
     "out of host memory (while creating an error)", kiln_hal_error_static_destroy};
 
+static inline kiln_hal_error_t *kiln_hal_error_vnew(int32_t code, const char *fmt, va_list ap)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 0)))
+#endif
+    ;
 static inline kiln_hal_error_t *kiln_hal_error_vnew(int32_t code, const char *fmt, va_list ap) {
   va_list ap2;
   va_copy(ap2, ap);
