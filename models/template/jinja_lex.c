@@ -24,7 +24,7 @@ typedef struct lexer {
   size_t n;
   size_t pos;
   const char *name;
-  tpl_arena_t *arena;
+  kiln_arena_t *arena;
   tok_t *toks;
   size_t ntoks, cap;
   size_t line_pos; /* position line_no was computed for */
@@ -65,7 +65,7 @@ static bool lex_fail(lexer_t *lx, size_t pos, const char *fmt, ...) {
 static tok_t *lex_push(lexer_t *lx, tok_kind_t kind, size_t pos, const char *s, size_t n) {
   if (lx->ntoks == lx->cap) {
     size_t cap = lx->cap ? lx->cap * 2 : 256;
-    tok_t *t = tpl_arena_alloc(lx->arena, cap * sizeof *t);
+    tok_t *t = kiln_arena_zalloc(lx->arena, cap * sizeof *t, KILN_ARENA_MAX_ALIGN);
     if (!t) {
       if (!lx->err)
         lx->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", lx->name);
@@ -193,7 +193,7 @@ static bool lex_string(lexer_t *lx, size_t b, size_t e) {
   }
   if (ok && !kiln_strbuf_ok(&sb)) ok = lex_fail(lx, b, "out of memory");
   if (ok) {
-    char *v = tpl_arena_strndup(lx->arena, sb.data ? sb.data : "", sb.len);
+    char *v = kiln_arena_strndup(lx->arena, sb.data ? sb.data : "", sb.len);
     if (!v || !lex_push(lx, TK_STRING, b, v, sb.len)) ok = lex_fail(lx, b, "out of memory");
   }
   kiln_strbuf_free(&sb);
@@ -443,11 +443,11 @@ static bool lex_run(lexer_t *lx) {
   return true;
 }
 
-kiln_status_t tpl_lex(const char *src, size_t len, const char *name, tpl_arena_t *a,
+kiln_status_t tpl_lex(const char *src, size_t len, const char *name, kiln_arena_t *a,
                       tok_t **out_toks, size_t *out_n) {
   *out_toks = NULL;
   *out_n = 0;
-  char *norm = tpl_arena_alloc(a, len + 1);
+  char *norm = kiln_arena_zalloc(a, len + 1, KILN_ARENA_MAX_ALIGN);
   if (!norm) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
   size_t k = 0;
   for (size_t i = 0; i < len; i++) {

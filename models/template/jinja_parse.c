@@ -93,7 +93,7 @@ static bool expect_kind(parser_t *p, tok_kind_t k, const char *what) {
 }
 
 static tnode_t *mk(parser_t *p, int kind, int line) {
-  tnode_t *nd = tpl_arena_alloc(&p->tpl->arena, sizeof *nd);
+  tnode_t *nd = kiln_arena_zalloc(&p->tpl->arena, sizeof *nd, KILN_ARENA_MAX_ALIGN);
   if (!nd) {
     if (!p->err)
       p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
@@ -105,7 +105,7 @@ static tnode_t *mk(parser_t *p, int kind, int line) {
 }
 
 static bool set_name(parser_t *p, tnode_t *nd, const char *s, size_t n) {
-  char *c = tpl_arena_strndup(&p->tpl->arena, s, n);
+  char *c = kiln_arena_strndup(&p->tpl->arena, s, n);
   if (!c) {
     if (!p->err)
       p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
@@ -120,7 +120,7 @@ static bool nv_push(parser_t *p, nvec_t *v, tnode_t *nd) {
   if (!nd) return false;
   if (v->n == v->cap) {
     size_t cap = v->cap ? v->cap * 2 : 4;
-    tnode_t **a = tpl_arena_alloc(&p->tpl->arena, cap * sizeof *a);
+    tnode_t **a = kiln_arena_zalloc(&p->tpl->arena, cap * sizeof *a, KILN_ARENA_MAX_ALIGN);
     if (!a) {
       if (!p->err)
         p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
@@ -268,7 +268,7 @@ static tnode_t *parse_compare(parser_t *p) {
   c->a = e;
   c->items = v.v;
   c->n = v.n;
-  c->ops = tpl_arena_alloc(&p->tpl->arena, nops * sizeof *c->ops);
+  c->ops = kiln_arena_zalloc(&p->tpl->arena, nops * sizeof *c->ops, KILN_ARENA_MAX_ALIGN);
   if (!c->ops) {
     pfail(p, cur(p), "out of memory");
     return NULL;
@@ -426,7 +426,7 @@ static tnode_t *parse_test(parser_t *p, tnode_t *obj) {
              !is_name(c, "in") && !is_name(c, "not") && !is_name(c, "is")) {
     tnode_t *arg = parse_postfix(p, parse_primary(p));
     if (!arg) return NULL;
-    t->items = tpl_arena_alloc(&p->tpl->arena, sizeof *t->items);
+    t->items = kiln_arena_zalloc(&p->tpl->arena, sizeof *t->items, KILN_ARENA_MAX_ALIGN);
     if (!t->items) return NULL;
     t->items[0] = arg;
     t->n = 1;
@@ -495,7 +495,7 @@ static tnode_t *parse_subscript(parser_t *p, tnode_t *obj) {
   if (!n) return NULL;
   n->a = obj;
   if (slice) {
-    n->items = tpl_arena_alloc(&p->tpl->arena, 3 * sizeof *n->items);
+    n->items = kiln_arena_zalloc(&p->tpl->arena, 3 * sizeof *n->items, KILN_ARENA_MAX_ALIGN);
     if (!n->items) return NULL;
     memcpy(n->items, parts, sizeof parts);
     n->n = 3;
@@ -590,7 +590,7 @@ static tnode_t *parse_primary(parser_t *p) {
         kiln_strbuf_append(&sb, cur(p)->s, cur(p)->n);
         adv(p);
       }
-      char *s = kiln_strbuf_ok(&sb) ? tpl_arena_strndup(&p->tpl->arena, sb.data, sb.len) : NULL;
+      char *s = kiln_strbuf_ok(&sb) ? kiln_arena_strndup(&p->tpl->arena, sb.data, sb.len) : NULL;
       nd->lit = tv_str(s, sb.len);
       kiln_strbuf_free(&sb);
       if (!s) {

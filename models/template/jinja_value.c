@@ -9,66 +9,6 @@
 
 #include "models/template/template_internal.h"
 
-/* ---- arena ---------------------------------------------------------------------------------- */
-
-struct tpl_chunk {
-  tpl_chunk_t *next;
-  size_t used, cap;
-  _Alignas(16) unsigned char data[];
-};
-
-enum { ARENA_CHUNK = 64 * 1024 };
-
-void *tpl_arena_alloc(tpl_arena_t *a, size_t n) {
-  n = (n + 15) & ~(size_t)15;
-  if (n == 0) n = 16;
-  tpl_chunk_t *c = a->head;
-  if (!c || c->cap - c->used < n) {
-    size_t cap = n > ARENA_CHUNK / 4 ? n : ARENA_CHUNK;
-    if (cap > SIZE_MAX - sizeof *c) return NULL;
-    if (a->limit && (a->total + cap + sizeof *c > a->limit)) {
-      a->limit_hit = true;
-      return NULL;
-    }
-    c = malloc(sizeof *c + cap);
-    if (!c) return NULL;
-    c->used = 0;
-    c->cap = cap;
-    a->total += cap + sizeof *c;
-    if (cap == n && a->head) {
-      /* a big block: keep filling the current small chunk afterwards */
-      c->next = a->head->next;
-      a->head->next = c;
-    } else {
-      c->next = a->head;
-      a->head = c;
-    }
-  }
-  void *p = c->data + c->used;
-  c->used += n;
-  memset(p, 0, n);
-  return p;
-}
-
-char *tpl_arena_strndup(tpl_arena_t *a, const char *s, size_t n) {
-  char *d = tpl_arena_alloc(a, n + 1);
-  if (!d) return NULL;
-  if (n) memcpy(d, s, n);
-  d[n] = '\0';
-  return d;
-}
-
-void tpl_arena_free(tpl_arena_t *a) {
-  tpl_chunk_t *c = a->head;
-  while (c) {
-    tpl_chunk_t *next = c->next;
-    free(c);
-    c = next;
-  }
-  a->head = NULL;
-  a->total = 0;
-}
-
 /* ---- UTF-8 ---------------------------------------------------------------------------------- */
 
 size_t utf8_count(const char *s, size_t n) {
@@ -168,7 +108,7 @@ bool tv_is_iterable(const tv_t *v) {
 }
 
 void *tpl_alloc(tctx_t *ctx, size_t n) {
-  void *p = tpl_arena_alloc(&ctx->arena, n);
+  void *p = kiln_arena_zalloc(&ctx->arena, n, KILN_ARENA_MAX_ALIGN);
   if (!p) tpl_oom(ctx);
   return p;
 }
@@ -640,7 +580,7 @@ bool tv_write_repr(tctx_t *ctx, kiln_strbuf_t *out, const tv_t *v) {
 
 tv_t tv_concat_str(tctx_t *ctx, const char *a, size_t an, const char *b, size_t bn) {
   if (an > SIZE_MAX / 2 || bn > SIZE_MAX / 2) return tv_undef(NULL);
-  char *d = tpl_arena_alloc(&ctx->arena, an + bn + 1);
+  char *d = kiln_arena_zalloc(&ctx->arena, an + bn + 1, KILN_ARENA_MAX_ALIGN);
   if (!d) {
     tpl_oom(ctx);
     return tv_undef(NULL);

@@ -74,7 +74,7 @@ const char *kiln_template_name(const kiln_template_t *tpl) { return tpl->name; }
 
 void kiln_template_free(kiln_template_t *tpl) {
   if (!tpl) return;
-  tpl_arena_free(&tpl->arena);
+  kiln_arena_free(&tpl->arena);
   free(tpl->name);
   free(tpl);
 }
@@ -122,7 +122,7 @@ kiln_status_t kiln_template_render(const kiln_template_t *tpl, const kiln_templa
     for (size_t i = 0; ok && i < n; i++) {
       size_t kl = 0;
       const char *k = kiln_json_key_at(vars->extra, i, &kl);
-      char *key = tpl_arena_strndup(&ctx.arena, k ? k : "", kl);
+      char *key = kiln_arena_strndup(&ctx.arena, k ? k : "", kl);
       ok = key && set_json(&ctx, g, key, kiln_json_value_at(vars->extra, i));
     }
   }
@@ -135,6 +135,6 @@ kiln_status_t kiln_template_render(const kiln_template_t *tpl, const kiln_templa
     tpl_exec_template(&ctx, root);
   else
     tpl_oom(&ctx);
-  tpl_arena_free(&ctx.arena);
+  kiln_arena_free(&ctx.arena);
   return ctx.err;
 }

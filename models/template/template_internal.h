@@ -1,4 +1,4 @@
-/* template_internal.h - the Jinja interpreter's private types: arena, tokens, AST, values and
+/* template_internal.h - the Jinja interpreter's private types: tokens, AST, values and
  * the render context shared by the lexer, parser, evaluator, filters and methods.
  *
  * Memory: a compiled template owns one arena (tokens are temporary; AST nodes and literal
@@ -14,25 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/arena.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "core/strbuf.h"
 #include "models/template/template.h"
-
-/* ---- arena ---------------------------------------------------------------------------------- */
-
-typedef struct tpl_chunk tpl_chunk_t;
-typedef struct tpl_arena {
-  tpl_chunk_t *head;
-  size_t total;   /* bytes allocated from malloc so far */
-  size_t limit;   /* 0 = unlimited */
-  bool limit_hit; /* an allocation failed because of the limit (not malloc) */
-} tpl_arena_t;
-
-/* Returns zeroed memory, or NULL when malloc fails or the limit would be passed. */
-void *tpl_arena_alloc(tpl_arena_t *a, size_t n);
-char *tpl_arena_strndup(tpl_arena_t *a, const char *s, size_t n);
-void tpl_arena_free(tpl_arena_t *a);
 
 /* ---- values --------------------------------------------------------------------------------- */
 
@@ -225,14 +211,14 @@ struct tnode {
 
 struct kiln_template {
   char *name;
-  tpl_arena_t arena;
+  kiln_arena_t arena;
   tnode_t **body;
   size_t nbody;
 };
 
 /* Lexes source (newlines normalised, one trailing newline dropped, as Jinja does) into tokens
  * allocated in a (arena). On a syntax error returns a status "<name>:<line>: ...". */
-kiln_status_t tpl_lex(const char *src, size_t len, const char *name, tpl_arena_t *a,
+kiln_status_t tpl_lex(const char *src, size_t len, const char *name, kiln_arena_t *a,
                       tok_t **out_toks, size_t *out_n);
 
 /* Parses tokens into the template body. */
@@ -242,7 +228,7 @@ kiln_status_t tpl_parse(kiln_template_t *tpl, const tok_t *toks, size_t ntoks);
 
 typedef struct tctx {
   const kiln_template_t *tpl;
-  tpl_arena_t arena;
+  kiln_arena_t arena;
   kiln_strbuf_t *out;
   kiln_status_t err;
   int line; /* of the node being evaluated, for messages */

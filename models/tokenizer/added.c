@@ -45,7 +45,7 @@ static bool trie_insert(ktok_trie_t *t, const char *s, size_t n, int32_t token) 
 
 kiln_status_t ktok_trie_build(ktok_trie_t *t, const ktok_added_t *added, size_t n,
                               bool want_normalized, const ktok_normalizer_t *nz,
-                              ktok_match_ctx_t *mc, ktok_arena_t *a) {
+                              ktok_match_ctx_t *mc, kiln_arena_t *a) {
   (void)a;
   memset(t, 0, sizeof(*t));
   for (int i = 0; i < 256; i++) t->root_child[i] = -1;

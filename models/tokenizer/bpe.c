@@ -70,7 +70,7 @@ static kiln_status_t bpe_check_affix(const kiln_json_t *m, const char *key, cons
   return NULL;
 }
 
-static kiln_status_t bpe_load_vocab(ktok_bpe_t *b, ktok_arena_t *a, const kiln_json_t *vocab,
+static kiln_status_t bpe_load_vocab(ktok_bpe_t *b, kiln_arena_t *a, const kiln_json_t *vocab,
                                     const char *path) {
   if (!kiln_json_is(vocab, KILN_JSON_OBJECT)) {
     return ktok_err(KILN_ERR_INVALID_ARGUMENT, path, "vocab must be an object, not %s",
@@ -99,7 +99,7 @@ static kiln_status_t bpe_load_vocab(ktok_bpe_t *b, ktok_arena_t *a, const kiln_j
     size_t klen;
     const char *k = kiln_json_key_at(vocab, i, &klen);
     kiln_json_int64(kiln_json_value_at(vocab, i), &id);
-    char *key = ktok_arena_strdup(a, k, klen);
+    char *key = kiln_arena_strndup(a, k, klen);
     if (!key) goto oom;
     int32_t old;
     if (!ktok_map_put(&b->vocab, key, klen, (int32_t)id, &old)) goto oom;
@@ -175,7 +175,7 @@ static kiln_status_t bpe_load_merges(ktok_bpe_t *b, const kiln_json_t *merges, c
   return st;
 }
 
-kiln_status_t ktok_bpe_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_bpe_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                              ktok_bpe_t **out) {
   static const char *const keys[] = {"type",
                                      "dropout",

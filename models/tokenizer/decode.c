@@ -44,7 +44,7 @@ static kiln_status_t parse_size(const kiln_json_t *v, const char *key, const cha
   return NULL;
 }
 
-kiln_status_t ktok_decoder_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_decoder_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                  ktok_decoder_t **out) {
   *out = NULL;
   if (!kiln_json_is(v, KILN_JSON_OBJECT)) {

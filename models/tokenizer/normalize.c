@@ -24,7 +24,7 @@ static const struct {
     {"Sequence", TOK_NORM_SEQUENCE},
 };
 
-kiln_status_t ktok_normalizer_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_normalizer_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                     ktok_normalizer_t **out) {
   *out = NULL;
   if (!kiln_json_is(v, KILN_JSON_OBJECT)) {

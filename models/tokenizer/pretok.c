@@ -59,7 +59,7 @@ static kiln_status_t parse_behavior(const kiln_json_t *v, const char *key, const
                   s ? s : "(not a string)");
 }
 
-kiln_status_t ktok_pretok_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_pretok_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                 ktok_pretok_t **out) {
   *out = NULL;
   if (!kiln_json_is(v, KILN_JSON_OBJECT)) {

@@ -27,21 +27,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/arena.h"
 #include "core/json.h"
 #include "core/status.h"
 #include "core/strbuf.h"
 #include "models/tokenizer/tokenizer.h"
 
 /* ---- utilities (ktok_util.c) ------------------------------------------------------------ */
-
-/* A bump allocator for strings that live as long as the tokenizer. */
-typedef struct ktok_arena_chunk ktok_arena_chunk_t;
-typedef struct ktok_arena {
-  ktok_arena_chunk_t *head;
-} ktok_arena_t;
-/* Copies s[0..n) plus a NUL; NULL on out-of-memory. */
-char *ktok_arena_strdup(ktok_arena_t *a, const char *s, size_t n);
-void ktok_arena_free(ktok_arena_t *a);
 
 uint64_t ktok_hash(const void *data, size_t n);
 
@@ -110,7 +102,7 @@ typedef struct ktok_pattern {
   ktok_regex_t *re;
 } ktok_pattern_t;
 /* Parses {"String": s} or {"Regex": r} found at path. */
-kiln_status_t ktok_pattern_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_pattern_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                  ktok_pattern_t *out);
 /* Next match of p in s[start..n) as ktok_regex_find (literal: memmem; empty literal: none). */
 int ktok_pattern_find(const ktok_pattern_t *p, ktok_match_ctx_t *mc, const char *s, size_t n,
@@ -126,7 +118,7 @@ kiln_status_t ktok_err(kiln_status_code_t code, const char *path, const char *fm
 kiln_status_t ktok_json_bool(const kiln_json_t *obj, const char *key, bool def, const char *path,
                              bool *out);
 /* Reads an optional string member (NULL when absent/null), copied to the arena. */
-kiln_status_t ktok_json_str(ktok_arena_t *a, const kiln_json_t *obj, const char *key,
+kiln_status_t ktok_json_str(kiln_arena_t *a, const kiln_json_t *obj, const char *key,
                             const char *path, char **out, size_t *out_len);
 /* Reads a single-character string member (e.g. Metaspace's replacement). */
 kiln_status_t ktok_json_char(const kiln_json_t *obj, const char *key, uint32_t def,
@@ -178,7 +170,7 @@ typedef struct ktok_normalizer {
   size_t n_children;
 } ktok_normalizer_t;
 
-kiln_status_t ktok_normalizer_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_normalizer_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                     ktok_normalizer_t **out);
 void ktok_normalizer_free(ktok_normalizer_t *n);
 /* Appends the normalized form of s[0..n) to out. */
@@ -227,7 +219,7 @@ typedef struct ktok_pretok {
   size_t n_children;
 } ktok_pretok_t;
 
-kiln_status_t ktok_pretok_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_pretok_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                 ktok_pretok_t **out);
 void ktok_pretok_free(ktok_pretok_t *p);
 /* Pre-tokenizes every piece of in into out (out is reset first); tmp is scratch. */
@@ -272,7 +264,7 @@ typedef struct ktok_bpe {
   ktok_cache_entry_t *cache; /* [TOK_CACHE_SLOTS] */
 } ktok_bpe_t;
 
-kiln_status_t ktok_bpe_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_bpe_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                              ktok_bpe_t **out);
 void ktok_bpe_free(ktok_bpe_t *b);
 
@@ -316,7 +308,7 @@ typedef struct ktok_trie {
  * ones the pattern is the token content passed through nz (may be NULL). */
 kiln_status_t ktok_trie_build(ktok_trie_t *t, const ktok_added_t *added, size_t n,
                               bool want_normalized, const ktok_normalizer_t *nz,
-                              ktok_match_ctx_t *mc, ktok_arena_t *a);
+                              ktok_match_ctx_t *mc, kiln_arena_t *a);
 void ktok_trie_free(ktok_trie_t *t);
 
 /* One split of a string by an added-token trie: [start, stop) is either an added token
@@ -355,7 +347,7 @@ typedef struct ktok_decoder {
   size_t n_children;
 } ktok_decoder_t;
 
-kiln_status_t ktok_decoder_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_decoder_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                  ktok_decoder_t **out);
 void ktok_decoder_free(ktok_decoder_t *d);
 /* True when the chain contains a ByteFallback decoder (the detokenizer holds byte runs). */
@@ -383,7 +375,7 @@ struct ktok_enc_ctx; /* tokenizer.c: per-call encode scratch */
 #define KTOK_CTX_POOL 8
 
 struct kiln_tokenizer {
-  ktok_arena_t arena;
+  kiln_arena_t arena;
   /* Encode scratch kept between calls (PCRE2 match data, buffers): a small pool so that
    * concurrent callers each get their own. */
   pthread_mutex_t pool_lock;

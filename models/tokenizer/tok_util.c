@@ -1,4 +1,4 @@
-/* ktok_util.c - the tokenizer's plumbing: string arena, hash map, UTF-8 and Unicode classes,
+/* ktok_util.c - the tokenizer's plumbing: hash map, UTF-8 and Unicode classes,
  * PCRE2 wrappers, Split/Replace patterns, JSON field helpers and piece lists. */
 #define _GNU_SOURCE /* memmem */
 #include <stdarg.h>
@@ -9,42 +9,6 @@
 #include <utf8proc.h>
 
 #include "models/tokenizer/tok_internal.h"
-
-/* ---- arena ----------------------------------------------------------------------------- */
-
-struct ktok_arena_chunk {
-  ktok_arena_chunk_t *next;
-  size_t used, cap;
-  char data[];
-};
-
-char *ktok_arena_strdup(ktok_arena_t *a, const char *s, size_t n) {
-  ktok_arena_chunk_t *c = a->head;
-  if (!c || c->cap - c->used < n + 1) {
-    size_t cap = n + 1 > (1u << 20) ? n + 1 : (1u << 20);
-    c = malloc(sizeof(*c) + cap);
-    if (!c) return NULL;
-    c->used = 0;
-    c->cap = cap;
-    c->next = a->head;
-    a->head = c;
-  }
-  char *p = c->data + c->used;
-  if (n) memcpy(p, s, n);
-  p[n] = '\0';
-  c->used += n + 1;
-  return p;
-}
-
-void ktok_arena_free(ktok_arena_t *a) {
-  ktok_arena_chunk_t *c = a->head;
-  while (c) {
-    ktok_arena_chunk_t *next = c->next;
-    free(c);
-    c = next;
-  }
-  a->head = NULL;
-}
 
 /* ---- hashing and the string map -------------------------------------------------------- */
 
@@ -309,8 +273,8 @@ kiln_status_t ktok_regex_compile(const char *pattern, size_t len, ktok_regex_t *
    * answers. KILN_PCRE2_JIT=0 turns it off: valgrind cannot follow JIT-compiled code and reports
    * its reads as uninitialised (make test-memcheck sets it). */
   const char *jit_env = getenv("KILN_PCRE2_JIT");
-  re->jit = !(jit_env && strcmp(jit_env, "0") == 0) &&
-            pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+  re->jit =
+      !(jit_env && strcmp(jit_env, "0") == 0) && pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
   *out = re;
   return NULL;
 }
@@ -374,7 +338,7 @@ int ktok_regex_find(const ktok_regex_t *re, ktok_match_ctx_t *mc, const char *s,
 
 /* ---- patterns -------------------------------------------------------------------------- */
 
-kiln_status_t ktok_pattern_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+kiln_status_t ktok_pattern_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                  ktok_pattern_t *out) {
   memset(out, 0, sizeof(*out));
   if (!kiln_json_is(v, KILN_JSON_OBJECT) || kiln_json_len(v) != 1) {
@@ -388,7 +352,7 @@ kiln_status_t ktok_pattern_parse(ktok_arena_t *a, const kiln_json_t *v, const ch
   if (klen == 6 && memcmp(key, "String", 6) == 0) {
     if (slen == 0)
       return ktok_err(KILN_ERR_UNSUPPORTED, path, "an empty String pattern is not supported");
-    out->str = ktok_arena_strdup(a, s, slen);
+    out->str = kiln_arena_strndup(a, s, slen);
     out->len = slen;
     if (!out->str) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     return NULL;
@@ -472,7 +436,7 @@ kiln_status_t ktok_json_bool(const kiln_json_t *obj, const char *key, bool def, 
   return NULL;
 }
 
-kiln_status_t ktok_json_str(ktok_arena_t *a, const kiln_json_t *obj, const char *key,
+kiln_status_t ktok_json_str(kiln_arena_t *a, const kiln_json_t *obj, const char *key,
                             const char *path, char **out, size_t *out_len) {
   *out = NULL;
   if (out_len) *out_len = 0;
@@ -484,7 +448,7 @@ kiln_status_t ktok_json_str(ktok_arena_t *a, const kiln_json_t *obj, const char 
     return ktok_err(KILN_ERR_INVALID_ARGUMENT, path, "%s must be a string, not %s", key,
                     kiln_json_type_name(kiln_json_type(v)));
   }
-  *out = ktok_arena_strdup(a, s, n);
+  *out = kiln_arena_strndup(a, s, n);
   if (!*out) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   if (out_len) *out_len = n;
   return NULL;

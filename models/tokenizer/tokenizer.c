@@ -43,7 +43,7 @@ static void post_free(ktok_post_t *p) {
 }
 
 /* A [token, id] pair of Bert/RobertaProcessing. */
-static kiln_status_t parse_tok_pair(ktok_arena_t *a, const kiln_json_t *v, const char *key,
+static kiln_status_t parse_tok_pair(kiln_arena_t *a, const kiln_json_t *v, const char *key,
                                     const char *path, ktok_tpl_item_t *item) {
   const kiln_json_t *p = kiln_json_get(v, key);
   int64_t id;
@@ -59,7 +59,7 @@ static kiln_status_t parse_tok_pair(ktok_arena_t *a, const kiln_json_t *v, const
   return NULL;
 }
 
-static kiln_status_t parse_template(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+static kiln_status_t parse_template(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                     ktok_post_t *p) {
   const kiln_json_t *single = kiln_json_get(v, "single");
   const kiln_json_t *specials = kiln_json_get(v, "special_tokens");
@@ -114,7 +114,7 @@ static kiln_status_t parse_template(ktok_arena_t *a, const kiln_json_t *v, const
   return NULL;
 }
 
-static kiln_status_t post_parse(ktok_arena_t *a, const kiln_json_t *v, const char *path,
+static kiln_status_t post_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                 ktok_post_t **out) {
   *out = NULL;
   const char *type = kiln_json_string(kiln_json_get(v, "type"), NULL);
@@ -329,7 +329,7 @@ static kiln_status_t config_token(kiln_tokenizer_t *tok, const kiln_json_t *cfg,
   size_t n;
   const char *s = kiln_json_string(v, &n);
   if (!s) return ktok_err(KILN_ERR_INVALID_ARGUMENT, key, "must be a string or {\"content\": ...}");
-  *out = ktok_arena_strdup(&tok->arena, s, n);
+  *out = kiln_arena_strndup(&tok->arena, s, n);
   return *out ? NULL : kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
 }
 
@@ -439,7 +439,7 @@ void kiln_tokenizer_free(kiln_tokenizer_t *tok) {
   free(tok->added_by_id);
   ktok_trie_free(&tok->trie_raw);
   ktok_trie_free(&tok->trie_norm);
-  ktok_arena_free(&tok->arena);
+  kiln_arena_free(&tok->arena);
   free(tok);
 }
 
