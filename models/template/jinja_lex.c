@@ -62,13 +62,18 @@ static bool lex_fail(lexer_t *lx, size_t pos, const char *fmt, ...) {
   return false;
 }
 
+/* Out of memory is not a syntax error: its own code, no line. */
+static bool lex_oom(lexer_t *lx) {
+  if (!lx->err) lx->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", lx->name);
+  return false;
+}
+
 static tok_t *lex_push(lexer_t *lx, tok_kind_t kind, size_t pos, const char *s, size_t n) {
   if (lx->ntoks == lx->cap) {
     size_t cap = lx->cap ? lx->cap * 2 : 256;
     tok_t *t = kiln_arena_zalloc(lx->arena, cap * sizeof *t, KILN_ARENA_MAX_ALIGN);
     if (!t) {
-      if (!lx->err)
-        lx->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", lx->name);
+      lex_oom(lx);
       return NULL;
     }
     if (lx->ntoks) memcpy(t, lx->toks, lx->ntoks * sizeof *t);
@@ -191,10 +196,10 @@ static bool lex_string(lexer_t *lx, size_t b, size_t e) {
         }
     }
   }
-  if (ok && !kiln_strbuf_ok(&sb)) ok = lex_fail(lx, b, "out of memory");
+  if (ok && !kiln_strbuf_ok(&sb)) ok = lex_oom(lx);
   if (ok) {
     char *v = kiln_arena_strndup(lx->arena, sb.data ? sb.data : "", sb.len);
-    if (!v || !lex_push(lx, TK_STRING, b, v, sb.len)) ok = lex_fail(lx, b, "out of memory");
+    if (!v || !lex_push(lx, TK_STRING, b, v, sb.len)) ok = lex_oom(lx);
   }
   kiln_strbuf_free(&sb);
   return ok;

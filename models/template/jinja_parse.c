@@ -49,6 +49,12 @@ static bool pfail(parser_t *p, const tok_t *t, const char *fmt, ...) {
   return false;
 }
 
+/* Out of memory is not a syntax error: its own code, no line. */
+static bool poom(parser_t *p) {
+  if (!p->err) p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
+  return false;
+}
+
 static bool is_op(const tok_t *t, const char *op) {
   size_t l = strlen(op);
   return t->kind == TK_OP && t->n == l && memcmp(t->s, op, l) == 0;
@@ -95,8 +101,7 @@ static bool expect_kind(parser_t *p, tok_kind_t k, const char *what) {
 static tnode_t *mk(parser_t *p, int kind, int line) {
   tnode_t *nd = kiln_arena_zalloc(&p->tpl->arena, sizeof *nd, KILN_ARENA_MAX_ALIGN);
   if (!nd) {
-    if (!p->err)
-      p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
+    poom(p);
     return NULL;
   }
   nd->kind = kind;
@@ -107,8 +112,7 @@ static tnode_t *mk(parser_t *p, int kind, int line) {
 static bool set_name(parser_t *p, tnode_t *nd, const char *s, size_t n) {
   char *c = kiln_arena_strndup(&p->tpl->arena, s, n);
   if (!c) {
-    if (!p->err)
-      p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
+    poom(p);
     return false;
   }
   nd->name = c;
@@ -122,8 +126,7 @@ static bool nv_push(parser_t *p, nvec_t *v, tnode_t *nd) {
     size_t cap = v->cap ? v->cap * 2 : 4;
     tnode_t **a = kiln_arena_zalloc(&p->tpl->arena, cap * sizeof *a, KILN_ARENA_MAX_ALIGN);
     if (!a) {
-      if (!p->err)
-        p->err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", p->tpl->name);
+      poom(p);
       return false;
     }
     if (v->n) memcpy(a, v->v, v->n * sizeof *a);
@@ -270,7 +273,7 @@ static tnode_t *parse_compare(parser_t *p) {
   c->n = v.n;
   c->ops = kiln_arena_zalloc(&p->tpl->arena, nops * sizeof *c->ops, KILN_ARENA_MAX_ALIGN);
   if (!c->ops) {
-    pfail(p, cur(p), "out of memory");
+    poom(p);
     return NULL;
   }
   memcpy(c->ops, ops, nops * sizeof *ops);
@@ -594,7 +597,7 @@ static tnode_t *parse_primary(parser_t *p) {
       nd->lit = tv_str(s, sb.len);
       kiln_strbuf_free(&sb);
       if (!s) {
-        pfail(p, t, "out of memory");
+        poom(p);
         return NULL;
       }
       return nd;
