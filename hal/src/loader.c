@@ -150,15 +150,25 @@ static kiln_status_t registry_push(kiln_hal_registry_t *r, loader_entry_t *e) {
   return NULL;
 }
 
+/* The reason of an entry whose real reason could not be allocated: a rejected or shadowed entry
+ * always has a reason. Never freed. */
+static char entry_reason_oom[] = "out of memory while recording the reason";
+
+static void entry_set_reason(loader_entry_t *e, char *reason) {
+  if (e->pub.reason != entry_reason_oom) free(e->pub.reason);
+  e->pub.reason = reason;
+}
+
 static void entry_free(loader_entry_t *e) {
   if (!e) return;
   free(e->pub.path);
   free(e->pub.name);
-  free(e->pub.reason);
+  entry_set_reason(e, NULL);
   free(e);
 }
 
-/* Marks e rejected with a formatted reason. */
+/* Marks e rejected with a formatted reason (entry_reason_oom if that cannot be allocated:
+ * registry_add_file() turns it into an out-of-memory error). */
 static void entry_reject(loader_entry_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void entry_reject(loader_entry_t *e, const char *fmt, ...) {
   char buf[1024];
@@ -166,8 +176,8 @@ static void entry_reject(loader_entry_t *e, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  free(e->pub.reason);
-  e->pub.reason = strdup(buf);
+  char *reason = strdup(buf);
+  entry_set_reason(e, reason ? reason : entry_reason_oom);
   e->pub.state = KILN_HAL_PLUGIN_REJECTED;
   e->pub.score = 0;
 }
@@ -252,8 +262,7 @@ static void entry_load(loader_entry_t *e) {
   }
   e->pub.score = score;
   e->pub.state = KILN_HAL_PLUGIN_USABLE;
-  free(e->pub.reason);
-  e->pub.reason = NULL;
+  entry_set_reason(e, NULL);
 }
 
 static loader_entry_t *registry_find(kiln_hal_registry_t *r, const char *name) {
@@ -297,7 +306,8 @@ static loader_entry_t *registry_find_path(kiln_hal_registry_t *r, const char *pa
 }
 
 /* Creates an entry for path; a file name that breaks the naming rule is recorded as rejected
- * when it at least starts with the plugin prefix (so typos show up in `kiln info`). */
+ * when it at least starts with the plugin prefix (so typos show up in `kiln info`). On error
+ * (out of memory) the registry is as it was, except that a plugin it loaded stays mapped. */
 static kiln_status_t registry_add_file(kiln_hal_registry_t *r, const char *path, int explicit_path,
                                        loader_entry_t **out_entry) {
   if (out_entry) *out_entry = NULL;
@@ -325,12 +335,17 @@ static kiln_status_t registry_add_file(kiln_hal_registry_t *r, const char *path,
                  PLUGIN_PREFIX, PLUGIN_SUFFIX);
   } else if (!explicit_path && registry_find(r, name) != e) {
     loader_entry_t *first = registry_find(r, name);
-    free(e->pub.reason);
-    e->pub.reason = kiln_strprintf("shadowed by %s, found earlier in the search path",
-                                  first->pub.path);
+    char *reason =
+        kiln_strprintf("shadowed by %s, found earlier in the search path", first->pub.path);
+    entry_set_reason(e, reason ? reason : entry_reason_oom);
     e->pub.state = KILN_HAL_PLUGIN_SHADOWED;
   } else {
     entry_load(e);
+  }
+  if (e->pub.reason == entry_reason_oom) {
+    r->count--; /* e is the last entry: take it back out */
+    entry_free(e);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
   }
   if (out_entry) *out_entry = e;
   return NULL;
@@ -411,17 +426,23 @@ static kiln_status_t registry_add_dir_list(kiln_hal_registry_t *r, const char *l
 }
 
 /* The directory of the plugins shipped beside this libkiln: <dir of libkiln.so>/kiln, which is
- * $ORIGIN/../lib/kiln for an executable in bin/. */
-static char *loader_origin_dir(void) {
+ * $ORIGIN/../lib/kiln for an executable in bin/. *out_dir is NULL when that cannot be found
+ * out; the error is out-of-memory only. */
+static kiln_status_t loader_origin_dir(char **out_dir) {
+  *out_dir = NULL;
   Dl_info info;
   if (!dladdr((void *)kiln_hal_registry_create, &info) || !info.dli_fname) return NULL;
+  errno = 0;
   char *lib = realpath(info.dli_fname, NULL);
+  if (!lib && errno == ENOMEM)
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
   if (!lib) return NULL;
   char *slash = strrchr(lib, '/');
   if (slash) *slash = '\0';
-  char *dir = kiln_strprintf("%s/kiln", lib);
+  *out_dir = kiln_strprintf("%s/kiln", lib);
   free(lib);
-  return dir;
+  if (!*out_dir) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  return NULL;
 }
 
 kiln_status_t kiln_hal_registry_create(const kiln_hal_registry_options_t *options,
@@ -434,16 +455,18 @@ kiln_status_t kiln_hal_registry_create(const kiln_hal_registry_options_t *option
   if (!r->options.skip_env) st = registry_add_dir_list(r, getenv("KILN_BACKEND_PATH"));
   if (!st) st = registry_add_dir_list(r, r->options.config_path);
   if (!st && !r->options.skip_default_dirs) {
-    char *origin = loader_origin_dir();
-    if (origin) st = registry_add_dir(r, origin);
+    char *origin = NULL;
+    st = loader_origin_dir(&origin);
+    if (!st && origin) st = registry_add_dir(r, origin);
     free(origin);
     if (!st) st = registry_add_dir(r, KILN_INSTALL_PLUGINDIR);
   }
+  if (!st && !r->search_path && !(r->search_path = strdup("")))
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
   if (st) {
     kiln_hal_registry_free(r);
     return st;
   }
-  if (!r->search_path) r->search_path = strdup("");
   *out_registry = r;
   return NULL;
 }

@@ -1,0 +1,1084 @@
+/* test_oom.c - out-of-memory tests: fail the Nth heap allocation of an operation, for N = 0, 1,
+ * 2, ... until the operation no longer reaches an Nth allocation, and check every step.
+ *
+ * The modules under test are compiled into this executable (not taken from libkiln) and linked
+ * with -Wl,--wrap=malloc,... so that their allocations go through tests/oom_alloc.c. Each walk
+ * runs twice: "one-shot" fails only the Nth allocation (later ones succeed, so error paths
+ * build their full messages), "sticky" fails the Nth and every later one (error paths run out
+ * of memory themselves). At every step the operation must either succeed with exactly the
+ * result of an unhindered run (a failure it absorbed must not change what it produced) or
+ * return KILN_ERR_OUT_OF_MEMORY with a non-empty message, leaving the state its API promises
+ * (the config is untouched, an output pointer is NULL, an id array keeps its length); it must
+ * never crash, return another code, or leak (this binary runs under ASan/LSan and valgrind).
+ *
+ * Not covered: allocations inside shared libraries, which --wrap cannot reach: libc's own
+ * (fopen, realpath, opendir, newlocale, open_memstream), inih's line buffer, PCRE2's pattern
+ * compilation, JIT and match data (it takes a general context with custom malloc; not worth
+ * it here), utf8proc's normalization buffers, dlopen's.
+ */
+#define _GNU_SOURCE /* open_memstream, mkdtemp, symlink */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/config.h"
+#include "core/json.h"
+#include "core/status.h"
+#include "core/strbuf.h"
+#include "hal/loader.h"
+#include "models/template/template.h"
+#include "models/tokenizer/tokenizer.h"
+#include "oom_alloc.h"
+
+/* ---- the walk ------------------------------------------------------------------------------- */
+
+/* Most steps one walk may take before the operation is declared never to finish. */
+#define OOM_MAX_STEPS 20000
+
+/* The broken promises of the running test, the first of each walk. A walk that finds one still
+ * cleans up its step and stops; the test's other walks go on, then the test frees what it holds
+ * and fails (oom_assert_clean), so that failures are reported without leak reports piling on
+ * top of them. */
+static char oom_violation_msg[16384];
+static size_t oom_violation_len;
+static bool oom_violated; /* in the current walk */
+static bool oom_test_violated;
+static char oom_where[256]; /* "<operation> (<mode>), allocation <n> failed" for messages */
+
+static void oom_violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void oom_violation(const char *fmt, ...) {
+  if (oom_violated) return;
+  oom_violated = oom_test_violated = true;
+  size_t room = sizeof(oom_violation_msg) - oom_violation_len;
+  int n = snprintf(oom_violation_msg + oom_violation_len, room, "%s: ", oom_where);
+  if (n > 0) oom_violation_len += (size_t)n < room ? (size_t)n : room - 1;
+  room = sizeof(oom_violation_msg) - oom_violation_len;
+  va_list ap;
+  va_start(ap, fmt);
+  n = vsnprintf(oom_violation_msg + oom_violation_len, room, fmt, ap);
+  va_end(ap);
+  if (n > 0) oom_violation_len += (size_t)n < room ? (size_t)n : room - 1;
+  if (oom_violation_len + 1 < sizeof(oom_violation_msg)) {
+    oom_violation_msg[oom_violation_len++] = '\n';
+    oom_violation_msg[oom_violation_len] = '\0';
+  }
+}
+
+#define OOM_CHECK(cond, ...)                 \
+  do {                                       \
+    if (!(cond)) oom_violation(__VA_ARGS__); \
+  } while (0)
+
+static void oom_assert_clean(void) {
+  bool failed = oom_test_violated;
+  oom_violated = oom_test_violated = false;
+  oom_violation_len = 0;
+  if (failed) fail_msg("%s", oom_violation_msg);
+}
+
+/* One operation under test. Only run() is armed; the other callbacks run with a normal heap. */
+typedef struct oom_op {
+  const char *name;
+  void *ctx;
+  void (*setup)(void *ctx); /* fresh inputs for one step (optional) */
+  kiln_status_t (*run)(void *ctx);
+  /* The observable state, as a malloc'ed string, after setup and again after run (ok says
+   * whether run succeeded). It checks (OOM_CHECK) what the API promises on failure. */
+  char *(*snapshot)(void *ctx, bool ok);
+  void (*teardown)(void *ctx); /* frees what setup and run made (optional) */
+  /* On error the snapshot must equal the one taken before run(). */
+  bool transactional;
+} oom_op_t;
+
+typedef struct oom_stats {
+  long allocs;   /* allocations of an unhindered run: the failure points */
+  long errors;   /* one-shot steps that returned KILN_ERR_OUT_OF_MEMORY */
+  long absorbed; /* one-shot steps that succeeded although an allocation failed */
+} oom_stats_t;
+
+/* One step: fail allocation n (n < 0: none) and check the outcome against want (the result of
+ * the unhindered run; NULL while computing it, which *out_result then receives). Returns true
+ * when allocation n was reached, i.e. the walk must go on. */
+static bool oom_step(const oom_op_t *op, long n, bool sticky, const char *want, oom_stats_t *stats,
+                     char **out_result) {
+  if (n < 0)
+    snprintf(oom_where, sizeof(oom_where), "%s (reference run)", op->name);
+  else
+    snprintf(oom_where, sizeof(oom_where), "%s (%s), allocation %ld failed", op->name,
+             sticky ? "sticky" : "one-shot", n);
+  if (op->setup) op->setup(op->ctx);
+  char *before = op->snapshot(op->ctx, false);
+  oom_alloc_arm(n, sticky);
+  kiln_status_t st = op->run(op->ctx);
+  long count = oom_alloc_disarm();
+  bool fired = oom_alloc_failures() > 0;
+  char *after = op->snapshot(op->ctx, st == NULL);
+  if (!fired) {
+    /* Allocation n was never reached: the unhindered run. */
+    snprintf(oom_where, sizeof(oom_where), "%s (%s), no failure at step %ld", op->name,
+             n < 0    ? "reference run"
+             : sticky ? "sticky"
+                      : "one-shot",
+             n);
+    OOM_CHECK(!st, "the operation fails: %s", kiln_status_message(st));
+    if (!want) {
+      stats->allocs = count;
+      *out_result = after;
+      after = NULL;
+    } else {
+      OOM_CHECK(strcmp(after, want) == 0,
+                "the result differs from the reference run:\n--- want\n%s\n--- got\n%s", want,
+                after);
+      OOM_CHECK(count == stats->allocs, "%ld allocations, %ld in the reference run", count,
+                stats->allocs);
+    }
+  } else if (st) {
+    const char *msg = kiln_status_message(st);
+    OOM_CHECK(kiln_status_code(st) == KILN_ERR_OUT_OF_MEMORY, "the operation returned %s: %s",
+              kiln_status_code_name(kiln_status_code(st)), msg);
+    OOM_CHECK(msg && msg[0], "empty OUT_OF_MEMORY message");
+    OOM_CHECK(!op->transactional || strcmp(after, before) == 0,
+              "the operation failed and changed the state:\n--- before\n%s\n--- after\n%s", before,
+              after);
+    if (!sticky) stats->errors++;
+  } else {
+    OOM_CHECK(strcmp(after, want) == 0,
+              "the operation reported success, and its result differs from the reference run:\n"
+              "--- want\n%s\n--- got\n%s",
+              want, after);
+    if (!sticky) stats->absorbed++;
+  }
+  kiln_status_free(st);
+  free(before);
+  free(after);
+  if (op->teardown) op->teardown(op->ctx);
+  return fired;
+}
+
+/* Walks op in both modes and prints how many failure points it exercised. Returns false (with
+ * the violation recorded for oom_assert_clean) when a step broke a promise. */
+static bool oom_walk(const oom_op_t *op) {
+  oom_violated = false;
+  oom_stats_t stats = {0};
+  char *want = NULL;
+  oom_step(op, -1, false, NULL, &stats, &want);
+  for (int sticky = 0; sticky < 2 && want && !oom_violated; sticky++) {
+    long n = 0;
+    while (!oom_violated && oom_step(op, n, sticky, want, &stats, NULL))
+      if (++n > OOM_MAX_STEPS) oom_violation("still reaching allocation %ld", n);
+  }
+  free(want);
+  snprintf(oom_where, sizeof(oom_where), "%s", op->name);
+  OOM_CHECK(oom_violated || stats.allocs > 0, "allocates nothing, so the walk tested nothing");
+  if (oom_violated) return false;
+  print_message("[   OOM    ] %-28s %5ld failure points: %ld OUT_OF_MEMORY, %ld absorbed\n",
+                op->name, stats.allocs, stats.errors, stats.absorbed);
+  return true;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static char *xstrdup(const char *s) {
+  char *c = strdup(s);
+  assert_non_null(c);
+  return c;
+}
+
+static char *config_text(const kiln_config_t *cfg) {
+  if (!cfg) return xstrdup("(no config)");
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  assert_non_null(f);
+  kiln_config_write(cfg, f);
+  assert_int_equal(fclose(f), 0);
+  return text;
+}
+
+/* A strbuf's content, checking its invariants: NUL-terminated at len, len < cap. */
+static char *strbuf_text(const kiln_strbuf_t *b) {
+  bool ok = b->cap ? b->len < b->cap && b->data[b->len] == '\0' : b->len == 0;
+  OOM_CHECK(ok, "a strbuf is broken: len %zu, cap %zu", b->len, b->cap);
+  return xstrdup(ok ? kiln_strbuf_cstr(b) : "(broken strbuf)");
+}
+
+/* ---- config --------------------------------------------------------------------------------- */
+
+/* A realistic file: most sections, an int list, an inline comment, two plugin sections. */
+static const char k_ini[] =
+    "; a deployment\n"
+    "[model]\n"
+    "path = /models/qwen3-0.6b\n"
+    "dtype = bfloat16\n"
+    "max_model_len = 8192\n"
+    "\n"
+    "[engine]\n"
+    "max_num_seqs = 64\n"
+    "seed = 1234\n"
+    "\n"
+    "[cache]\n"
+    "block_size = 32\n"
+    "gpu_memory_utilization = 0.85\n"
+    "enable_prefix_caching = off\n"
+    "\n"
+    "[backend]\n"
+    "name = cuda\n"
+    "path = /opt/kiln/plugins:/usr/lib/kiln\n"
+    "\n"
+    "[server]\n"
+    "host = 0.0.0.0\n"
+    "port = 8080\n"
+    "api_key = s3cret ; inline comment\n"
+    "\n"
+    "[graph]\n"
+    "capture_sizes = 1, 2, 4, 8, 16, 32\n"
+    "\n"
+    "[log]\n"
+    "level = info\n"
+    "format = json\n"
+    "\n"
+    "[plugin.trace]\n"
+    "level = 2\n"
+    "output = /tmp/trace.json\n"
+    "sample-rate = 0.5\n"
+    "\n"
+    "[plugin.cuda.graphs]\n"
+    "pool = 1\n"
+    "streams = 4\n"
+    "priority = high\n"
+    "arena_mb = 512\n"
+    "warmup = yes\n";
+
+/* Loaded before the walks of load and set, so that "unchanged" is not just "the defaults". */
+static const char k_ini_before[] =
+    "[engine]\n"
+    "max_num_batched_tokens = 4096\n"
+    "[graph]\n"
+    "capture_sizes = 3,5\n"
+    "[plugin.trace]\n"
+    "level = 1\n";
+
+typedef struct config_ctx {
+  kiln_config_t *cfg;
+  const char *arg; /* the INI text or the --set assignment */
+  const char *path;
+} config_ctx_t;
+
+static void config_setup_empty(void *p) { ((config_ctx_t *)p)->cfg = NULL; }
+
+static void config_setup_loaded(void *p) {
+  config_ctx_t *c = p;
+  assert_null(kiln_config_create(&c->cfg));
+  assert_null(kiln_config_load_string(c->cfg, k_ini_before, "before.ini"));
+}
+
+static void config_setup_full(void *p) {
+  config_ctx_t *c = p;
+  config_setup_loaded(c);
+  assert_null(kiln_config_load_string(c->cfg, k_ini, "kiln.ini"));
+}
+
+static void config_teardown(void *p) {
+  config_ctx_t *c = p;
+  kiln_config_free(c->cfg);
+  c->cfg = NULL;
+}
+
+static char *config_snapshot(void *p, bool ok) {
+  (void)ok;
+  return config_text(((config_ctx_t *)p)->cfg);
+}
+
+static kiln_status_t config_run_create(void *p) {
+  return kiln_config_create(&((config_ctx_t *)p)->cfg);
+}
+
+static kiln_status_t config_run_load(void *p) {
+  config_ctx_t *c = p;
+  return kiln_config_load_string(c->cfg, c->arg, "kiln.ini");
+}
+
+static kiln_status_t config_run_load_file(void *p) {
+  config_ctx_t *c = p;
+  return kiln_config_load_file(c->cfg, c->path);
+}
+
+static kiln_status_t config_run_set(void *p) {
+  config_ctx_t *c = p;
+  return kiln_config_set(c->cfg, c->arg);
+}
+
+static void test_config_create(void **state) {
+  (void)state;
+  config_ctx_t c = {0};
+  oom_op_t op = {.name = "config_create",
+                 .ctx = &c,
+                 .setup = config_setup_empty,
+                 .run = config_run_create,
+                 .snapshot = config_snapshot,
+                 .teardown = config_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+  oom_assert_clean();
+}
+
+static void test_config_load(void **state) {
+  (void)state;
+  config_ctx_t c = {.arg = k_ini};
+  oom_op_t op = {.name = "config_load_string",
+                 .ctx = &c,
+                 .setup = config_setup_loaded,
+                 .run = config_run_load,
+                 .snapshot = config_snapshot,
+                 .teardown = config_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+
+  /* The same from a file (kiln_config_load_file reads it into a growing buffer first). */
+  char path[] = "/tmp/kiln-oom-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  assert_non_null(f);
+  assert_int_equal(fputs(k_ini, f) >= 0, 1);
+  assert_int_equal(fclose(f), 0);
+  c.path = path;
+  oom_op_t op_file = {.name = "config_load_file",
+                      .ctx = &c,
+                      .setup = config_setup_loaded,
+                      .run = config_run_load_file,
+                      .snapshot = config_snapshot,
+                      .teardown = config_teardown,
+                      .transactional = true};
+  oom_walk(&op_file);
+  unlink(path);
+  oom_assert_clean();
+}
+
+static void test_config_set(void **state) {
+  (void)state;
+  static const char *const assignments[] = {
+      "server.port=9000",                       /* a table key */
+      "graph.capture_sizes = 1,2,4,8,16,32,64", /* an int list */
+      "plugin.trace.level=3",                   /* an existing plugin key */
+      "plugin.cuda.graphs.fresh=1",             /* a new key: the plugin key array grows */
+      "plugin.newplugin.key=value",             /* a new plugin section */
+  };
+  for (size_t i = 0; i < sizeof(assignments) / sizeof(assignments[0]); i++) {
+    config_ctx_t c = {.arg = assignments[i]};
+    char name[64];
+    snprintf(name, sizeof(name), "config_set[%zu]", i);
+    oom_op_t op = {.name = name,
+                   .ctx = &c,
+                   .setup = config_setup_full,
+                   .run = config_run_set,
+                   .snapshot = config_snapshot,
+                   .teardown = config_teardown,
+                   .transactional = true};
+    oom_walk(&op);
+  }
+  oom_assert_clean();
+}
+
+/* ---- JSON ----------------------------------------------------------------------------------- */
+
+/* About 2 KB: nesting, every escape, a surrogate pair, numbers of every shape, and a 20-member
+ * object (objects over 8 members get a hash index). */
+static const char k_json[] =
+    "{\n"
+    "  \"model\": \"kiln-test\",\n"
+    "  \"messages\": [\n"
+    "    {\"role\": \"system\", \"content\": \"You are \\\"helpful\\\".\\nBe brief.\\t\\u00e9\"},\n"
+    "    {\"role\": \"user\", \"content\": \"caf\\u00e9 \\ud83d\\ude00 \\\\ back\\/slash "
+    "\\b\\f\\r\"},\n"
+    "    {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [\n"
+    "      {\"id\": \"call_1\", \"type\": \"function\",\n"
+    "       \"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", "
+    "\"days\": 3}}}\n"
+    "    ]},\n"
+    "    {\"role\": \"tool\", \"content\": [{\"type\": \"text\", \"text\": \"18C, \\u2600\"}]}\n"
+    "  ],\n"
+    "  \"params\": {\n"
+    "    \"k01\": 1, \"k02\": -2, \"k03\": 3.5, \"k04\": -4.25e-3, \"k05\": 5E+2,\n"
+    "    \"k06\": true, \"k07\": false, \"k08\": null, \"k09\": \"nine\", \"k10\": [10, 10.0],\n"
+    "    \"k11\": {\"eleven\": 11}, \"k12\": [], \"k13\": {}, \"k14\": 9223372036854775807,\n"
+    "    \"k15\": -9223372036854775808, \"k16\": 1e-310, \"k17\": 0.1, \"k18\": \"\",\n"
+    "    \"k19\": [[[[\"deep\"]]]], \"k20\": \"\\u0000nul\", \"k05\": \"duplicate\"\n"
+    "  },\n"
+    "  \"tools\": [\n"
+    "    {\"type\": \"function\", \"function\": {\"name\": \"get_weather\",\n"
+    "      \"description\": \"Get the weather for a city over some days\",\n"
+    "      \"parameters\": {\"type\": \"object\", \"properties\": {\n"
+    "        \"city\": {\"type\": \"string\", \"description\": \"City name\"},\n"
+    "        \"days\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 14}},\n"
+    "        \"required\": [\"city\"]}}},\n"
+    "    {\"type\": \"function\", \"function\": {\"name\": \"search\",\n"
+    "      \"description\": \"Search the web\",\n"
+    "      \"parameters\": {\"type\": \"object\", \"properties\": {\n"
+    "        \"query\": {\"type\": \"string\"}, \"limit\": {\"type\": \"integer\", \"default\": "
+    "5}},\n"
+    "        \"required\": [\"query\"]}}}\n"
+    "  ],\n"
+    "  \"matrix\": [[1, 2, 3], [4, 5, 6], [7, 8, 9], [1.5, -2.5, 3.25e10]],\n"
+    "  \"unicode\": \"\\u65e5\\u672c\\u8a9e \\u0420\\u0443\\u0441\\u0441\\u043a\\u0438\\u0439 "
+    "\xce\xb1\xce\xb2\xce\xb3 \xf0\x9f\x8e\x89\",\n"
+    "  \"flags\": {\"stream\": true, \"logprobs\": false, \"n\": 1, \"temperature\": 0.7,\n"
+    "    \"top_p\": 0.95, \"stop\": [\"</s>\", \"\\n\\n\"], \"seed\": null},\n"
+    "  \"long\": \"Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor "
+    "incididunt ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud "
+    "exercitation ullamco laboris nisi ut aliquip ex ea commodo consequat.\"\n"
+    "}\n";
+
+/* The document as Python would write it, pretty and ASCII-only: a fingerprint of the tree. */
+static char *json_dump(const kiln_json_doc_t *doc) {
+  if (!doc) return xstrdup("(no document)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  assert_true(kiln_json_write(&b, kiln_json_root(doc), true, true));
+  /* Lookups through the hash index, and the duplicate key (the last one wins). */
+  const kiln_json_t *params = kiln_json_get(kiln_json_root(doc), "params");
+  int64_t v = 0;
+  const char *dup = kiln_json_string(kiln_json_get(params, "k05"), NULL);
+  OOM_CHECK(kiln_json_int64(kiln_json_get(params, "k01"), &v) && v == 1,
+            "doc.json: params.k01 is not 1");
+  OOM_CHECK(dup && strcmp(dup, "duplicate") == 0, "doc.json: params.k05 is not \"duplicate\"");
+  char *s = kiln_strbuf_detach(&b, NULL);
+  assert_non_null(s);
+  return s;
+}
+
+typedef struct json_ctx {
+  kiln_json_doc_t *doc; /* parse: the result; write: the input */
+  kiln_strbuf_t out;    /* write: the output */
+} json_ctx_t;
+
+static kiln_status_t json_run_parse(void *p) {
+  json_ctx_t *c = p;
+  return kiln_json_parse(k_json, sizeof(k_json) - 1, "doc.json", &c->doc);
+}
+
+static char *json_snapshot_parse(void *p, bool ok) {
+  json_ctx_t *c = p;
+  OOM_CHECK(ok || !c->doc, "kiln_json_parse failed and left *out_doc set");
+  return json_dump(c->doc);
+}
+
+static void json_teardown_parse(void *p) {
+  json_ctx_t *c = p;
+  kiln_json_doc_free(c->doc);
+  c->doc = NULL;
+}
+
+static void test_json_parse(void **state) {
+  (void)state;
+  json_ctx_t c = {0};
+  oom_op_t op = {.name = "json_parse",
+                 .ctx = &c,
+                 .run = json_run_parse,
+                 .snapshot = json_snapshot_parse,
+                 .teardown = json_teardown_parse,
+                 .transactional = true};
+  oom_walk(&op);
+  oom_assert_clean();
+}
+
+static const char k_json_prefix[] = "prefix|";
+
+static void json_setup_write(void *p) {
+  json_ctx_t *c = p;
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  c->out = b;
+  /* An exact fit, so the first append of run() has to grow the buffer. */
+  assert_true(kiln_strbuf_reserve(&c->out, sizeof(k_json_prefix) - 1));
+  assert_true(kiln_strbuf_append_str(&c->out, k_json_prefix));
+}
+
+/* Every writer, appending to one buffer; the first false stops it. */
+static kiln_status_t json_run_write(void *p) {
+  json_ctx_t *c = p;
+  const kiln_json_t *root = kiln_json_root(c->doc);
+  bool ok = kiln_json_write(&c->out, root, false, false) &&
+            kiln_json_write(&c->out, root, true, true) &&
+            kiln_json_write_string(&c->out, "caf\xc3\xa9 \xf0\x9f\x98\x80 \"q\"\n\x01", 14, true) &&
+            kiln_json_write_string(&c->out, "caf\xc3\xa9 \xff", 7, false) &&
+            kiln_json_write_number(&c->out, 3.0) && kiln_json_write_number(&c->out, 0.1) &&
+            kiln_json_write_double(&c->out, 1e300) && kiln_json_write_double(&c->out, -0.0) &&
+            kiln_strbuf_printf(&c->out, "|%d|%s|", 42, "end") &&
+            kiln_strbuf_append_utf8(&c->out, 0x1F600);
+  if (ok) return NULL;
+  OOM_CHECK(c->out.failed && !kiln_strbuf_ok(&c->out),
+            "a JSON writer returned false without setting the strbuf's failure flag");
+  return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "a JSON writer ran out of memory");
+}
+
+static char *json_snapshot_write(void *p, bool ok) {
+  json_ctx_t *c = p;
+  char *s = strbuf_text(&c->out);
+  /* Whatever a failed writer left, what was in the buffer before it is still there. */
+  OOM_CHECK(strncmp(s, k_json_prefix, sizeof(k_json_prefix) - 1) == 0,
+            "a JSON writer lost what the buffer held before: \"%s\"", s);
+  (void)ok;
+  return s;
+}
+
+static void json_teardown_write(void *p) { kiln_strbuf_free(&((json_ctx_t *)p)->out); }
+
+static void test_json_write(void **state) {
+  (void)state;
+  json_ctx_t c = {0};
+  assert_null(kiln_json_parse(k_json, sizeof(k_json) - 1, "doc.json", &c.doc));
+  oom_op_t op = {.name = "json_write",
+                 .ctx = &c,
+                 .setup = json_setup_write,
+                 .run = json_run_write,
+                 .snapshot = json_snapshot_write,
+                 .teardown = json_teardown_write,
+                 .transactional = false};
+  oom_walk(&op);
+  kiln_json_doc_free(c.doc);
+  oom_assert_clean();
+}
+
+/* strbuf's promise is stronger than the writers': a failed append leaves the buffer as it was. */
+typedef struct strbuf_ctx {
+  kiln_strbuf_t b;
+  char *detached;
+} strbuf_ctx_t;
+
+static void strbuf_setup(void *p) {
+  strbuf_ctx_t *c = p;
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  c->b = b;
+  c->detached = NULL;
+}
+
+static kiln_status_t strbuf_run(void *p) {
+  strbuf_ctx_t *c = p;
+  kiln_strbuf_t *b = &c->b;
+  char big[600];
+  memset(big, 'x', sizeof(big));
+  /* Each append is checked against the length before it. */
+  size_t before = b->len;
+  if (!kiln_strbuf_append_str(b, "hello")) goto fail;
+  before = b->len;
+  if (!kiln_strbuf_append(b, big, sizeof(big))) goto fail;
+  before = b->len;
+  if (!kiln_strbuf_printf(b, "%s-%0400d", "wide", 7)) goto fail;
+  before = b->len;
+  if (!kiln_strbuf_reserve(b, 5000)) goto fail;
+  before = b->len;
+  if (!kiln_strbuf_append_char(b, '!')) goto fail;
+  c->detached = kiln_strbuf_detach(b, NULL);
+  if (!c->detached) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "kiln_strbuf_detach");
+  /* An empty buffer detaches as a malloc'ed "". */
+  char *empty = kiln_strbuf_detach(b, NULL);
+  if (!empty) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "kiln_strbuf_detach (empty)");
+  OOM_CHECK(strcmp(empty, "") == 0, "detaching an empty strbuf gave \"%s\"", empty);
+  free(empty);
+  return NULL;
+fail:
+  OOM_CHECK(b->len == before && b->failed,
+            "a failed strbuf append changed the length (%zu -> %zu) or left the flag clear", before,
+            b->len);
+  return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "a strbuf append ran out of memory");
+}
+
+static char *strbuf_snapshot(void *p, bool ok) {
+  strbuf_ctx_t *c = p;
+  if (ok) return xstrdup(c->detached);
+  return strbuf_text(&c->b);
+}
+
+static void strbuf_teardown(void *p) {
+  strbuf_ctx_t *c = p;
+  kiln_strbuf_free(&c->b);
+  free(c->detached);
+  c->detached = NULL;
+}
+
+static void test_strbuf(void **state) {
+  (void)state;
+  strbuf_ctx_t c = {0};
+  oom_op_t op = {.name = "strbuf",
+                 .ctx = &c,
+                 .setup = strbuf_setup,
+                 .run = strbuf_run,
+                 .snapshot = strbuf_snapshot,
+                 .teardown = strbuf_teardown,
+                 .transactional = false};
+  oom_walk(&op);
+  oom_assert_clean();
+}
+
+/* ---- tokenizer ------------------------------------------------------------------------------ */
+
+#define G "\xc4\xa0" /* U+0120, ByteLevel's stand-in for a space */
+
+/* A tiny byte-level BPE: the single characters, then one token per merge. */
+static const char *const k_tok_chars[] = {"!", ",", ".", "a", "d", "e", "h", "i",
+                                          "l", "n", "o", "r", "t", "w", G};
+static const char *const k_tok_merges[][2] = {
+    {"h", "e"},      {"l", "l"},      {"he", "ll"},   {"hell", "o"},   {G, "w"},
+    {"o", "r"},      {G "w", "or"},   {G "wor", "l"}, {G "worl", "d"}, {G, "he"},
+    {G "he", "ll"},  {G "hell", "o"}, {"r", "e"},     {G, "t"},        {G "t", "he"},
+    {G "the", "re"}, {"h", "i"},      {G, "hi"},      {"e", "n"},      {G, "en"},
+    {G "en", "d"},   {"i", "n"},      {G, "a"},       {G "a", "n"},    {G "an", "d"},
+    {"t", "h"},      {"th", "e"},     {"a", "n"},     {"an", "d"},     {"w", "or"},
+    {"wor", "l"},    {"worl", "d"},   {"e", "r"},     {"o", "n"},      {G, "o"},
+};
+#define TOK_SPECIAL "<|endoftext|>"
+
+/* Builds the tokenizer.json text (a malloc'ed string). */
+static char *tok_json_build(void) {
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  size_t nchars = sizeof(k_tok_chars) / sizeof(k_tok_chars[0]);
+  size_t nmerges = sizeof(k_tok_merges) / sizeof(k_tok_merges[0]);
+  size_t special_id = nchars + nmerges;
+  const char *sp = TOK_SPECIAL;
+  kiln_strbuf_printf(
+      &b,
+      "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,"
+      "\"added_tokens\":[{\"id\":%zu,\"content\":\"%s\",\"single_word\":false,\"lstrip\":false,"
+      "\"rstrip\":false,\"normalized\":false,\"special\":true}],"
+      "\"normalizer\":{\"type\":\"NFC\"},"
+      "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,"
+      "\"use_regex\":true},"
+      "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"A\","
+      "\"type_id\":0}},{\"SpecialToken\":{\"id\":\"%s\",\"type_id\":0}}],\"pair\":[],"
+      "\"special_tokens\":{\"%s\":{\"id\":\"%s\",\"ids\":[%zu],\"tokens\":[\"%s\"]}}},"
+      "\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,"
+      "\"use_regex\":true},"
+      "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"fuse_unk\":false,"
+      "\"byte_fallback\":false,\"vocab\":{",
+      special_id, sp, sp, sp, sp, special_id, sp);
+  for (size_t i = 0; i < nchars; i++)
+    kiln_strbuf_printf(&b, "%s\"%s\":%zu", i ? "," : "", k_tok_chars[i], i);
+  for (size_t i = 0; i < nmerges; i++)
+    kiln_strbuf_printf(&b, ",\"%s%s\":%zu", k_tok_merges[i][0], k_tok_merges[i][1], nchars + i);
+  kiln_strbuf_append_str(&b, "},\"merges\":[");
+  for (size_t i = 0; i < nmerges; i++)
+    kiln_strbuf_printf(&b, "%s\"%s %s\"", i ? "," : "", k_tok_merges[i][0], k_tok_merges[i][1]);
+  kiln_strbuf_append_str(&b, "]}}");
+  assert_true(kiln_strbuf_ok(&b));
+  return kiln_strbuf_detach(&b, NULL);
+}
+
+static const char k_tok_text[] = "hello world, hello there!" TOK_SPECIAL
+                                 " hi the end and there. hello hello world on" TOK_SPECIAL "!";
+
+typedef struct tok_ctx {
+  char *json;
+  kiln_tokenizer_t *tok;
+  kiln_tokens_t ids;  /* encode: the output (starts with one id); decode/detok: the input */
+  kiln_strbuf_t text; /* decode/detok: the output */
+  kiln_detok_t *detok;
+} tok_ctx_t;
+
+/* What a tokenizer does with k_tok_text: its ids and their decoding both ways. */
+static char *tok_describe(const kiln_tokenizer_t *tok) {
+  if (!tok) return xstrdup("(no tokenizer)");
+  kiln_tokens_t ids = KILN_TOKENS_INIT;
+  kiln_status_t st = kiln_tokenizer_encode(tok, k_tok_text, sizeof(k_tok_text) - 1, true, &ids);
+  OOM_CHECK(!st, "the loaded tokenizer cannot encode: %s", kiln_status_message(st));
+  kiln_status_free(st);
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  kiln_strbuf_printf(&b, "vocab %zu, special %d:", kiln_tokenizer_vocab_size(tok),
+                     (int)kiln_tokenizer_token_to_id(tok, TOK_SPECIAL, strlen(TOK_SPECIAL)));
+  for (size_t i = 0; i < ids.len; i++) kiln_strbuf_printf(&b, " %d", (int)ids.ids[i]);
+  kiln_strbuf_append_str(&b, "\n");
+  for (int skip = 0; skip < 2; skip++) {
+    st = kiln_tokenizer_decode(tok, ids.ids, ids.len, skip, &b);
+    OOM_CHECK(!st, "the loaded tokenizer cannot decode: %s", kiln_status_message(st));
+    kiln_status_free(st);
+    kiln_strbuf_append_str(&b, "\n");
+  }
+  kiln_tokens_free(&ids);
+  assert_true(kiln_strbuf_ok(&b));
+  return kiln_strbuf_detach(&b, NULL);
+}
+
+static kiln_status_t tok_run_load(void *p) {
+  tok_ctx_t *c = p;
+  return kiln_tokenizer_load_json(c->json, strlen(c->json), "tokenizer.json", &c->tok);
+}
+
+static char *tok_snapshot_load(void *p, bool ok) {
+  tok_ctx_t *c = p;
+  OOM_CHECK(ok || !c->tok, "kiln_tokenizer_load_json failed and left *out set");
+  return tok_describe(c->tok);
+}
+
+static void tok_teardown(void *p) {
+  tok_ctx_t *c = p;
+  kiln_detok_free(c->detok);
+  c->detok = NULL;
+  kiln_tokenizer_free(c->tok);
+  c->tok = NULL;
+  kiln_tokens_free(&c->ids);
+  kiln_strbuf_free(&c->text);
+}
+
+/* A fresh tokenizer for each step: encode fills the tokenizer's word cache, which would change
+ * the allocations of the next step. */
+static void tok_setup_loaded(void *p) {
+  tok_ctx_t *c = p;
+  assert_null(kiln_tokenizer_load_json(c->json, strlen(c->json), "tokenizer.json", &c->tok));
+}
+
+static void tok_setup_encode(void *p) {
+  tok_ctx_t *c = p;
+  tok_setup_loaded(c);
+  assert_true(kiln_tokens_push(&c->ids, 7));
+}
+
+static kiln_status_t tok_run_encode(void *p) {
+  tok_ctx_t *c = p;
+  return kiln_tokenizer_encode(c->tok, k_tok_text, sizeof(k_tok_text) - 1, true, &c->ids);
+}
+
+static char *tok_ids_text(const kiln_tokens_t *ids) {
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  kiln_strbuf_printf(&b, "%zu ids:", ids->len);
+  for (size_t i = 0; i < ids->len; i++) kiln_strbuf_printf(&b, " %d", (int)ids->ids[i]);
+  assert_true(kiln_strbuf_ok(&b));
+  return kiln_strbuf_detach(&b, NULL);
+}
+
+static char *tok_snapshot_encode(void *p, bool ok) {
+  (void)ok;
+  return tok_ids_text(&((tok_ctx_t *)p)->ids);
+}
+
+static void tok_setup_decode(void *p) {
+  tok_ctx_t *c = p;
+  tok_setup_loaded(c);
+  assert_null(kiln_tokenizer_encode(c->tok, k_tok_text, sizeof(k_tok_text) - 1, true, &c->ids));
+}
+
+static kiln_status_t tok_run_decode(void *p) {
+  tok_ctx_t *c = p;
+  kiln_status_t st = kiln_tokenizer_decode(c->tok, c->ids.ids, c->ids.len, false, &c->text);
+  if (!st) st = kiln_tokenizer_decode(c->tok, c->ids.ids, c->ids.len, true, &c->text);
+  return st;
+}
+
+static char *tok_snapshot_text(void *p, bool ok) {
+  (void)ok;
+  return strbuf_text(&((tok_ctx_t *)p)->text);
+}
+
+/* The whole life of a stream: create, push every id, flush. */
+static kiln_status_t tok_run_detok(void *p) {
+  tok_ctx_t *c = p;
+  kiln_status_t st = kiln_detok_create(c->tok, false, &c->detok);
+  if (st) {
+    OOM_CHECK(!c->detok, "kiln_detok_create failed and left *out set");
+    return st;
+  }
+  for (size_t i = 0; i < c->ids.len && !st; i++)
+    st = kiln_detok_push(c->detok, c->ids.ids[i], &c->text);
+  if (!st) st = kiln_detok_flush(c->detok, &c->text);
+  return st;
+}
+
+static void test_tokenizer_load(void **state) {
+  (void)state;
+  tok_ctx_t c = {.json = tok_json_build()};
+  oom_op_t op = {.name = "tokenizer_load_json",
+                 .ctx = &c,
+                 .run = tok_run_load,
+                 .snapshot = tok_snapshot_load,
+                 .teardown = tok_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+  free(c.json);
+  oom_assert_clean();
+}
+
+static void test_tokenizer_encode(void **state) {
+  (void)state;
+  tok_ctx_t c = {.json = tok_json_build()};
+  /* "On error out keeps its previous length." */
+  oom_op_t op = {.name = "tokenizer_encode",
+                 .ctx = &c,
+                 .setup = tok_setup_encode,
+                 .run = tok_run_encode,
+                 .snapshot = tok_snapshot_encode,
+                 .teardown = tok_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+  free(c.json);
+  oom_assert_clean();
+}
+
+static void test_tokenizer_decode(void **state) {
+  (void)state;
+  tok_ctx_t c = {.json = tok_json_build()};
+  oom_op_t op = {.name = "tokenizer_decode",
+                 .ctx = &c,
+                 .setup = tok_setup_decode,
+                 .run = tok_run_decode,
+                 .snapshot = tok_snapshot_text,
+                 .teardown = tok_teardown,
+                 .transactional = false};
+  oom_walk(&op);
+  oom_op_t op_detok = {.name = "tokenizer_detok",
+                       .ctx = &c,
+                       .setup = tok_setup_decode,
+                       .run = tok_run_detok,
+                       .snapshot = tok_snapshot_text,
+                       .teardown = tok_teardown,
+                       .transactional = false};
+  oom_walk(&op_detok);
+  free(c.json);
+  oom_assert_clean();
+}
+
+/* ---- chat templates ------------------------------------------------------------------------- */
+
+static const char k_template[] =
+    "{%- macro render_content(m) -%}\n"
+    "  {%- if m.content is string -%}{{ m.content | trim }}\n"
+    "  {%- elif m.content is none -%}(none)\n"
+    "  {%- else -%}{% for part in m.content %}{{ part.text | default('?') }}{% endfor %}\n"
+    "  {%- endif -%}\n"
+    "{%- endmacro -%}\n"
+    "{%- set ns = namespace(chars=0, tools=[]) -%}\n"
+    "{%- if tools %}<|tools|>{{ tools | tojson }}\n"
+    "{% endif -%}\n"
+    "{%- for m in messages -%}\n"
+    "  {%- if m.role == 'system' -%}\n"
+    "<|system|>{{ render_content(m) | upper }}\n"
+    "  {%- elif m.tool_calls is defined -%}\n"
+    "<|{{ m.role }}|>{% for tc in m.tool_calls %}{{ tc.function.name }}({{ tc.function.arguments "
+    "| tojson(indent=2) }}){% if not loop.last %}, {% endif %}{% endfor %}\n"
+    "  {%- else -%}\n"
+    "<|{{ m.role }}|>[{{ loop.index }}/{{ loop.length }}] {{ render_content(m) | replace('.', '!') "
+    "}}{{ ' (last)' if loop.last }}\n"
+    "  {%- endif %}\n"
+    "{% set ns.chars = ns.chars + (render_content(m) | length) -%}\n"
+    "{%- endfor -%}\n"
+    "roles={{ messages | map(attribute='role') | join(',') }} chars={{ ns.chars }} "
+    "users={{ messages | selectattr('role', 'equalto', 'user') | list | length }}\n"
+    "{%- for k, v in {'a': 1, 'b': [1, 2.5, 'x']}.items() %} {{ k }}={{ v | tojson }}"
+    "{% endfor %}\n"
+    "{{ bos_token ~ (42 | string) ~ ([3, 1, 2] | sort | join('')) }}\n"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif -%}\n";
+
+static const char k_template_vars[] =
+    "{\"messages\": ["
+    "{\"role\": \"system\", \"content\": \"Be brief.  \"},"
+    "{\"role\": \"user\", \"content\": \"What is the weather in Paris?\"},"
+    "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"type\": \"function\", "
+    "\"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": "
+    "3}}}]},"
+    "{\"role\": \"tool\", \"content\": [{\"type\": \"text\", \"text\": \"18C, sunny.\"}]},"
+    "{\"role\": \"user\", \"content\": \"Thanks. And \\u00e9t\\u00e9?\"}],"
+    "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+    "\"string\"}}}}}]}";
+
+typedef struct tpl_ctx {
+  kiln_json_doc_t *vars;
+  kiln_template_t *tpl;
+  kiln_strbuf_t out;
+} tpl_ctx_t;
+
+/* Renders tpl over the messages and tools of k_template_vars, appending to out. */
+static kiln_status_t tpl_render(const tpl_ctx_t *c, const kiln_template_t *tpl,
+                                kiln_strbuf_t *out) {
+  const kiln_json_t *root = kiln_json_root(c->vars);
+  static const kiln_template_string_var_t strings[] = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  kiln_template_vars_t vars = {.messages = kiln_json_get(root, "messages"),
+                               .tools = kiln_json_get(root, "tools"),
+                               .add_generation_prompt = true,
+                               .strings = strings,
+                               .n_strings = 2};
+  return kiln_template_render(tpl, &vars, out);
+}
+
+static char *tpl_describe(const tpl_ctx_t *c) {
+  if (!c->tpl) return xstrdup("(no template)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  kiln_status_t st = tpl_render(c, c->tpl, &b);
+  OOM_CHECK(!st, "the compiled template does not render: %s", kiln_status_message(st));
+  kiln_status_free(st);
+  char *s = kiln_strbuf_detach(&b, NULL);
+  assert_non_null(s);
+  return s;
+}
+
+static kiln_status_t tpl_run_compile(void *p) {
+  tpl_ctx_t *c = p;
+  return kiln_template_compile(k_template, sizeof(k_template) - 1, "chat_template", &c->tpl);
+}
+
+static char *tpl_snapshot_compile(void *p, bool ok) {
+  tpl_ctx_t *c = p;
+  OOM_CHECK(ok || !c->tpl, "kiln_template_compile failed and left *out_tpl set");
+  return tpl_describe(c);
+}
+
+static void tpl_teardown(void *p) {
+  tpl_ctx_t *c = p;
+  kiln_template_free(c->tpl);
+  c->tpl = NULL;
+  kiln_strbuf_free(&c->out);
+}
+
+static void tpl_setup_render(void *p) {
+  tpl_ctx_t *c = p;
+  assert_null(kiln_template_compile(k_template, sizeof(k_template) - 1, "chat_template", &c->tpl));
+}
+
+static kiln_status_t tpl_run_render(void *p) {
+  tpl_ctx_t *c = p;
+  return tpl_render(c, c->tpl, &c->out);
+}
+
+static char *tpl_snapshot_render(void *p, bool ok) {
+  (void)ok;
+  return strbuf_text(&((tpl_ctx_t *)p)->out);
+}
+
+static void test_template(void **state) {
+  (void)state;
+  tpl_ctx_t c = {0};
+  assert_null(kiln_json_parse(k_template_vars, sizeof(k_template_vars) - 1, "vars.json", &c.vars));
+  oom_op_t op = {.name = "template_compile",
+                 .ctx = &c,
+                 .run = tpl_run_compile,
+                 .snapshot = tpl_snapshot_compile,
+                 .teardown = tpl_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+  oom_op_t op_render = {.name = "template_render",
+                        .ctx = &c,
+                        .setup = tpl_setup_render,
+                        .run = tpl_run_render,
+                        .snapshot = tpl_snapshot_render,
+                        .teardown = tpl_teardown,
+                        .transactional = false};
+  oom_walk(&op_render);
+  kiln_json_doc_free(c.vars);
+  oom_assert_clean();
+}
+
+/* ---- plugin loader -------------------------------------------------------------------------- */
+
+typedef struct loader_ctx {
+  kiln_hal_registry_options_t options;
+  kiln_hal_registry_t *reg;
+} loader_ctx_t;
+
+static kiln_status_t loader_run(void *p) {
+  loader_ctx_t *c = p;
+  return kiln_hal_registry_create(&c->options, &c->reg);
+}
+
+/* Every entry with its state and reason, and the search path. */
+static char *loader_snapshot(void *p, bool ok) {
+  loader_ctx_t *c = p;
+  OOM_CHECK(ok || !c->reg, "kiln_hal_registry_create failed and left *out_registry set");
+  if (!c->reg) return xstrdup("(no registry)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  const char *path = kiln_hal_registry_search_path(c->reg);
+  OOM_CHECK(path, "the registry has no search path");
+  kiln_strbuf_printf(&b, "search path: %s\n", path ? path : "(null)");
+  for (int i = 0; i < kiln_hal_registry_count(c->reg); i++) {
+    const kiln_hal_plugin_t *e = kiln_hal_registry_get(c->reg, i);
+    OOM_CHECK(e->state == KILN_HAL_PLUGIN_USABLE || e->reason,
+              "registry entry %s (%s) has state %d and no reason", e->name, e->path, e->state);
+    kiln_strbuf_printf(&b, "%s %s state=%d score=%d reason=%s\n", e->name, e->path, e->state,
+                       (int)e->score, e->reason ? e->reason : "-");
+  }
+  assert_true(kiln_strbuf_ok(&b));
+  return kiln_strbuf_detach(&b, NULL);
+}
+
+static void loader_teardown(void *p) {
+  loader_ctx_t *c = p;
+  kiln_hal_registry_free(c->reg);
+  c->reg = NULL;
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  assert_int_equal(fclose(f), 0);
+}
+
+static void test_loader(void **state) {
+  (void)state;
+  const char *build = getenv("KILN_BUILD_DIR");
+  if (!build) skip(); /* run through CTest, which sets it */
+  char empty[] = "/tmp/kiln-oom-empty-XXXXXX", odd[] = "/tmp/kiln-oom-odd-XXXXXX";
+  assert_non_null(mkdtemp(empty));
+  assert_non_null(mkdtemp(odd));
+  /* A directory of oddities, each rejected or shadowed with a reason: a plugin that shadows the
+   * real cpu plugin found later, a file that is no shared library, a badly named file. */
+  char *plugins = kiln_strprintf("%s/lib/kiln", build);
+  char *cpu = kiln_strprintf("%s/libkiln-backend-cpu.so", plugins);
+  char *link = kiln_strprintf("%s/libkiln-backend-cpu.so", odd);
+  char *junk = kiln_strprintf("%s/libkiln-backend-junk.so", odd);
+  char *bad = kiln_strprintf("%s/libkiln-backend-Bad.so", odd);
+  char *list = kiln_strprintf("%s:%s:%s:%s", empty, plugins, odd, plugins);
+  assert_true(plugins && cpu && link && junk && bad && list);
+  assert_int_equal(symlink(cpu, link), 0);
+  write_file(junk, "not an ELF file\n");
+  write_file(bad, "");
+
+  loader_ctx_t c = {.options = {.config_path = list, .skip_env = true, .skip_default_dirs = true}};
+  oom_op_t op = {.name = "hal_registry_create",
+                 .ctx = &c,
+                 .run = loader_run,
+                 .snapshot = loader_snapshot,
+                 .teardown = loader_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+
+  /* The default directories too: the one beside the executable ($ORIGIN-relative) and the
+   * install directory (neither holds plugins here, but both are looked up and listed). */
+  loader_ctx_t d = {.options = {.config_path = empty, .skip_env = true}};
+  oom_op_t op_default = {.name = "hal_registry_create(default)",
+                         .ctx = &d,
+                         .run = loader_run,
+                         .snapshot = loader_snapshot,
+                         .teardown = loader_teardown,
+                         .transactional = true};
+  oom_walk(&op_default);
+
+  unlink(link);
+  unlink(junk);
+  unlink(bad);
+  rmdir(odd);
+  rmdir(empty);
+  free(plugins);
+  free(cpu);
+  free(link);
+  free(junk);
+  free(bad);
+  free(list);
+  oom_assert_clean();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_config_create),    cmocka_unit_test(test_config_load),
+      cmocka_unit_test(test_config_set),       cmocka_unit_test(test_json_parse),
+      cmocka_unit_test(test_json_write),       cmocka_unit_test(test_strbuf),
+      cmocka_unit_test(test_tokenizer_load),   cmocka_unit_test(test_tokenizer_encode),
+      cmocka_unit_test(test_tokenizer_decode), cmocka_unit_test(test_template),
+      cmocka_unit_test(test_loader),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
