@@ -19,6 +19,10 @@
 void tkt_golden_qwen3(void **state);
 void tkt_golden_llama3(void **state);
 void tkt_golden_llama2(void **state);
+void tkt_golden_gemma3(void **state);
+void tkt_golden_mistral_nemo(void **state);
+void tkt_golden_deepseek_v3(void **state);
+void tkt_golden_gpt4o(void **state);
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
@@ -616,7 +620,9 @@ int main(void) {
       cmocka_unit_test(test_post_processors),       cmocka_unit_test(test_decoders),
       cmocka_unit_test(test_load_errors),           cmocka_unit_test(test_runtime_errors),
       cmocka_unit_test(tkt_golden_qwen3),           cmocka_unit_test(tkt_golden_llama3),
-      cmocka_unit_test(tkt_golden_llama2),
+      cmocka_unit_test(tkt_golden_llama2),          cmocka_unit_test(tkt_golden_gemma3),
+      cmocka_unit_test(tkt_golden_mistral_nemo),    cmocka_unit_test(tkt_golden_deepseek_v3),
+      cmocka_unit_test(tkt_golden_gpt4o),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

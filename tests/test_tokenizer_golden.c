@@ -21,6 +21,10 @@
 void tkt_golden_qwen3(void **state);
 void tkt_golden_llama3(void **state);
 void tkt_golden_llama2(void **state);
+void tkt_golden_gemma3(void **state);
+void tkt_golden_mistral_nemo(void **state);
+void tkt_golden_deepseek_v3(void **state);
+void tkt_golden_gpt4o(void **state);
 
 /* Prints s (at most max bytes) with control characters escaped. */
 static void show(const char *label, const char *s, size_t n, size_t max) {
@@ -305,4 +309,24 @@ void tkt_golden_llama3(void **state) {
 void tkt_golden_llama2(void **state) {
   (void)state;
   run_goldens("llama2");
+}
+
+void tkt_golden_gemma3(void **state) {
+  (void)state;
+  run_goldens("gemma3");
+}
+
+void tkt_golden_mistral_nemo(void **state) {
+  (void)state;
+  run_goldens("mistral_nemo");
+}
+
+void tkt_golden_deepseek_v3(void **state) {
+  (void)state;
+  run_goldens("deepseek_v3");
+}
+
+void tkt_golden_gpt4o(void **state) {
+  (void)state;
+  run_goldens("gpt4o");
 }
