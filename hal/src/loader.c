@@ -279,7 +279,10 @@ static loader_entry_t *registry_find(kiln_hal_registry_t *r, const char *name) {
 static char *loader_canonical(const char *path) {
   const char *slash = strrchr(path, '/');
   char *dir = slash ? malloc((size_t)(slash - path) + 2) : strdup(".");
-  if (!dir) return NULL;
+  if (!dir) {
+    errno = ENOMEM;
+    return NULL;
+  }
   if (slash) {
     size_t n = slash == path ? 1 : (size_t)(slash - path);
     memcpy(dir, path, n);
@@ -290,19 +293,28 @@ static char *loader_canonical(const char *path) {
   if (!real) return NULL;
   char *out = kiln_strprintf("%s/%s", real, slash ? slash + 1 : path);
   free(real);
+  if (!out) errno = ENOMEM;
   return out;
 }
 
-static loader_entry_t *registry_find_path(kiln_hal_registry_t *r, const char *path) {
+/* The entry already loaded from path, or NULL. Out of memory is an error: a miss would load
+ * the same file as a second entry and run its init() twice. */
+static kiln_status_t registry_find_path(kiln_hal_registry_t *r, const char *path,
+                                        loader_entry_t **out_entry) {
+  *out_entry = NULL;
+  errno = 0;
   char *want = loader_canonical(path);
-  loader_entry_t *found = NULL;
-  for (int i = 0; want && !found && i < r->count; i++) {
+  int oom = !want && errno == ENOMEM;
+  for (int i = 0; want && !*out_entry && !oom && i < r->count; i++) {
+    errno = 0;
     char *have = loader_canonical(r->entries[i]->pub.path);
-    if (have && strcmp(have, want) == 0) found = r->entries[i];
+    if (have && strcmp(have, want) == 0) *out_entry = r->entries[i];
+    oom = !have && errno == ENOMEM;
     free(have);
   }
   free(want);
-  return found;
+  if (oom) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  return NULL;
 }
 
 /* Creates an entry for path; a file name that breaks the naming rule is recorded as rejected
@@ -546,7 +558,7 @@ kiln_status_t kiln_hal_registry_open(kiln_hal_registry_t *r, const char *name,
   kiln_status_t st = NULL;
   if (!name || !*name) name = "auto";
   if (strchr(name, '/')) {
-    e = registry_find_path(r, name);
+    if ((st = registry_find_path(r, name, &e))) return st;
     if (!e) {
       struct stat sb;
       if (stat(name, &sb) != 0)
