@@ -56,6 +56,9 @@ check "--set without =" 1 '--set' -- "$kiln" info --set engine.max_num_seqs
 check "--set wins over the file" 0 'max_num_seqs = 7' \
   -- "$kiln" config --config "$src/etc/kiln.ini" --set engine.max_num_seqs=7
 check "default config loads" 0 'backend = auto -> ' -- "$kiln" info --config "$src/etc/kiln.ini"
+for ex in "$src"/etc/examples/*.ini; do
+  check "example config $(basename "$ex") loads" 0 '^\[backend\]' -- "$kiln" config --config "$ex"
+done
 check "--help-config lists keys" 0 'gpu_memory_utilization' -- "$kiln" --help-config
 check "unknown command" 2 "unknown command 'frobnicate'" -- "$kiln" frobnicate
 check "version" 0 'backend ABI 1\.0' -- "$kiln" --version
