@@ -119,8 +119,9 @@ typedef struct kiln_hal_graph kiln_hal_graph_t;
  * Strides are in elements and may be larger than the dense ones (row padding, a slice of a
  * fused QKV output). Unless an op says otherwise, ops require the last dimension to be
  * contiguous (stride[ndim-1] == 1) and accept any stride for the others. offset is a multiple
- * of the element size. An "absent" optional tensor has buffer == NULL. Dimensions beyond ndim are ignored. The layout of this struct is
- * fixed for the whole major version (it is embedded in args structs by value). */
+ * of the element size. An "absent" optional tensor has buffer == NULL. Dimensions beyond ndim
+ * are ignored. The layout of this struct is fixed for the whole major version (it is embedded
+ * in args structs by value). */
 typedef struct kiln_hal_tensor {
   kiln_hal_buffer_t *buffer;
   uint64_t offset; /* bytes from the start of the buffer */
