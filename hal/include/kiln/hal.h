@@ -324,8 +324,8 @@ typedef struct kiln_hal_kv_write_args {
  * Metadata that breaks these rules (a block id outside [0, NB), q_len > seq_lens[s], a
  * decreasing query_start_loc) never makes a backend read or write out of bounds; it may be
  * reported as INVALID_ARGUMENT by the call or the next stream_sync, or leave the affected rows
- * unspecified. max_query_len and max_seq_len are upper bounds over the batch used to size the launch; under
- * graph capture pass the largest values the graph will ever see. num_seqs == S. */
+ * unspecified. max_query_len and max_seq_len are upper bounds over the batch used to size the
+ * launch; under graph capture pass the largest values the graph will ever see. num_seqs == S. */
 typedef struct kiln_hal_attention_args {
   uint32_t struct_size;
   kiln_hal_tensor_t q, k_cache, v_cache, out;
