@@ -204,6 +204,11 @@ static const attn_case_t attn_cases[] = {
     {"non-causal", 4, 4, 64, 16, false, 0, 0, 0, false, 1, 0, 2, {{6, 6}, {3, 20}}},
     {"non-causal, sliding window 5", 2, 2, 64, 8, false, 5, 0, 0, false, 0, 0, 1, {{4, 12}}},
     {"long decode", 8, 2, 128, 32, true, 0, 0, 0, false, 0, 0, 2, {{1, 1500}, {1, 777}}},
+    /* Group sizes that are not powers of two: a kernel that packs query heads in fours must
+     * handle the ragged last group (the CPU kernel once read past it). */
+    {"GQA 3, decode + chunk", 6, 2, 64, 16, true, 0, 0, 0, false, 0, 0, 2, {{1, 37}, {5, 21}}},
+    {"GQA 5, decode", 5, 1, 96, 16, true, 0, 0, 0, false, 0, 0, 2, {{1, 50}, {1, 3}}},
+    {"GQA 7, prefill", 14, 2, 64, 8, true, 0, 0, 0, false, 0, 0, 1, {{11, 11}}},
     {"scale 0.3, GQA 8", 16, 2, 96, 8, true, 0, 0, 0.3f, true, 0, 0, 2, {{3, 10}, {1, 5}}},
     {"head dim 256 chunk, GQA 2", 4, 2, 256, 32, true, 0, 0, 0, false, 0, 2, 1, {{33, 70}}},
     {"head dim 80, block 8, decode + prefill",

@@ -4,8 +4,11 @@
  * its tile's queries for all the query heads that share the KV head (GQA), walks the keys in
  * tiles of KEY_TILE rows gathered through the block table, and keeps a running max, sum and
  * F32 accumulator per (row, head) -- FlashAttention's online softmax, one rescale per key
- * tile. When there are too few items to occupy every thread (decode of a few long sequences),
- * each item's KV range is cut into chunks whose partial (max, sum, acc) are merged afterwards.
+ * tile. Per query row, the G heads go through the key tile together (cpu_vec_qk_tile and
+ * cpu_vec_pv_tile), so decode reads each K/V row once per KV head and widens it in registers;
+ * the next tile's rows are prefetched into L2 as the kernels go. When there are too few items
+ * to occupy every thread (decode of a few long sequences), each item's KV range is cut into
+ * chunks whose partial (max, sum, acc) are merged afterwards.
  *
  *   q rows of seq s:  [qsl[s], qsl[s+1])      row i sits at position p = L - q_len + i
  *   keys visible:     j < L, j <= p (causal), j > p - window (window > 0)
@@ -41,6 +44,7 @@ typedef struct attn_ctx {
   float *tmp;        /* per thread: tmp_floats */
   int64_t tmp_floats;
   float *parts;      /* per partial slot: QT*G*(D + 2) */
+  int64_t nitems, per_task; /* a pool task runs items [t*per_task, (t+1)*per_task) in order */
 } attn_ctx_t;
 
 static inline int64_t seq_len(const attn_ctx_t *c, int64_t s) {
@@ -55,21 +59,48 @@ static char *qrow_ptr(const kiln_hal_tensor_t *t, int64_t row, int64_t h) {
          (row * t->stride[0] + h * t->stride[1]) * (int64_t)kiln_hal_dtype_size(t->dtype);
 }
 
-static void attn_item(void *vctx, int64_t idx, int thread) {
-  const attn_ctx_t *c = vctx;
+/* out[i] = the cache row of key j0 + i for i < KEY_TILE, NULL from key j1 on; one block-table
+ * lookup per block. */
+static void row_ptrs(const attn_ctx_t *c, const char *base, const kiln_hal_tensor_t *t,
+                     const int32_t *bt, int64_t j0, int64_t j1, const void **out) {
+  int64_t es = (int64_t)kiln_hal_dtype_size(t->dtype), n = j1 - j0 < KEY_TILE ? j1 - j0 : KEY_TILE;
+  int64_t b = j0 / c->BS, off = j0 % c->BS, i = 0;
+  while (i < n) {
+    const char *p = base + (bt[b] * t->stride[0] + off * t->stride[2]) * es;
+    for (; off < c->BS && i < n; off++, i++, p += t->stride[2] * es) out[i] = p;
+    b++;
+    off = 0;
+  }
+  for (i = n < 0 ? 0 : n; i < KEY_TILE; i++) out[i] = NULL;
+}
+
+/* The K and V rows of an item's KV head start at kbase/vbase (plus block and offset). */
+static void item_bases(const attn_ctx_t *c, const attn_item_t *it, const char **kbase,
+                       const char **vbase, const int32_t **bt) {
+  const kiln_hal_attention_args_t *a = c->a;
+  int64_t kes = (int64_t)kiln_hal_dtype_size(a->k_cache.dtype);
+  *kbase = (const char *)cpu_tensor_ptr(&a->k_cache) + it->g * a->k_cache.stride[1] * kes;
+  *vbase = (const char *)cpu_tensor_ptr(&a->v_cache) + it->g * a->v_cache.stride[1] * kes;
+  *bt = c->bt + it->s * a->block_table.stride[0];
+}
+
+/* Runs item idx; while its last tile runs, the first tile of item `next` (>= 0) is
+ * prefetched, so consecutive items stream without a cold start. */
+static void attn_item(const attn_ctx_t *c, int64_t idx, int64_t next, int thread) {
   const kiln_hal_attention_args_t *a = c->a;
   const attn_item_t *it = &c->items[idx];
   int64_t G = c->G, D = c->D, rows = it->q1 - it->q0, npairs = rows * G;
   float *qf = c->tmp + (int64_t)thread * c->tmp_floats;
   float *acc = qf + c->QT * G * D, *m = acc + c->QT * G * D, *l = m + c->QT * G;
-  float *sc = l + c->QT * G;
+  float *corr = l + c->QT * G, *sc = corr + c->QT * G;
+  float *kf = sc + c->QT * G * KEY_TILE, *vf = kf + KEY_TILE * D;
   int64_t L = seq_len(c, it->s), qs = qstart(c, it->s);
   int64_t qlen = qstart(c, it->s + 1) - qs, p0 = L - qlen + it->q0;
   int32_t kdt = a->k_cache.dtype;
   size_t kes = kiln_hal_dtype_size(kdt);
-  const char *kbase = (const char *)cpu_tensor_ptr(&a->k_cache) + it->g * a->k_cache.stride[1] * (int64_t)kes;
-  const char *vbase = (const char *)cpu_tensor_ptr(&a->v_cache) + it->g * a->v_cache.stride[1] * (int64_t)kes;
-  const int32_t *bt = c->bt + it->s * a->block_table.stride[0];
+  const char *kbase, *vbase;
+  const int32_t *bt;
+  item_bases(c, it, &kbase, &vbase, &bt);
 
   for (int64_t r = 0; r < rows; r++)
     for (int64_t hh = 0; hh < G; hh++) {
@@ -83,64 +114,75 @@ static void attn_item(void *vctx, int64_t idx, int thread) {
     l[i] = 0.0f;
   }
 
-  float *vf = sc + c->QT * G * KEY_TILE; /* the V tile widened to F32: [KEY_TILE, D] */
-  const char *kp[KEY_TILE], *vp[KEY_TILE];
-  for (int64_t j0 = it->k0; j0 < it->k1; j0 += KEY_TILE) {
+  /* Decode (one or two query rows) reads each K/V row once and widens it in registers; more
+   * rows re-read the tile per row, so half dtypes are widened into kf/vf once instead. */
+  bool widen = rows > 2 && kdt != KILN_HAL_F32;
+  int32_t tdt = widen ? KILN_HAL_F32 : kdt;
+  /* Row pointers of this tile and the next (ping-pong): the tile kernels prefetch the next
+   * tile's rows a few at a time as they go. Blocks are scattered over the pool, so each starts
+   * on a new page where the hardware prefetcher stops. */
+  const void *kpp[2][KEY_TILE], *vpp[2][KEY_TILE], *kw[KEY_TILE], *vw[KEY_TILE];
+  for (int64_t jj = 0; jj < KEY_TILE; jj++) {
+    kw[jj] = kf + jj * D;
+    vw[jj] = vf + jj * D;
+  }
+  int64_t rowbytes = D * (int64_t)kes;
+  row_ptrs(c, kbase, &a->k_cache, bt, it->k0, it->k1, kpp[0]);
+  row_ptrs(c, vbase, &a->v_cache, bt, it->k0, it->k1, vpp[0]);
+  for (int64_t j0 = it->k0, t = 0; j0 < it->k1; j0 += KEY_TILE, t ^= 1) {
     int64_t jn = it->k1 - j0 < KEY_TILE ? it->k1 - j0 : KEY_TILE;
-    for (int64_t jj = 0; jj < jn; jj++) {
-      int64_t j = j0 + jj, blk = bt[j / c->BS], off = j % c->BS;
-      kp[jj] = kbase + (blk * a->k_cache.stride[0] + off * a->k_cache.stride[2]) * (int64_t)kes;
-      vp[jj] = vbase + (blk * a->v_cache.stride[0] + off * a->v_cache.stride[2]) * (int64_t)kes;
+    const void **kp = kpp[t], **vp = vpp[t], **kn = kpp[t ^ 1], **vn = vpp[t ^ 1];
+    if (j0 + KEY_TILE < it->k1 || next < 0) {
+      row_ptrs(c, kbase, &a->k_cache, bt, j0 + KEY_TILE, it->k1, kn);
+      row_ptrs(c, vbase, &a->v_cache, bt, j0 + KEY_TILE, it->k1, vn);
+    } else {
+      const attn_item_t *nx = &c->items[next];
+      const char *nkb, *nvb;
+      const int32_t *nbt;
+      item_bases(c, nx, &nkb, &nvb, &nbt);
+      row_ptrs(c, nkb, &a->k_cache, nbt, nx->k0, nx->k1, kn);
+      row_ptrs(c, nvb, &a->v_cache, nbt, nx->k0, nx->k1, vn);
     }
-    /* Blocks are scattered over the pool, so each starts on a new page where the hardware
-     * prefetcher stops: fetch the next tile's rows while this one computes. */
-    int64_t rowbytes = D * (int64_t)kes;
-    for (int64_t j = j0 + KEY_TILE; j < j0 + 2 * KEY_TILE && j < it->k1; j++) {
-      int64_t blk = bt[j / c->BS], off = j % c->BS;
-      const char *kn = kbase + (blk * a->k_cache.stride[0] + off * a->k_cache.stride[2]) * (int64_t)kes;
-      const char *vn = vbase + (blk * a->v_cache.stride[0] + off * a->v_cache.stride[2]) * (int64_t)kes;
-      for (int64_t bofs = 0; bofs < rowbytes; bofs += 64) {
-        __builtin_prefetch(kn + bofs);
-        __builtin_prefetch(vn + bofs);
+    if (widen) {
+      for (int64_t jj = 0; jj < jn; jj++) {
+        for (int64_t o = 0; kn[jj] && o < rowbytes; o += 64) {
+          __builtin_prefetch((const char *)kn[jj] + o, 0, 2);
+          __builtin_prefetch((const char *)vn[jj] + o, 0, 2);
+        }
+        cpu_vec_to_f32(kdt, kp[jj], kf + jj * D, D);
+        cpu_vec_to_f32(kdt, vp[jj], vf + jj * D, D);
       }
+      kp = kw;
+      vp = vw;
     }
-    /* Scores of every (row, head) against the whole tile; rows mask their own ranges below
-     * (only the diagonal and window-edge tiles hold masked keys). */
-    for (int64_t jj = 0; jj < jn; jj++)
-      for (int64_t pi = 0; pi < npairs; pi += 4)
-        cpu_vec_dot4(kdt, qf + pi * D, D, npairs - pi < 4 ? npairs - pi : 4, kp[jj], D,
-                     sc + pi * KEY_TILE + jj, KEY_TILE);
-    for (int64_t jj = 0; jj < jn; jj++) cpu_vec_to_f32(kdt, vp[jj], vf + jj * D, D);
+    /* Per query row: the G heads share the row's visible keys [ja, jb) of the tile (only the
+     * diagonal and window-edge tiles cut it), so masked keys are neither scored nor summed. */
     for (int64_t r = 0; r < rows; r++) {
       int64_t p = p0 + r;
       int64_t lo = a->sliding_window > 0 ? p - a->sliding_window + 1 : 0;
       int64_t hi = a->causal ? p + 1 : L;
-      int64_t ja = (lo > j0 ? lo : j0) - j0, jb = (hi < j0 + jn ? hi : j0 + jn) - j0;
-      if (ja >= jb) continue;
+      int64_t ja = (lo > j0 ? lo : j0) - j0, jb = (hi < j0 + jn ? hi : j0 + jn) - j0, n = jb - ja;
+      if (n <= 0) continue;
+      float *srow0 = sc + r * G * KEY_TILE + ja;
+      bool pf = !widen && r == 0;
+      cpu_vec_qk_tile(tdt, qf + r * G * D, G, D, kp + ja, n, srow0, KEY_TILE, pf ? kn + ja : NULL);
       for (int64_t hh = 0; hh < G; hh++) {
         int64_t pi = r * G + hh;
-        float *srow = sc + pi * KEY_TILE, *o = acc + pi * D;
-        float mx = -INFINITY;
-        for (int64_t jj = 0; jj < jn; jj++) {
-          if (jj < ja || jj >= jb) {
-            srow[jj] = -INFINITY;
-            continue;
-          }
-          float x = srow[jj];
-          if (a->softcap > 0.0f) srow[jj] = x = a->softcap * tanhf(x / a->softcap);
-          mx = x > mx ? x : mx;
+        float *srow = srow0 + hh * KEY_TILE;
+        if (a->softcap > 0.0f)
+          for (int64_t jj = 0; jj < n; jj++) srow[jj] = a->softcap * tanhf(srow[jj] / a->softcap);
+        float mx = cpu_vec_max(srow, n), mnew = m[pi] > mx ? m[pi] : mx;
+        corr[hh] = 1.0f;
+        if (mnew == -INFINITY) { /* nothing finite yet: weights 0, state unchanged */
+          memset(srow, 0, (size_t)n * sizeof(float));
+          continue;
         }
-        float mnew = m[pi] > mx ? m[pi] : mx;
-        if (mnew == -INFINITY) continue;
-        if (m[pi] != -INFINITY && mnew > m[pi]) {
-          float corr = expf(m[pi] - mnew);
-          l[pi] *= corr;
-          for (int64_t d = 0; d < D; d++) o[d] *= corr;
-        }
+        if (m[pi] != -INFINITY && mnew > m[pi]) corr[hh] = expf(m[pi] - mnew);
         m[pi] = mnew;
-        l[pi] += cpu_vec_exp_sum(srow + ja, jb - ja, mnew);
-        cpu_vec_gemv_acc(srow + ja, jb - ja, vf + ja * D, D, D, o);
+        l[pi] = l[pi] * corr[hh] + cpu_vec_exp_sum(srow, n, mnew);
       }
+      cpu_vec_pv_tile(tdt, srow0, KEY_TILE, G, vp + ja, n, D, corr, acc + r * G * D,
+                      pf ? vn + ja : NULL);
     }
   }
 
@@ -158,6 +200,12 @@ static void attn_item(void *vctx, int64_t idx, int thread) {
       for (int64_t d = 0; d < D; d++) o[d] *= inv;
       cpu_vec_from_f32(a->out.dtype, o, qrow_ptr(&a->out, qs + it->q0 + r, it->g * G + hh), D);
     }
+}
+
+static void attn_task(void *vctx, int64_t task, int thread) {
+  const attn_ctx_t *c = vctx;
+  int64_t i0 = task * c->per_task, i1 = i0 + c->per_task < c->nitems ? i0 + c->per_task : c->nitems;
+  for (int64_t i = i0; i < i1; i++) attn_item(c, i, i + 1 < i1 ? i + 1 : -1, thread);
 }
 
 /* Combines the chunks of one (sequence, KV head, tile) into the output. */
@@ -337,7 +385,7 @@ kiln_hal_error_t *cpu_attention(kiln_hal_stream_t *s, const kiln_hal_attention_a
       }
     }
     if (pass == 0) {
-      c.tmp_floats = c.QT * c.G * (2 * D + 2 + KEY_TILE) + KEY_TILE * D;
+      c.tmp_floats = c.QT * c.G * (2 * D + 3 + KEY_TILE) + 2 * KEY_TILE * D;
       c.tmp_floats = (c.tmp_floats + 15) & ~(int64_t)15;
       size_t tmpb = (size_t)(c.tmp_floats * threads) * sizeof(float);
       size_t partb = (size_t)(nparts * c.QT * c.G * (D + 2)) * sizeof(float);
@@ -353,7 +401,10 @@ kiln_hal_error_t *cpu_attention(kiln_hal_stream_t *s, const kiln_hal_attention_a
   }
   c.items = items;
   c.groups = groups;
-  cpu_pool_run(cpu_g_pool, nitems, attn_item, &c);
+  /* Runs of consecutive items per task (16 tasks per thread keep the load balanced). */
+  c.nitems = nitems;
+  c.per_task = nitems / (16 * (int64_t)threads) > 1 ? nitems / (16 * (int64_t)threads) : 1;
+  cpu_pool_run(cpu_g_pool, (nitems + c.per_task - 1) / c.per_task, attn_task, &c);
   if (ngroups) cpu_pool_run(cpu_g_pool, ngroups, attn_merge, &c);
   return NULL;
 }

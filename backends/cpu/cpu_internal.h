@@ -156,7 +156,8 @@ kiln_hal_error_t *cpu_sample(kiln_hal_stream_t *s, const kiln_hal_sample_args_t 
 void cpu_gemm_init(int threads);
 const char *cpu_gemm_blas_name(void);
 
-/* ---- vector kernels (cpu_vec.c): AVX2/F16C/FMA when the CPU has them, else scalar. -------- */
+/* ---- vector kernels (cpu_vec.c): AVX2/F16C/FMA (AVX-512F for the attention tiles) when the
+ * CPU has them, else scalar. --------------------------------------------------------------- */
 
 /* Picks the kernels for this CPU; safe to call more than once. */
 void cpu_vec_init(void);
@@ -173,12 +174,19 @@ void cpu_vec_round(int32_t dtype, float *x, int64_t n);
 float cpu_vec_dot(int32_t dtype, const float *a, const void *b, int64_t n);
 /* y[i] += alpha * x[i] with x in a float dtype. */
 void cpu_vec_axpy(int32_t dtype, float alpha, const void *x, float *y, int64_t n);
-/* out[i*os] = dot(q + i*qs, k) for i < nq (1..4), k in a float dtype, length n. */
-void cpu_vec_dot4(int32_t dtype, const float *q, int64_t qs, int64_t nq, const void *k, int64_t n,
-                  float *out, int64_t os);
-/* acc[d] += sum_{j < nw} w[j] * v[j*ldv + d] for d < n (all F32). */
-void cpu_vec_gemv_acc(const float *w, int64_t nw, const float *v, int64_t ldv, int64_t n,
-                      float *acc);
+/* Attention tiles over key/value rows gathered through a block table (k[j], v[j]: row j, D
+ * contiguous elements in a float dtype), for nq queries that share them (the query heads of a
+ * KV head). Each row is loaded and widened once per group of up to 4 queries.
+ *   qk: s[i*lds + j] = sum_d q[i*D + d] * k[j][d]                       i < nq, j < nk
+ *   pv: acc[i*D + d] = acc[i*D + d] * corr[i] + sum_j w[i*ldw + j] * v[j][d]    (q, w, acc F32)
+ * pf is NULL or nk more row pointers (NULL entries skipped), of a later tile, that are
+ * prefetched into L2 a few at a time while the tile runs. */
+void cpu_vec_qk_tile(int32_t dtype, const float *q, int64_t nq, int64_t D, const void *const *k,
+                     int64_t nk, float *s, int64_t lds, const void *const *pf);
+void cpu_vec_pv_tile(int32_t dtype, const float *w, int64_t ldw, int64_t nq, const void *const *v,
+                     int64_t nk, int64_t D, const float *corr, float *acc, const void *const *pf);
+/* max(x[0..n)), ignoring NaN; -inf when n == 0. */
+float cpu_vec_max(const float *x, int64_t n);
 /* x[i] = exp(x[i] - m) (0 for x[i] == -inf); returns the sum. */
 float cpu_vec_exp_sum(float *x, int64_t n, float m);
 /* g[i] = act(g[i]) * u[i] for a kiln_hal_act_t. */

@@ -1,9 +1,12 @@
-/* cpu_vec.c - the CPU backend's inner loops: dtype conversion, dot/axpy, exp, small-M GEMM.
+/* cpu_vec.c - the CPU backend's inner loops: dtype conversion, dot/axpy, exp, small-M GEMM,
+ * attention tiles.
  *
- * Each kernel has a portable scalar version and, on x86-64, an AVX2/FMA/F16C version compiled
- * with a target attribute (the plugin itself is built for baseline x86-64, so it still loads
- * on any CPU); cpu_vec_init() picks one at run time with __builtin_cpu_supports. */
+ * Each kernel has a portable scalar version and, on x86-64, an AVX2/FMA/F16C version (the
+ * attention tiles an AVX-512F one too) compiled with a target attribute (the plugin itself is
+ * built for baseline x86-64, so it still loads on any CPU); cpu_vec_init() picks one at run
+ * time with __builtin_cpu_supports. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -16,7 +19,8 @@
 #define CPU_HAVE_X86 0
 #endif
 
-static bool g_avx2; /* AVX2 + FMA + F16C kernels selected */
+static bool g_avx2;   /* AVX2 + FMA + F16C kernels selected */
+static bool g_avx512; /* and the AVX-512F attention tiles */
 static char g_features[64] = "scalar";
 
 /* ============================================================================================
@@ -73,15 +77,37 @@ static float act_scalar(int32_t act, float x) {
   }
 }
 
-static void dot4_scalar(int32_t dtype, const float *q, int64_t qs, int64_t nq, const void *k,
-                        int64_t n, float *out, int64_t os) {
-  for (int64_t i = 0; i < nq; i++) out[i * os] = dot_scalar(dtype, q + i * qs, k, n);
+/* Asks for rows pf[j0..j1) (NULL entries skipped) into L2: prefetcht1 does not hold an L1 miss
+ * buffer, so a steady trickle of them keeps many more lines in flight than loads alone. */
+static inline void prefetch_rows(const void *const *pf, int64_t j0, int64_t j1, int64_t bytes) {
+  for (int64_t j = j0; j < j1; j++)
+    if (pf[j])
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)pf[j] + o, 0, 2);
 }
 
-static void gemv_acc_scalar(const float *w, int64_t nw, const float *v, int64_t ldv, int64_t n,
-                            float *acc) {
-  for (int64_t j = 0; j < nw; j++)
-    for (int64_t d = 0; d < n; d++) acc[d] += w[j] * v[j * ldv + d];
+static void qk_tile_scalar(int32_t dtype, const float *q, int64_t nq, int64_t D,
+                           const void *const *k, int64_t nk, float *s, int64_t lds,
+                           const void *const *pf) {
+  if (pf) prefetch_rows(pf, 0, nk, D * (int64_t)kiln_hal_dtype_size(dtype));
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t j = 0; j < nk; j++) s[i * lds + j] = dot_scalar(dtype, q + i * D, k[j], D);
+}
+
+static void pv_tile_scalar(int32_t dtype, const float *w, int64_t ldw, int64_t nq,
+                           const void *const *v, int64_t nk, int64_t D, const float *corr,
+                           float *acc, const void *const *pf) {
+  if (pf) prefetch_rows(pf, 0, nk, D * (int64_t)kiln_hal_dtype_size(dtype));
+  for (int64_t i = 0; i < nq; i++) {
+    float *o = acc + i * D;
+    for (int64_t d = 0; d < D; d++) o[d] *= corr[i];
+    for (int64_t j = 0; j < nk; j++) axpy_scalar(dtype, w[i * ldw + j], v[j], o, D);
+  }
+}
+
+static float max_scalar(const float *x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+  return m;
 }
 
 static void gemm_colb_scalar(int32_t dtype, int64_t M, int64_t K, const float *a, const void *b,
@@ -248,59 +274,161 @@ AVX2 static void act_mul_avx2(int32_t act, float *g, const float *u, int64_t n) 
   for (; i < n; i++) g[i] = act_scalar(act, g[i]) * u[i];
 }
 
-/* out[i*os] = dot(q + i*qs, k) for i < nq <= 4: each k vector is converted once for all. */
-AVX2 static void dot4_avx2(int32_t dtype, const float *q, int64_t qs, int64_t nq, const void *k,
-                           int64_t n, float *out, int64_t os) {
-  size_t es = kiln_hal_dtype_size(dtype);
-  const char *kb = k;
-  const float *q0 = q, *q1 = q + (nq > 1 ? qs : 0), *q2 = q + (nq > 2 ? 2 * qs : 0);
-  const float *q3 = q + (nq > 3 ? 3 * qs : 0);
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 kv = ld8(dtype, kb + i * es);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, s3);
-  }
-  float r[4] = {hsum8(s0), hsum8(s1), hsum8(s2), hsum8(s3)};
-  const float *qq[4] = {q0, q1, q2, q3};
-  for (; i < n; i++) {
-    float kv = kiln_hal_load_f32(k, dtype, i);
-    for (int j = 0; j < 4; j++) r[j] += qq[j][i] * kv;
-  }
-  for (int64_t j = 0; j < nq; j++) out[j * os] = r[j];
+/* Lane i of the result = the sum of the 8 lanes of v[i]. */
+AVX2_INLINE __m256 hsum8x8(const __m256 v[8]) {
+  __m256 h0 = _mm256_hadd_ps(v[0], v[1]), h1 = _mm256_hadd_ps(v[2], v[3]);
+  __m256 h2 = _mm256_hadd_ps(v[4], v[5]), h3 = _mm256_hadd_ps(v[6], v[7]);
+  __m256 x = _mm256_hadd_ps(h0, h1), y = _mm256_hadd_ps(h2, h3); /* [0..3 | 0..3], [4..7 | 4..7] */
+  return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
 }
 
-/* acc[d] += sum_j w[j] * v[j*ldv + d]: 32 columns of acc stay in registers over all j. */
-AVX2 static void gemv_acc_avx2(const float *w, int64_t nw, const float *v, int64_t ldv, int64_t n,
-                               float *acc) {
+/* Scores of NI queries x KB keys (NI * KB == 8): the 8 dot products accumulate in registers
+ * over the whole row and are reduced together once. Queries past ni and keys past nk
+ * repeat the first (their sums are not stored). */
+AVX2_INLINE void qk_block_avx2(int32_t dtype, int NI, int KB, const float *q, int64_t ni, int64_t D,
+                               const void *const *k, int64_t nk, float *s, int64_t lds) {
+  size_t es = kiln_hal_dtype_size(dtype);
+  const char *kj[8];
+  for (int j = 0; j < KB; j++) kj[j] = k[j < nk ? j : 0];
+  __m256 acc[8];
+  for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
   int64_t d = 0;
-  for (; d + 32 <= n; d += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
-    for (int64_t j = 0; j < nw; j++) {
-      __m256 wj = _mm256_set1_ps(w[j]);
-      const float *vj = v + j * ldv + d;
-      a0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vj), a0);
-      a1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vj + 8), a1);
-      a2 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vj + 16), a2);
-      a3 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vj + 24), a3);
+  for (; d + 8 <= D; d += 8) {
+    __m256 kv[8];
+    for (int j = 0; j < KB; j++) kv[j] = ld8(dtype, kj[j] + d * es);
+    for (int i = 0; i < NI; i++) {
+      __m256 qv = _mm256_loadu_ps(q + (i < ni ? i : 0) * D + d);
+      for (int j = 0; j < KB; j++) acc[i * KB + j] = _mm256_fmadd_ps(qv, kv[j], acc[i * KB + j]);
     }
-    _mm256_storeu_ps(acc + d, a0);
-    _mm256_storeu_ps(acc + d + 8, a1);
-    _mm256_storeu_ps(acc + d + 16, a2);
-    _mm256_storeu_ps(acc + d + 24, a3);
   }
-  for (; d + 8 <= n; d += 8) {
-    __m256 a0 = _mm256_loadu_ps(acc + d);
-    for (int64_t j = 0; j < nw; j++)
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + j * ldv + d), a0);
-    _mm256_storeu_ps(acc + d, a0);
+  float r[8];
+  _mm256_storeu_ps(r, hsum8x8(acc));
+  for (int64_t i = 0; i < ni; i++)
+    for (int64_t j = 0; j < KB && j < nk; j++) {
+      float x = r[i * KB + j];
+      for (int64_t dd = d; dd < D; dd++) x += q[i * D + dd] * kiln_hal_load_f32(kj[j], dtype, dd);
+      s[i * lds + j] = x;
+    }
+}
+
+AVX2_INLINE void qk_tile_avx2_dt(int32_t dtype, const float *q, int64_t nq, int64_t D,
+                                 const void *const *k, int64_t nk, float *s, int64_t lds,
+                                 const void *const *pf) {
+  int64_t rb = D * (int64_t)kiln_hal_dtype_size(dtype);
+  for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+    int64_t ni = nq - i0 < 4 ? nq - i0 : 4;
+    const float *qi = q + i0 * D;
+    float *si = s + i0 * lds;
+    if (ni >= 3)
+      for (int64_t j = 0; j < nk; j += 2) {
+        if (pf && i0 == 0) prefetch_rows(pf, j, j + 2 < nk ? j + 2 : nk, rb);
+        qk_block_avx2(dtype, 4, 2, qi, ni, D, k + j, nk - j, si + j, lds);
+      }
+    else if (ni == 2)
+      for (int64_t j = 0; j < nk; j += 4) {
+        if (pf && i0 == 0) prefetch_rows(pf, j, j + 4 < nk ? j + 4 : nk, rb);
+        qk_block_avx2(dtype, 2, 4, qi, 2, D, k + j, nk - j, si + j, lds);
+      }
+    else
+      for (int64_t j = 0; j < nk; j += 8) {
+        if (pf && i0 == 0) prefetch_rows(pf, j, j + 8 < nk ? j + 8 : nk, rb);
+        qk_block_avx2(dtype, 1, 8, qi, 1, D, k + j, nk - j, si + j, lds);
+      }
   }
-  if (d < n) gemv_acc_scalar(w, nw, v + d, ldv, n - d, acc + d);
+}
+
+/* The dtype as a constant: no per-load dtype test in the inner loops. */
+AVX2 static void qk_tile_avx2(int32_t dtype, const float *q, int64_t nq, int64_t D,
+                              const void *const *k, int64_t nk, float *s, int64_t lds,
+                              const void *const *pf) {
+  if (dtype == KILN_HAL_BF16)
+    qk_tile_avx2_dt(KILN_HAL_BF16, q, nq, D, k, nk, s, lds, pf);
+  else if (dtype == KILN_HAL_F16)
+    qk_tile_avx2_dt(KILN_HAL_F16, q, nq, D, k, nk, s, lds, pf);
+  else
+    qk_tile_avx2_dt(KILN_HAL_F32, q, nq, D, k, nk, s, lds, pf);
+}
+
+/* acc[i][d0 + 8c] (c < C) of NI queries held in registers over all nk values: each V vector
+ * is loaded and converted once for the NI queries. */
+AVX2_INLINE void pv_block_avx2(int32_t dtype, int NI, int C, const void *const *pf, const float *w,
+                               int64_t ldw, const void *const *v, int64_t nk, int64_t D, int64_t d0,
+                               const float *corr, float *acc) {
+  size_t es = kiln_hal_dtype_size(dtype);
+  __m256 a[4][4];
+  for (int i = 0; i < NI; i++) {
+    __m256 ci = _mm256_set1_ps(corr[i]);
+    for (int c = 0; c < C; c++)
+      a[i][c] = _mm256_mul_ps(_mm256_loadu_ps(acc + i * D + d0 + 8 * c), ci);
+  }
+  for (int64_t j = 0; j < nk; j++) {
+    if (pf) prefetch_rows(pf, j, j + 1, D * (int64_t)es);
+    const char *vj = (const char *)v[j] + d0 * es;
+    __m256 vv[4];
+    for (int c = 0; c < C; c++) vv[c] = ld8(dtype, vj + 8 * c * es);
+    for (int i = 0; i < NI; i++) {
+      __m256 wv = _mm256_set1_ps(w[i * ldw + j]);
+      for (int c = 0; c < C; c++) a[i][c] = _mm256_fmadd_ps(wv, vv[c], a[i][c]);
+    }
+  }
+  for (int i = 0; i < NI; i++)
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + i * D + d0 + 8 * c, a[i][c]);
+}
+
+AVX2_INLINE void pv_rows_avx2(int32_t dtype, int NI, int C, const float *w, int64_t ldw,
+                              const void *const *v, int64_t nk, int64_t D, const float *corr,
+                              float *acc, const void *const *pf) {
+  int64_t d = 0;
+  for (; d + 8 * C <= D; d += 8 * C)
+    pv_block_avx2(dtype, NI, C, d == 0 ? pf : NULL, w, ldw, v, nk, D, d, corr, acc);
+  for (; d + 8 <= D; d += 8)
+    pv_block_avx2(dtype, NI, 1, d == 0 ? pf : NULL, w, ldw, v, nk, D, d, corr, acc);
+  for (int i = 0; i < NI && d < D; i++) {
+    float *o = acc + i * D;
+    for (int64_t dd = d; dd < D; dd++) o[dd] *= corr[i];
+    for (int64_t j = 0; j < nk; j++)
+      for (int64_t dd = d; dd < D; dd++)
+        o[dd] += w[i * ldw + j] * kiln_hal_load_f32(v[j], dtype, dd);
+  }
+}
+
+AVX2_INLINE void pv_tile_avx2_dt(int32_t dtype, const float *w, int64_t ldw, int64_t nq,
+                                 const void *const *v, int64_t nk, int64_t D, const float *corr,
+                                 float *acc, const void *const *pf) {
+  for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+    const float *wi = w + i0 * ldw, *ci = corr + i0;
+    float *ai = acc + i0 * D;
+    switch (nq - i0 < 4 ? nq - i0 : 4) {
+      case 1: pv_rows_avx2(dtype, 1, 4, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+      case 2: pv_rows_avx2(dtype, 2, 4, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+      case 3: pv_rows_avx2(dtype, 3, 2, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+      default: pv_rows_avx2(dtype, 4, 2, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+    }
+  }
+}
+
+/* The dtype as a constant: no per-load dtype test in the inner loops. */
+AVX2 static void pv_tile_avx2(int32_t dtype, const float *w, int64_t ldw, int64_t nq,
+                              const void *const *v, int64_t nk, int64_t D, const float *corr,
+                              float *acc, const void *const *pf) {
+  if (dtype == KILN_HAL_BF16)
+    pv_tile_avx2_dt(KILN_HAL_BF16, w, ldw, nq, v, nk, D, corr, acc, pf);
+  else if (dtype == KILN_HAL_F16)
+    pv_tile_avx2_dt(KILN_HAL_F16, w, ldw, nq, v, nk, D, corr, acc, pf);
+  else
+    pv_tile_avx2_dt(KILN_HAL_F32, w, ldw, nq, v, nk, D, corr, acc, pf);
+}
+
+AVX2 static float max_avx2(const float *x, int64_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  /* max_ps(x, m) keeps m when x is NaN, as the scalar loop does. */
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  float r = _mm_cvtss_f32(h), t = max_scalar(x + i, n - i);
+  return t > r ? t : r;
 }
 
 /* Small-M GEMM, B with K contiguous per column: 4 columns x up to 2 rows of A per pass, so
@@ -375,6 +503,173 @@ AVX2 static void gemm_rowb_avx2(int32_t dtype, int64_t M, int64_t K, const float
   }
   if (n < n1) gemm_rowb_scalar(dtype, M, K, a, b, ldb, n, n1, out, ldo);
 }
+
+/* ============================================================================================
+ * AVX-512F kernels (the attention tiles): 32 vector registers hold a 4 x 4 score block or
+ * 4 queries x 64 output columns.
+ * ==========================================================================================*/
+#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define AVX512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) static inline
+
+/* Loads 16 elements of dtype at p as f32. */
+AVX512_INLINE __m512 ld16(int32_t dtype, const void *p) {
+  if (dtype == KILN_HAL_F32) return _mm512_loadu_ps((const float *)p);
+  __m256i h = _mm256_loadu_si256((const __m256i *)p);
+  if (dtype == KILN_HAL_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Lane i of the result = the sum of the 16 lanes of v[i]: a transposing add tree (45 ops for
+ * 16 sums, against ~8 per sum reduced one by one). */
+AVX512_INLINE __m512 hsum16x16(const __m512 v[16]) {
+  __m512 t[8], u[4], w0, w1;
+  for (int m = 0; m < 8; m++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+    t[m] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * m], v[2 * m + 1]),
+                         _mm512_unpackhi_ps(v[2 * m], v[2 * m + 1]));
+  for (int m = 0; m < 4; m++) /* per 128-bit lane: the lane's sums of v[4m .. 4m+3] */
+    u[m] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * m], t[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * m], t[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                     _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                     _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* As qk_block_avx2 with NI * KB == 16 dot products per block. */
+AVX512_INLINE void qk_block_avx512(int32_t dtype, int NI, int KB, const float *q, int64_t ni,
+                                   int64_t D, const void *const *k, int64_t nk, float *s,
+                                   int64_t lds) {
+  size_t es = kiln_hal_dtype_size(dtype);
+  const char *kj[16];
+  for (int j = 0; j < KB; j++) kj[j] = k[j < nk ? j : 0];
+  __m512 acc[16];
+  for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    __m512 kv[16];
+    for (int j = 0; j < KB; j++) kv[j] = ld16(dtype, kj[j] + d * es);
+    for (int i = 0; i < NI; i++) {
+      __m512 qv = _mm512_loadu_ps(q + (i < ni ? i : 0) * D + d);
+      for (int j = 0; j < KB; j++) acc[i * KB + j] = _mm512_fmadd_ps(qv, kv[j], acc[i * KB + j]);
+    }
+  }
+  float r[16];
+  _mm512_storeu_ps(r, hsum16x16(acc));
+  for (int64_t i = 0; i < ni; i++)
+    for (int64_t j = 0; j < KB && j < nk; j++) {
+      float x = r[i * KB + j];
+      for (int64_t dd = d; dd < D; dd++) x += q[i * D + dd] * kiln_hal_load_f32(kj[j], dtype, dd);
+      s[i * lds + j] = x;
+    }
+}
+
+AVX512_INLINE void qk_tile_avx512_dt(int32_t dtype, const float *q, int64_t nq, int64_t D,
+                                     const void *const *k, int64_t nk, float *s, int64_t lds,
+                                     const void *const *pf) {
+  int64_t rb = D * (int64_t)kiln_hal_dtype_size(dtype);
+  for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+    int64_t ni = nq - i0 < 4 ? nq - i0 : 4;
+    const float *qi = q + i0 * D;
+    float *si = s + i0 * lds;
+    if (ni >= 3)
+      for (int64_t j = 0; j < nk; j += 4) {
+        if (pf && i0 == 0) prefetch_rows(pf, j, j + 4 < nk ? j + 4 : nk, rb);
+        qk_block_avx512(dtype, 4, 4, qi, ni, D, k + j, nk - j, si + j, lds);
+      }
+    else if (ni == 2)
+      for (int64_t j = 0; j < nk; j += 8) {
+        if (pf && i0 == 0) prefetch_rows(pf, j, j + 8 < nk ? j + 8 : nk, rb);
+        qk_block_avx512(dtype, 2, 8, qi, 2, D, k + j, nk - j, si + j, lds);
+      }
+    else
+      for (int64_t j = 0; j < nk; j += 16) {
+        if (pf && i0 == 0) prefetch_rows(pf, j, j + 16 < nk ? j + 16 : nk, rb);
+        qk_block_avx512(dtype, 1, 16, qi, 1, D, k + j, nk - j, si + j, lds);
+      }
+  }
+}
+
+/* The dtype as a constant: no per-load dtype test in the inner loops. */
+AVX512 static void qk_tile_avx512(int32_t dtype, const float *q, int64_t nq, int64_t D,
+                                  const void *const *k, int64_t nk, float *s, int64_t lds,
+                                  const void *const *pf) {
+  if (dtype == KILN_HAL_BF16)
+    qk_tile_avx512_dt(KILN_HAL_BF16, q, nq, D, k, nk, s, lds, pf);
+  else if (dtype == KILN_HAL_F16)
+    qk_tile_avx512_dt(KILN_HAL_F16, q, nq, D, k, nk, s, lds, pf);
+  else
+    qk_tile_avx512_dt(KILN_HAL_F32, q, nq, D, k, nk, s, lds, pf);
+}
+
+AVX512_INLINE void pv_block_avx512(int32_t dtype, int NI, int C, const void *const *pf,
+                                   const float *w, int64_t ldw, const void *const *v, int64_t nk,
+                                   int64_t D, int64_t d0, const float *corr, float *acc) {
+  size_t es = kiln_hal_dtype_size(dtype);
+  __m512 a[4][8];
+  for (int i = 0; i < NI; i++) {
+    __m512 ci = _mm512_set1_ps(corr[i]);
+    for (int c = 0; c < C; c++)
+      a[i][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + i * D + d0 + 16 * c), ci);
+  }
+  for (int64_t j = 0; j < nk; j++) {
+    if (pf) prefetch_rows(pf, j, j + 1, D * (int64_t)es);
+    const char *vj = (const char *)v[j] + d0 * es;
+    __m512 vv[8];
+    for (int c = 0; c < C; c++) vv[c] = ld16(dtype, vj + 16 * c * es);
+    for (int i = 0; i < NI; i++) {
+      __m512 wv = _mm512_set1_ps(w[i * ldw + j]);
+      for (int c = 0; c < C; c++) a[i][c] = _mm512_fmadd_ps(wv, vv[c], a[i][c]);
+    }
+  }
+  for (int i = 0; i < NI; i++)
+    for (int c = 0; c < C; c++) _mm512_storeu_ps(acc + i * D + d0 + 16 * c, a[i][c]);
+}
+
+AVX512_INLINE void pv_rows_avx512(int32_t dtype, int NI, int C, const float *w, int64_t ldw,
+                                  const void *const *v, int64_t nk, int64_t D, const float *corr,
+                                  float *acc, const void *const *pf) {
+  int64_t d = 0;
+  for (; d + 16 * C <= D; d += 16 * C)
+    pv_block_avx512(dtype, NI, C, d == 0 ? pf : NULL, w, ldw, v, nk, D, d, corr, acc);
+  for (; d + 16 <= D; d += 16)
+    pv_block_avx512(dtype, NI, 1, d == 0 ? pf : NULL, w, ldw, v, nk, D, d, corr, acc);
+  for (int i = 0; i < NI && d < D; i++) {
+    float *o = acc + i * D;
+    for (int64_t dd = d; dd < D; dd++) o[dd] *= corr[i];
+    for (int64_t j = 0; j < nk; j++)
+      for (int64_t dd = d; dd < D; dd++)
+        o[dd] += w[i * ldw + j] * kiln_hal_load_f32(v[j], dtype, dd);
+  }
+}
+
+AVX512_INLINE void pv_tile_avx512_dt(int32_t dtype, const float *w, int64_t ldw, int64_t nq,
+                                     const void *const *v, int64_t nk, int64_t D, const float *corr,
+                                     float *acc, const void *const *pf) {
+  for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+    const float *wi = w + i0 * ldw, *ci = corr + i0;
+    float *ai = acc + i0 * D;
+    switch (nq - i0 < 4 ? nq - i0 : 4) {
+      case 1: pv_rows_avx512(dtype, 1, 8, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+      case 2: pv_rows_avx512(dtype, 2, 8, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+      case 3: pv_rows_avx512(dtype, 3, 4, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+      default: pv_rows_avx512(dtype, 4, 4, wi, ldw, v, nk, D, ci, ai, i0 == 0 ? pf : NULL); break;
+    }
+  }
+}
+
+/* The dtype as a constant: no per-load dtype test in the inner loops. */
+AVX512 static void pv_tile_avx512(int32_t dtype, const float *w, int64_t ldw, int64_t nq,
+                                  const void *const *v, int64_t nk, int64_t D, const float *corr,
+                                  float *acc, const void *const *pf) {
+  if (dtype == KILN_HAL_BF16)
+    pv_tile_avx512_dt(KILN_HAL_BF16, w, ldw, nq, v, nk, D, corr, acc, pf);
+  else if (dtype == KILN_HAL_F16)
+    pv_tile_avx512_dt(KILN_HAL_F16, w, ldw, nq, v, nk, D, corr, acc, pf);
+  else
+    pv_tile_avx512_dt(KILN_HAL_F32, w, ldw, nq, v, nk, D, corr, acc, pf);
+}
 #endif /* CPU_HAVE_X86 */
 
 /* ============================================================================================
@@ -392,13 +687,21 @@ static bool cpu_has_f16c(void) {
 void cpu_vec_init(void) {
 #if CPU_HAVE_X86
   __builtin_cpu_init();
-  bool f16c = cpu_has_f16c();
+  bool f16c = cpu_has_f16c(), avx512f = __builtin_cpu_supports("avx512f");
   g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  g_avx512 = g_avx2 && avx512f;
+  /* KILN_CPU_VEC=avx2 or =scalar caps the kernels, so tests can cover the narrower paths on a
+   * wider CPU. */
+  const char *cap = getenv("KILN_CPU_VEC");
+  if (cap && (!strcmp(cap, "avx2") || !strcmp(cap, "scalar"))) g_avx512 = false;
+  if (cap && !strcmp(cap, "scalar")) g_avx2 = false;
   g_features[0] = '\0';
   static const char *const names[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f"};
   bool have[6] = {__builtin_cpu_supports("sse4.2"), __builtin_cpu_supports("avx"),
                   __builtin_cpu_supports("avx2"), __builtin_cpu_supports("fma"),
-                  f16c, __builtin_cpu_supports("avx512f")};
+                  f16c, avx512f};
+  if (cap)
+    for (int i = 1; i < 6; i++) have[i] = have[i] && (i < 5 ? g_avx2 : g_avx512);
   size_t len = 0;
   for (int i = 0; i < 6; i++)
     if (have[i]) {
@@ -486,26 +789,41 @@ void cpu_vec_act_mul(int32_t act, float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) g[i] = act_scalar(act, g[i]) * u[i];
 }
 
-void cpu_vec_dot4(int32_t dtype, const float *q, int64_t qs, int64_t nq, const void *k, int64_t n,
-                  float *out, int64_t os) {
+void cpu_vec_qk_tile(int32_t dtype, const float *q, int64_t nq, int64_t D, const void *const *k,
+                     int64_t nk, float *s, int64_t lds, const void *const *pf) {
 #if CPU_HAVE_X86
+  if (g_avx512) {
+    qk_tile_avx512(dtype, q, nq, D, k, nk, s, lds, pf);
+    return;
+  }
   if (g_avx2) {
-    dot4_avx2(dtype, q, qs, nq, k, n, out, os);
+    qk_tile_avx2(dtype, q, nq, D, k, nk, s, lds, pf);
     return;
   }
 #endif
-  dot4_scalar(dtype, q, qs, nq, k, n, out, os);
+  qk_tile_scalar(dtype, q, nq, D, k, nk, s, lds, pf);
 }
 
-void cpu_vec_gemv_acc(const float *w, int64_t nw, const float *v, int64_t ldv, int64_t n,
-                      float *acc) {
+void cpu_vec_pv_tile(int32_t dtype, const float *w, int64_t ldw, int64_t nq, const void *const *v,
+                     int64_t nk, int64_t D, const float *corr, float *acc, const void *const *pf) {
 #if CPU_HAVE_X86
+  if (g_avx512) {
+    pv_tile_avx512(dtype, w, ldw, nq, v, nk, D, corr, acc, pf);
+    return;
+  }
   if (g_avx2) {
-    gemv_acc_avx2(w, nw, v, ldv, n, acc);
+    pv_tile_avx2(dtype, w, ldw, nq, v, nk, D, corr, acc, pf);
     return;
   }
 #endif
-  gemv_acc_scalar(w, nw, v, ldv, n, acc);
+  pv_tile_scalar(dtype, w, ldw, nq, v, nk, D, corr, acc, pf);
+}
+
+float cpu_vec_max(const float *x, int64_t n) {
+#if CPU_HAVE_X86
+  if (g_avx2) return max_avx2(x, n);
+#endif
+  return max_scalar(x, n);
 }
 
 void cpu_vec_gemm_colb(int32_t dtype, int64_t M, int64_t K, const float *a, const void *b,
