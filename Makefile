@@ -14,9 +14,11 @@ SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 all: build
 
-# Installs only what is missing, so a second run does nothing.
+# Installs only what is missing, so a second run does nothing. npm (for the tests' real
+# tokenizer files) is taken from Debian only when no npm is on the PATH already.
 deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; \
+	  command -v npm >/dev/null 2>&1 || echo npm); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing: $$missing"; \
 	  $(SUDO) apt-get update -qq && \
