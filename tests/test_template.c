@@ -271,7 +271,8 @@ static const tt_case_t k_cases[] = {
      "\"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}",
      "SYSTEM,USER,ASSISTANT", false},
     /* json.loads keeps 1.0 a float and 1 an int; tojson writes each back as it came. */
-    {"json_float_vs_int", "{{ x|tojson }} {{ x.f }} {{ x.i }} {{ x.f is float }} {{ x.i is integer }}",
+    {"json_float_vs_int",
+     "{{ x|tojson }} {{ x.f }} {{ x.i }} {{ x.f is float }} {{ x.i is integer }}",
      "{\"x\": {\"f\": 1.0, \"i\": 1, \"e\": 2e3}}",
      "{\"f\": 1.0, \"i\": 1, \"e\": 2000.0} 1.0 1 True True", false},
     {"tojson_basic", "{{ x|tojson }}",
@@ -406,6 +407,222 @@ static const tt_case_t k_cases[] = {
     {"e_range_big", "{{ range(1000000)|length }}", "{}",
      "t:1: Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).", true},
     {"e_len_int", "{{ 5|length }}", "{}", "t:1: object of type 'int' has no len()", true},
+    {"fmt_pos", "{{ '{} and {}'.format('a', 1) }}|{{ '{1}{0}{1}'.format('x', 'y') }}", "{}",
+     "a and 1|yxy", false},
+    {"fmt_kw", "{{ 'Hi {name}, {n} msgs'.format(name=user, n=3) }}", "{\"user\": \"Ann\"}",
+     "Hi Ann, 3 msgs", false},
+    {"fmt_align", "[{:>8}][{:<6}][{:^7}][{:*^9}][{:08.3f}]", "{}",
+     "[{:>8}][{:<6}][{:^7}][{:*^9}][{:08.3f}]", false},
+    {"fmt_align_r",
+     "{{ '[{:>8}][{:<6}][{:^7}][{:*^9}][{:08.3f}]'.format('ab', 'cd', 'ef', 'g', 3.14159) }}", "{}",
+     "[      ab][cd    ][  ef   ][****g****][0003.142]", false},
+    {"fmt_float",
+     "{{ '{0:.2f} {0:e} {0:.3g} {0:%} {0} {0:.2} {1:.3} {2:g}'.format(1234.5678, 12.0, 1e-7) }}",
+     "{}", "1234.57 1.234568e+03 1.23e+03 123456.780000% 1234.5678 1.2e+03 12.0 1e-07", false},
+    {"fmt_int",
+     "{{ '{0:d} {0:x} {0:X} {0:o} {0:b} {0:#x} {0:#o} {0:#b} {0:+d} {0: d} {1:+} "
+     "{2:c}'.format(255, -3, 65) }}",
+     "{}", "255 ff FF 377 11111111 0xff 0o377 0b11111111 +255  255 -3 A", false},
+    {"fmt_group",
+     "{{ '{:,} {:_} {:,.2f} {:_x} {:>12,}'.format(1234567, 1234567, 1234567.891, 12345678, -98765) "
+     "}}",
+     "{}", "1,234,567 1_234_567 1,234,567.89 bc_614e      -98,765", false},
+    {"fmt_conv", "{{ '{!r} {!s} {0!r:>8}'.format('a', 1) }}", "{}",
+     "t:1: cannot switch from manual field specification to automatic field numbering", true},
+    {"fmt_conv2", "{{ '{0!r} {0!s} {0!r:>8}'.format('a') }}", "{}", "'a' a      'a'", false},
+    {"fmt_attr", "{{ '{0[role]}: {0[content]} / {m.role} / {l[1]}'.format(msg, m=msg, l=[5, 6]) }}",
+     "{\"msg\": {\"role\": \"user\", \"content\": \"hi\"}}", "user: hi / user / 6", false},
+    {"fmt_attr_dot", "{{ '{0.role}'.format(msg) }}", "{\"msg\": {\"role\": \"user\"}}", "user",
+     false},
+    {"fmt_braces", "{{ '{{literal}} {}'.format(1) }}", "{}", "{literal} 1", false},
+    {"fmt_nested", "{{ '[{:>{w}}]'.format('x', w=5) }}", "{}", "[    x]", false},
+    {"fmt_values", "{{ '{} {} {} {} {}'.format(none, true, [1, 'a'], {'k': 1}, 2.5) }}", "{}",
+     "None True [1, 'a'] {'k': 1} 2.5", false},
+    {"fmt_bool_spec", "{{ '{:>5}|{:d}|{:.1f}'.format(true, false, true) }}", "{}", "    1|0|1.0",
+     false},
+    {"fmt_zero", "{{ '{:05}|{:05}|{:=+8}|{:#010x}|{:05}'.format(42, -42, -5, 255, 'ab') }}", "{}",
+     "00042|-0042|-      5|0x000000ff|ab000", false},
+    {"fmt_unicode",
+     "{{ '[{:\xc3\xa9"
+     "^7}][{:>4}]'.format('ab', '\xc3\xa9"
+     "\xc3\xa9"
+     "') }}",
+     "{}",
+     "[\xc3\xa9"
+     "\xc3\xa9"
+     "ab\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "][  \xc3\xa9"
+     "\xc3\xa9"
+     "]",
+     false},
+    {"fmt_trunc", "{{ '{:.3}|{:5.2}|'.format('abcdef', 'xyz') }}", "{}", "abc|xy   |", false},
+    {"fmt_inf", "{% set x = 1e308 * 10 %}{{ '{:f} {:F} {:e} {:08} {:%}'.format(x, x, -x, x, x) }}",
+     "{}", "t:1: fixed-point formatting of numbers this large is not supported", true},
+    {"fmt_map", "{{ '{a}-{b}'.format_map({'a': 1, 'b': 2}) }}", "{}", "1-2", false},
+    {"fmt_err_index", "{{ '{} {}'.format(1) }}", "{}", "t:1: tuple index out of range", true},
+    {"fmt_err_key", "{{ '{x}'.format(y=1) }}", "{}", "t:1: 'x'", true},
+    {"fmt_err_switch", "{{ '{}{0}'.format(1) }}", "{}",
+     "t:1: cannot switch from manual field specification to automatic field numbering", true},
+    {"fmt_err_brace", "{{ 'a}'.format(1) }}", "{}", "t:1: Single '}' encountered in format string",
+     true},
+    {"fmt_err_code", "{{ '{:d}'.format('a') }}", "{}",
+     "t:1: Unknown format code 'd' for object of type 'str'", true},
+    {"fmt_err_sign_str", "{{ '{:+}'.format('a') }}", "{}",
+     "t:1: Sign not allowed in string format specifier", true},
+    {"fmt_err_prec_int", "{{ '{:.2}'.format(5) }}", "{}",
+     "t:1: Precision not allowed in integer format specifier", true},
+    {"fmt_err_none", "{{ '{:>5}'.format(none) }}", "{}",
+     "t:1: unsupported format string passed to NoneType.__format__", true},
+    {"fmt_err_float_d", "{{ '{:d}'.format(1.5) }}", "{}",
+     "t:1: Unknown format code 'd' for object of type 'float'", true},
+    {"fmt_unsafe_attr", "{{ '{0.update}'.format({}) }}", "{}", "", false},
+    {"fmt_undefined", "[{{ '{}'.format(nope) }}]", "{}", "[]", false},
+    {"pct_basic",
+     "{{ '%s: %d' % ('a', 3) }}|{{ '%.2f' % 3.14159 }}|{{ '%s' % 'x' }}|{{ '%5d|%-5d|%05d' % (42, "
+     "42, -42) }}",
+     "{}", "a: 3|3.14|x|   42|42   |-0042", false},
+    {"pct_map", "{{ '%(role)s says %(content)r' % msg }}",
+     "{\"msg\": {\"role\": \"user\", \"content\": \"hi\"}}", "user says 'hi'", false},
+    {"pct_types",
+     "{{ '%x %X %o %#x %#o %e %E %g %G %c %c %i %u %%' % (255, 255, 8, 255, 8, 12345.678, 0.00012, "
+     "1e-5, 1e20, 65, 'z', 3.9, 7) }}",
+     "{}", "ff FF 10 0xff 0o10 1.234568e+04 1.200000E-04 1e-05 1E+20 A z 3 7 %", false},
+    {"pct_list", "{{ '%s' % [1, 2] }}|{{ '%s' % {'a': 1} }}|{{ '%r' % 'q' }}|{{ 'none' % {} }}",
+     "{}", "[1, 2]|{'a': 1}|'q'|none", false},
+    {"pct_star", "{{ '[%*d][%-*s][%.*f]' % (5, 1, 4, 'ab', 2, 3.14159) }}", "{}",
+     "[    1][ab  ][3.14]", false},
+    {"pct_flags",
+     "{{ '%+d % d %+.1f %.3d %5.1s| %#06x %-6.2f|' % (5, 5, 2.25, 7, 'abc', 255, 1.5) }}", "{}",
+     "+5  5 +2.2 007     a| 0x00ff 1.50  |", false},
+    {"pct_bool", "{{ '%s %d %.1f %r' % (true, true, false, none) }}", "{}", "True 1 0.0 None",
+     false},
+    {"pct_float_int", "{{ '%d %i' % (3.99, -3.99) }}", "{}", "3 -3", false},
+    {"pct_err_few", "{{ '%s %s' % ('a',) }}", "{}", "t:1: not enough arguments for format string",
+     true},
+    {"pct_err_many", "{{ '%s' % (1, 2) }}", "{}",
+     "t:1: not all arguments converted during string formatting", true},
+    {"pct_err_type", "{{ '%d' % 'a' }}", "{}", "t:1: %d format: a real number is required, not str",
+     true},
+    {"pct_err_char", "{{ '%y' % 1 }}", "{}",
+     "t:1: unsupported format character 'y' (0x79) at index 1", true},
+    {"pct_err_map", "{{ '%(a)s' % (1,) }}", "{}", "t:1: format requires a mapping", true},
+    {"pct_err_hex_float", "{{ '%x' % 1.5 }}", "{}",
+     "t:1: %x format: an integer is required, not float", true},
+    {"pct_err_incomplete", "{{ 'abc %' % () }}", "{}", "t:1: incomplete format", true},
+    {"pct_undefined", "[{{ '%s' % nope }}]", "{}", "[]", false},
+    {"pct_int_mod", "{{ 7 % 3 }} {{ x % 2 }}", "{\"x\": 5}", "1 1", false},
+    {"groupby_basic",
+     "{% for g in msgs|groupby('role') %}{{ g.grouper }}={{ g.list|map(attribute='c')|join(',') "
+     "}};{% endfor %}",
+     "{\"msgs\": [{\"role\": \"user\", \"c\": \"a\"}, {\"role\": \"asst\", \"c\": \"b\"}, "
+     "{\"role\": \"user\", \"c\": \"d\"}]}",
+     "asst=b;user=a,d;", false},
+    {"groupby_unpack",
+     "{% for k, items in msgs|groupby('role') %}{{ k }}:{{ items|length }} {% endfor %}",
+     "{\"msgs\": [{\"role\": \"b\"}, {\"role\": \"a\"}, {\"role\": \"b\"}]}", "a:1 b:2 ", false},
+    {"groupby_case",
+     "{% for g in xs|groupby('n') %}{{ g.grouper }}{{ g.list|length }} {% endfor %}|{% for g in "
+     "xs|groupby('n', case_sensitive=true) %}{{ g.grouper }}{{ g.list|length }} {% endfor %}",
+     "{\"xs\": [{\"n\": \"a\"}, {\"n\": \"A\"}, {\"n\": \"b\"}]}", "a2 b1 |A1 a1 b1 ", false},
+    {"groupby_default",
+     "{% for g in xs|groupby('t', default='none') %}{{ g[0] }}:{{ g[1]|length }} {% endfor %}",
+     "{\"xs\": [{\"t\": \"x\"}, {}, {\"t\": \"x\"}]}", "none:1 x:2 ", false},
+    {"groupby_dotted",
+     "{% for g in xs|groupby('a.b') %}{{ g.grouper }}{% endfor %}|{{ "
+     "(xs|groupby('a.b')|list|length) }}",
+     "{\"xs\": [{\"a\": {\"b\": 2}}, {\"a\": {\"b\": 1}}]}", "12|2", false},
+    {"batch_basic",
+     "{{ [1,2,3,4,5]|batch(2)|list }}|{{ [1,2,3,4,5]|batch(2, 'x')|list }}|{{ []|batch(3)|list }}",
+     "{}", "[[1, 2], [3, 4], [5]]|[[1, 2], [3, 4], [5, 'x']]|[]", false},
+    {"slice_basic",
+     "{{ [1,2,3,4,5,6,7]|slice(3)|list }}|{{ [1,2,3,4,5,6,7]|slice(3, 0)|list }}|{{ "
+     "[1,2]|slice(4)|list }}",
+     "{}", "[[1, 2, 3], [4, 5], [6, 7]]|[[1, 2, 3], [4, 5, 0], [6, 7, 0]]|[[1], [2], [], []]",
+     false},
+    {"truncate_basic",
+     "{{ 'The quick brown fox jumps over'|truncate(15) }}|{{ 'The quick brown fox "
+     "jumps'|truncate(15, true) }}|{{ 'abcdefghij'|truncate(8, end='..', leeway=0) }}|{{ "
+     "'short'|truncate(3) }}",
+     "{}", "The quick...|The quick br...|abcdef..|short", false},
+    {"truncate_leeway",
+     "{{ 'hello world foo'|truncate(12) }}|{{ 'hello world foo bar baz'|truncate(12, leeway=0) "
+     "}}|{{ 'nospaceshereatall'|truncate(8, leeway=0) }}|{{ '\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "'|truncate(5, true, '!', 0) }}",
+     "{}",
+     "hello world foo|hello...|nospa...|\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "\xc3\xa9"
+     "!",
+     false},
+    {"truncate_err", "{{ 'abc'|truncate(2) }}", "{}", "t:1: expected length >= 3, got 2", true},
+    {"truncate_err_leeway", "{{ 'abcdefgh'|truncate(5, leeway=-1) }}", "{}",
+     "t:1: expected leeway >= 0, got -1", true},
+    {"call_basic",
+     "{% macro box(t) %}[{{ t }}:{{ caller() }}]{% endmacro %}{% call box('x') %}inner {{ v }}{% "
+     "endcall %}",
+     "{\"v\": 1}", "[x:inner 1]", false},
+    {"call_args",
+     "{% macro each(xs) %}{% for x in xs %}{{ caller(x, loop.index) }}{% endfor %}{% endmacro %}{% "
+     "call(item, i) each(['a', 'b']) %}{{ i }}={{ item }};{% endcall %}",
+     "{}", "1=a;2=b;", false},
+    {"call_ws",
+     "{% macro wrap() %}\n<{{ caller() }}>\n{% endmacro %}\n{% call wrap() %}\n  body\n{% endcall "
+     "%}\nend",
+     "{}", "<  body\n>\nend", false},
+    {"call_nested",
+     "{% macro a() %}a({{ caller() }}){% endmacro %}{% macro b() %}b({{ caller() }}){% endmacro "
+     "%}{% call a() %}{% call b() %}x{% endcall %}{% endcall %}",
+     "{}", "a(b(x))", false},
+    {"call_twice",
+     "{% macro twice() %}{{ caller() }}{{ caller() }}{% endmacro %}{% call twice() %}{% set y = 1 "
+     "%}z{% endcall %}",
+     "{}", "zz", false},
+    {"call_default_param",
+     "{% macro m() %}{{ caller() }}|{{ caller(5) }}{% endmacro %}{% call(x=2) m() %}{{ x }}{% "
+     "endcall %}",
+     "{}", "2|5", false},
+    {"call_scope",
+     "{% set s = 'outer' %}{% macro m() %}{% set s = 'macro' %}{{ caller() }}{% endmacro %}{% call "
+     "m() %}{{ s }}{% endcall %}",
+     "{}", "outer", false},
+    {"call_kw",
+     "{% macro m(a, b=2) %}{{ a }}{{ b }}{{ caller() }}{% endmacro %}{% call m(b=3, a=1) %}!{% "
+     "endcall %}",
+     "{}", "13!", false},
+    {"call_err_nocaller", "{% macro m() %}x{% endmacro %}{% call m() %}y{% endcall %}", "{}",
+     "t:1: macro 'm' takes no keyword argument 'caller'", true},
+    {"call_err_undefined", "{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}", "{}",
+     "t:1: 'caller' is undefined", true},
+    {"call_err_not_call", "{% call foo %}x{% endcall %}", "{}", "t:1: expected call", true},
+    {"call_err_unclosed", "{% macro m() %}{{ caller() }}{% endmacro %}{% call m() %}x", "{}",
+     "t:1: unexpected end of template: the 'call' block needs '{% endcall %}'", true},
+    {"call_loop_break",
+     "{% macro m() %}{{ caller() }}{% endmacro %}{% for i in [1,2] %}{% call m() %}{{ i }}{% "
+     "endcall %}{% endfor %}",
+     "{}", "12", false},
+    {"macro_varargs",
+     "{% macro m(a) %}{{ a }}{{ varargs }}{{ varargs|length }}{% endmacro %}{{ m(1, 2, 3) }}|{{ "
+     "m(1) }}",
+     "{}", "1(2, 3)2|1()0", false},
+    {"macro_kwargs",
+     "{% macro m(a) %}{{ a }}{{ kwargs }}{% endmacro %}{{ m(1, x=2, y='z') }}|{{ m(a=1) }}", "{}",
+     "1{'x': 2, 'y': 'z'}|1{}", false},
+    {"macro_err_extra", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", "{}",
+     "t:1: macro 'm' takes not more than 1 argument(s)", true},
+    {"macro_err_kw", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, x=2) }}", "{}",
+     "t:1: macro 'm' takes no keyword argument 'x'", true},
 };
 
 /* ---- helpers -------------------------------------------------------------------------------- */
@@ -547,7 +764,8 @@ static void test_error_lines(void **state) {
                "endfor");
   expect_error("{% endif %}", "{}", NULL, "t:1: unexpected 'endif'", NULL);
   expect_error("{% include 'x' %}", "{}", NULL, "t:1: the 'include' tag is not supported", NULL);
-  expect_error("{{ 'a'.format(1) }}", "{}", NULL, "t:1: str.format() is not supported", NULL);
+  expect_error("{{ '{:n}'.format(1) }}", "{}", NULL, "t:1: the 'n' format type is not supported",
+               NULL);
   expect_error("{% break %}", "{}", NULL, "t:1: 'break' outside of a loop", NULL);
   expect_error("{{ dict.update }}{% set d = {'a': 1} %}{{ d.update({'b': 2}) }}", "{}", NULL,
                "t:1: access to attribute 'update' of 'dict' object is unsafe.", NULL);
@@ -570,6 +788,13 @@ static void test_limits(void **state) {
   expect_error("{% for i in range(1000) %}xxxxxxxxxx{% endfor %}", "{}", &lim,
                "output is larger than the limit of 100 bytes", NULL);
   expect_error("{{ 'x' * 1000 }}", "{}", &lim, "string repetition result is too large", NULL);
+  expect_error("{{ '{:>2000000}'.format(1) }}", "{}", NULL, "format width 2000000 is larger", NULL);
+  expect_error("{{ '%2000000d' % 1 }}", "{}", NULL, "format width 2000000 is larger", NULL);
+  expect_error("{{ '{:2000}'.format(1) }}", "{}", &lim, "output is larger than the limit", NULL);
+  expect_error(
+      "{% macro m() %}{% call m() %}{% endcall %}{{ caller() }}{% endmacro %}"
+      "{% call m() %}{% endcall %}",
+      "{}", NULL, "recursion too deep", NULL);
   lim = (kiln_template_limits_t){.max_memory = 8u << 20};
   expect_error(
       "{% set ns = namespace(s='xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% "

@@ -15,6 +15,7 @@
 typedef enum xres { X_OK, X_ERR, X_BREAK, X_CONTINUE } xres_t;
 
 static xres_t exec_body(tctx_t *ctx, tnode_t *const *body, size_t n, tscope_t *sc);
+static bool out_limit(tctx_t *ctx);
 
 /* ---- scopes --------------------------------------------------------------------------------- */
 
@@ -133,10 +134,21 @@ static bool get_attr(tctx_t *ctx, const tv_t *obj, const char *name, size_t n, t
     case TV_LOOP:
       if (loop_attr(ctx, obj->u.loop, name, out)) return true;
       break;
+    case TV_LIST:
+      if ((obj->flags & TV_F_GROUP) && (!strcmp(name, "grouper") || !strcmp(name, "list"))) {
+        *out = obj->u.list->items[name[0] == 'l'];
+        return true;
+      }
+      break;
     default: break;
   }
   *out = undef_fmt(ctx, "'%s' has no attribute '%s'", obj_desc(obj, b, sizeof b), name);
   return true;
+}
+
+bool tpl_get_attr(tctx_t *ctx, const tv_t *obj, const char *name, size_t n, tv_t *out) {
+  tv_t o = *obj;
+  return get_attr(ctx, &o, name, n, out);
 }
 
 static bool index_of(tctx_t *ctx, const tv_t *k, int64_t *out) {
@@ -203,6 +215,11 @@ static bool get_item(tctx_t *ctx, const tv_t *obj, const tv_t *key, tv_t *out) {
     *out = undef_fmt(ctx, "'%s' has no element of type %s", obj_desc(obj, b, sizeof b),
                      tv_type_name(key));
   return true;
+}
+
+bool tpl_get_item(tctx_t *ctx, const tv_t *obj, const tv_t *key, tv_t *out) {
+  tv_t o = *obj, k = *key;
+  return get_item(ctx, &o, &k, out);
 }
 
 static bool slice_index(tctx_t *ctx, const tv_t *v, bool *present, int64_t *out) {
@@ -345,6 +362,8 @@ static bool binop(tctx_t *ctx, int op, const tv_t *a, const tv_t *b, tv_t *out) 
     return out->kind == TV_STR;
   }
   if (a->kind == TV_UNDEF) return undef_fail(ctx, a);
+  /* str % Undefined formats the undefined (as ''), as Python would */
+  if (op == '%' && a->kind == TV_STR) return tpl_str_percent(ctx, a, b, out);
   if (b->kind == TV_UNDEF) return undef_fail(ctx, b);
   if (is_num(a) && is_num(b)) {
     bool fl = a->kind == TV_FLOAT || b->kind == TV_FLOAT;
@@ -440,8 +459,6 @@ static bool binop(tctx_t *ctx, int op, const tv_t *a, const tv_t *b, tv_t *out) 
   if (op == '*' && (b->kind == TV_STR || b->kind == TV_LIST) &&
       (a->kind == TV_INT || a->kind == TV_BOOL))
     return repeat(ctx, b, as_i(a), out);
-  if (op == '%' && a->kind == TV_STR)
-    return tpl_fail(ctx, "printf-style string formatting ('...' %% args) is not supported");
   if (op == '+' && a->kind == TV_STR)
     return tpl_fail(ctx, "can only concatenate str (not \"%s\") to str", tv_type_name(b));
   if (op == '+' && a->kind == TV_LIST)
@@ -551,17 +568,37 @@ static bool capture(tctx_t *ctx, tnode_t *const *body, size_t n, tscope_t *sc, t
 static bool call_macro(tctx_t *ctx, const tmacro_t *m, const tv_t *args, size_t nargs,
                        const char *const *kwn, const tv_t *kwv, size_t nkw, tv_t *out) {
   const tnode_t *def = m->def;
-  if (nargs > def->n)
+  if (nargs > def->n && !(def->op & MACRO_VARARGS))
     return tpl_fail(ctx, "macro '%s' takes not more than %zu argument(s)", def->name, def->n);
   if (ctx->depth >= ctx->lim.max_depth)
     return tpl_fail(ctx, "recursion too deep: more than %d nested macro calls", ctx->lim.max_depth);
   tscope_t *sc = scope_new(ctx, m->closure);
   if (!sc) return false;
+  tv_t kwargs = tv_new_dict(ctx);
+  if (kwargs.kind != TV_DICT) return false;
   for (size_t k = 0; k < nkw; k++) {
     bool found = false;
     for (size_t i = 0; i < def->n; i++)
       if (!strcmp(def->items[i]->name, kwn[k])) found = true;
-    if (!found) return tpl_fail(ctx, "macro '%s' has no argument '%s'", def->name, kwn[k]);
+    if (found) continue;
+    if (!strcmp(kwn[k], "caller") && (def->op & MACRO_CALLER)) {
+      if (!scope_set(ctx, sc, "caller", 6, kwv[k])) return false;
+    } else if (def->op & MACRO_KWARGS) {
+      if (!tv_dict_set(ctx, &kwargs, tv_str(kwn[k], strlen(kwn[k])), kwv[k])) return false;
+    } else {
+      return tpl_fail(ctx, "macro '%s' takes no keyword argument '%s'", def->name, kwn[k]);
+    }
+  }
+  if (def->op & MACRO_KWARGS) {
+    if (!scope_set(ctx, sc, "kwargs", 6, kwargs)) return false;
+  }
+  if (def->op & MACRO_VARARGS) {
+    size_t nv = nargs > def->n ? nargs - def->n : 0;
+    tv_t va = tv_new_list(ctx, nv);
+    if (va.kind != TV_LIST) return false;
+    va.flags = TV_F_TUPLE;
+    for (size_t i = 0; i < nv; i++) va.u.list->items[i] = args[def->n + i];
+    if (!scope_set(ctx, sc, "varargs", 7, va)) return false;
   }
   for (size_t i = 0; i < def->n; i++) {
     const tnode_t *p = def->items[i];
@@ -738,6 +775,22 @@ static bool eval_call(tctx_t *ctx, const tnode_t *e, tscope_t *sc, tv_t *out) {
   if (!tpl_eval(ctx, callee, sc, &fn) || !eval_args(ctx, e, sc, &a)) return false;
   ctx->line = e->line;
   return tpl_call_value(ctx, &fn, a.pos, a.npos, a.kwn, a.kwv, a.nkw, out);
+}
+
+/* {% call %}: the call of st->a with the caller macro as an extra `caller` keyword. */
+static bool exec_call_block(tctx_t *ctx, const tnode_t *st, tscope_t *sc, tmacro_t *caller) {
+  args_t a;
+  tv_t fn, v;
+  const tnode_t *call = st->a;
+  if (!tpl_eval(ctx, call->a, sc, &fn) || !eval_args(ctx, call, sc, &a)) return false;
+  if (a.nkw == 16) return tpl_fail(ctx, "too many keyword arguments");
+  a.kwn[a.nkw] = "caller";
+  a.kwv[a.nkw++] = (tv_t){TV_MACRO, 0, {.macro = caller}};
+  ctx->line = st->line;
+  if (fn.kind != TV_MACRO)
+    return tpl_fail(ctx, "{%% call %%} needs a macro, not %s", tv_type_name(&fn));
+  if (!tpl_call_value(ctx, &fn, a.pos, a.npos, a.kwn, a.kwv, a.nkw, &v)) return false;
+  return tv_write_str(ctx, ctx->out, &v) && out_limit(ctx);
 }
 
 /* Applies a filter node (and its inner chain, for filter blocks) to in. */
@@ -1026,6 +1079,13 @@ static xres_t exec_stmt(tctx_t *ctx, const tnode_t *st, tscope_t *sc) {
       m->closure = sc;
       tv_t v = {TV_MACRO, 0, {.macro = m}};
       return scope_set(ctx, sc, st->name, st->name_len, v) ? X_OK : X_ERR;
+    }
+    case S_CALLBLOCK: {
+      tmacro_t *m = tpl_alloc(ctx, sizeof *m);
+      if (!m) return X_ERR;
+      m->def = st->b;
+      m->closure = sc;
+      return exec_call_block(ctx, st, sc, m) ? X_OK : X_ERR;
     }
     case S_FILTERBLOCK: {
       tv_t v;

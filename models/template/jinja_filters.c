@@ -462,13 +462,135 @@ static bool parse_float_str(const tv_t *s, double *out) {
   return true;
 }
 
+/* groupby(attribute, default=None, case_sensitive=False): sorted (grouper, list) tuples that
+ * also answer .grouper and .list (Jinja's _GroupTuple). */
+static bool f_groupby(tctx_t *ctx, const tv_t *in, const fargs_t *a, tv_t *out) {
+  tv_t attr, def = tv_none(), *items, *keys;
+  size_t n, ng = 0;
+  if (!arg(a, 0, "attribute", &attr)) return tpl_fail(ctx, "groupby: missing attribute");
+  bool has_def = arg(a, 1, "default", &def) && def.kind != TV_NONE;
+  bool cs = arg_bool(a, 2, "case_sensitive", false);
+  if (!iter_copy(ctx, in, &items, &n)) return false;
+  tv_t *raw = tpl_alloc(ctx, (n ? n : 1) * sizeof *raw);
+  if (!raw || !(keys = tpl_alloc(ctx, (n ? n : 1) * sizeof *keys))) return false;
+  for (size_t i = 0; i < n; i++) {
+    tv_t k = attr_path(ctx, &items[i], &attr);
+    if (k.kind == TV_UNDEF && has_def) k = def;
+    if (!fold(ctx, &k, cs, &keys[i])) return false;
+  }
+  /* sort (item, key) pairs by key, keeping the original grouper of each item alongside */
+  tv_t *pairs = tpl_alloc(ctx, (n ? n : 1) * 2 * sizeof *pairs);
+  if (!pairs) return false;
+  for (size_t i = 0; i < n; i++) {
+    tv_t pr = tv_new_list(ctx, 2);
+    if (pr.kind != TV_LIST) return false;
+    pr.u.list->items[0] = items[i];
+    raw[i] = attr_path(ctx, &items[i], &attr);
+    if (raw[i].kind == TV_UNDEF && has_def) raw[i] = def;
+    pr.u.list->items[1] = raw[i];
+    pairs[i] = pr;
+  }
+  if (!sort_by(ctx, pairs, keys, n, false)) return false;
+  tv_t *groups = tpl_alloc(ctx, (n ? n : 1) * sizeof *groups);
+  if (!groups) return false;
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && tv_eq(&keys[j], &keys[i])) j++;
+    tv_t members = tv_new_list(ctx, j - i), g = tv_new_list(ctx, 2);
+    if (members.kind != TV_LIST || g.kind != TV_LIST) return false;
+    for (size_t k = i; k < j; k++) members.u.list->items[k - i] = pairs[k].u.list->items[0];
+    g.flags = TV_F_TUPLE | TV_F_GROUP;
+    g.u.list->items[0] = pairs[i].u.list->items[1];
+    g.u.list->items[1] = members;
+    groups[ng++] = g;
+    i = j;
+  }
+  return make_list(ctx, groups, ng, out);
+}
+
+/* batch(linecount, fill_with=None) and slice(slices, fill_with=None), as lists of lists. */
+static bool f_batch_slice(tctx_t *ctx, const tv_t *in, const fargs_t *a, bool is_slice, tv_t *out) {
+  int64_t k;
+  tv_t fill = tv_none(), *items;
+  size_t n;
+  const char *nm = is_slice ? "slices" : "linecount";
+  if (!arg(a, 0, nm, &fill))
+    return tpl_fail(ctx, "%s: missing argument '%s'", is_slice ? "slice" : "batch", nm);
+  if (!arg_int(ctx, a, 0, nm, 0, &k)) return false;
+  fill = tv_none();
+  bool has_fill = arg(a, 1, "fill_with", &fill) && fill.kind != TV_NONE;
+  if (!tv_iterate(ctx, in, &items, &n)) return false;
+  if (k <= 0 && !is_slice) return tpl_fail(ctx, "batch: linecount must be positive");
+  if (k <= 0 && is_slice)
+    return tpl_fail(ctx,
+                    k ? "slice: slices must be positive" : "integer division or modulo by zero");
+  if (k > 100000) return tpl_fail(ctx, "%s: %s is too large", is_slice ? "slice" : "batch", nm);
+  size_t per = is_slice ? n / (size_t)k : (size_t)k, extra = is_slice ? n % (size_t)k : 0;
+  size_t nout = is_slice ? (size_t)k : (n + (size_t)k - 1) / (size_t)k;
+  tv_t r = tv_new_list(ctx, nout);
+  if (r.kind != TV_LIST) return false;
+  size_t off = 0;
+  for (size_t i = 0; i < nout; i++) {
+    size_t start, end, len;
+    if (is_slice) {
+      start = off + i * per;
+      if (i < extra) off++;
+      end = off + (i + 1) * per;
+    } else {
+      start = i * per;
+      end = start + per < n ? start + per : n;
+    }
+    len = end - start;
+    bool pad = has_fill && (is_slice ? i >= extra : len < per);
+    size_t m = is_slice ? len + pad : pad ? per : len;
+    tv_t l = tv_new_list(ctx, m);
+    if (l.kind != TV_LIST) return false;
+    for (size_t j = 0; j < m; j++) l.u.list->items[j] = j < len ? items[start + j] : fill;
+    r.u.list->items[i] = l;
+  }
+  *out = r;
+  return true;
+}
+
+/* truncate(length=255, killwords=False, end='...', leeway=5) of Jinja 3.1. */
+static bool f_truncate(tctx_t *ctx, const tv_t *in, const fargs_t *a, tv_t *out) {
+  int64_t length, leeway;
+  tv_t end = tv_str("...", 3), s;
+  if (!arg_int(ctx, a, 0, "length", 255, &length) || !arg_int(ctx, a, 3, "leeway", 5, &leeway))
+    return false;
+  bool kill = arg_bool(a, 1, "killwords", false);
+  if (arg(a, 2, "end", &end) && end.kind != TV_STR)
+    return tpl_fail(ctx, "truncate: end must be a string, not %s", tv_type_name(&end));
+  if (in->kind != TV_STR)
+    return tpl_fail(ctx, "truncate: expected a string, not %s", tv_type_name(in));
+  s = *in;
+  int64_t endlen = (int64_t)utf8_count(end.u.str.s, end.u.str.n);
+  int64_t len = (int64_t)utf8_count(s.u.str.s, s.u.str.n);
+  if (length < endlen)
+    return tpl_fail(ctx, "expected length >= %lld, got %lld", (long long)endlen, (long long)length);
+  if (leeway < 0) return tpl_fail(ctx, "expected leeway >= 0, got %lld", (long long)leeway);
+  if (len <= length + leeway) {
+    *out = s;
+    return true;
+  }
+  size_t cut = utf8_offset(s.u.str.s, s.u.str.n, (size_t)(length - endlen));
+  if (!kill) {
+    size_t k = cut;
+    while (k > 0 && s.u.str.s[k - 1] != ' ') k--;
+    if (k > 0) cut = k - 1;
+  }
+  *out = tv_concat_str(ctx, s.u.str.s, cut, end.u.str.s, end.u.str.n);
+  return out->kind == TV_STR;
+}
+
 static const char *const k_filters[] = {
     "abs",    "attr",       "capitalize", "count",     "d",       "default", "dictsort",
     "e",      "escape",     "first",      "float",     "indent",  "int",     "items",
     "join",   "last",       "length",     "list",      "lower",   "map",     "max",
     "min",    "reject",     "rejectattr", "replace",   "reverse", "round",   "safe",
     "select", "selectattr", "sort",       "string",    "sum",     "title",   "tojson",
-    "trim",   "unique",     "upper",      "wordcount", "center",  NULL};
+    "trim",   "unique",     "upper",      "wordcount", "center",  "groupby", "batch",
+    "slice",  "truncate",   NULL};
 
 bool tpl_filter_exists(const char *name) {
   for (int i = 0; k_filters[i]; i++)
@@ -480,6 +602,8 @@ bool tpl_apply_filter(tctx_t *ctx, const char *name, const tv_t *in, const tv_t 
                       const char *const *kwnames, const tv_t *kwvals, size_t nkw, tv_t *out) {
   fargs_t a = {args, nargs, kwnames, kwvals, nkw};
   tv_t s, v;
+  if (!strcmp(name, "batch")) return f_batch_slice(ctx, in, &a, false, out);
+  if (!strcmp(name, "groupby")) return f_groupby(ctx, in, &a, out);
   switch (name[0]) {
     case 'a':
       if (!strcmp(name, "abs")) {
@@ -704,6 +828,7 @@ bool tpl_apply_filter(tctx_t *ctx, const char *name, const tv_t *in, const tv_t 
       if (!strcmp(name, "select")) return f_select(ctx, in, &a, false, true, out);
       if (!strcmp(name, "selectattr")) return f_select(ctx, in, &a, true, true, out);
       if (!strcmp(name, "sort")) return f_sort(ctx, in, &a, out);
+      if (!strcmp(name, "slice")) return f_batch_slice(ctx, in, &a, true, out);
       if (!strcmp(name, "string")) return tv_to_str(ctx, in, out);
       if (!strcmp(name, "sum")) {
         tv_t attr, *items, acc = tv_int(0);
@@ -735,6 +860,7 @@ bool tpl_apply_filter(tctx_t *ctx, const char *name, const tv_t *in, const tv_t 
       break;
     case 't':
       if (!strcmp(name, "tojson")) return f_tojson(ctx, in, &a, out);
+      if (!strcmp(name, "truncate")) return f_truncate(ctx, in, &a, out);
       if (!strcmp(name, "trim")) {
         tv_t chars = tv_none();
         arg(&a, 0, "chars", &chars);

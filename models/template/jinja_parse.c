@@ -782,6 +782,63 @@ static tnode_t *parse_set(parser_t *p, const tok_t *kw) {
   return nd;
 }
 
+/* Macro (or call-block caller) parameters "(a, b=1)" into *params. */
+static bool parse_params(parser_t *p, nvec_t *params) {
+  if (!expect_op(p, "(")) return false;
+  bool defaults = false;
+  while (!is_op(cur(p), ")")) {
+    if (params->n && !expect_op(p, ",")) return false;
+    if (is_op(cur(p), ")")) break;
+    const tok_t *a = cur(p);
+    if (a->kind != TK_NAME) {
+      char b[64];
+      return pfail(p, a, "expected a parameter name, got %s", tok_desc(a, b, sizeof b));
+    }
+    adv(p);
+    tnode_t *pn = mk(p, N_NAME, a->line);
+    if (!pn || !set_name(p, pn, a->s, a->n)) return false;
+    if (is_op(cur(p), "=")) {
+      adv(p);
+      pn->kind = N_KWARG;
+      if (!(pn->a = parse_expr(p, true))) return false;
+      defaults = true;
+    } else if (defaults) {
+      return pfail(p, a, "non-default argument follows default argument");
+    }
+    if (!nv_push(p, params, pn)) return false;
+  }
+  adv(p);
+  return true;
+}
+
+/* Whether body loads the name (outside nested macros), as Jinja's find_undeclared decides if a
+ * macro takes caller, varargs or kwargs. */
+static bool uses_name(const tnode_t *nd, const char *name, int depth) {
+  if (!nd || depth > 4 * PARSE_MAX_DEPTH) return false;
+  if (nd->kind == N_NAME && nd->name && !strcmp(nd->name, name)) return true;
+  if (nd->kind == S_MACRO) return false;
+  if (uses_name(nd->a, name, depth + 1) || uses_name(nd->b, name, depth + 1) ||
+      uses_name(nd->c, name, depth + 1))
+    return true;
+  for (size_t i = 0; i < nd->n; i++)
+    if (uses_name(nd->items[i], name, depth + 1)) return true;
+  for (size_t i = 0; i < nd->nbody; i++)
+    if (uses_name(nd->body[i], name, depth + 1)) return true;
+  for (size_t i = 0; i < nd->nebody; i++)
+    if (uses_name(nd->ebody[i], name, depth + 1)) return true;
+  return false;
+}
+
+/* Sets a macro's MACRO_* flags from its body. */
+static void macro_flags(tnode_t *nd) {
+  nd->op = 0;
+  for (size_t i = 0; i < nd->nbody; i++) {
+    if (uses_name(nd->body[i], "caller", 0)) nd->op |= MACRO_CALLER;
+    if (uses_name(nd->body[i], "varargs", 0)) nd->op |= MACRO_VARARGS;
+    if (uses_name(nd->body[i], "kwargs", 0)) nd->op |= MACRO_KWARGS;
+  }
+}
+
 static tnode_t *parse_macro(parser_t *p, const tok_t *kw) {
   tnode_t *nd = mk(p, S_MACRO, kw->line);
   const tok_t *t = cur(p);
@@ -792,34 +849,8 @@ static tnode_t *parse_macro(parser_t *p, const tok_t *kw) {
   }
   if (!set_name(p, nd, t->s, t->n)) return NULL;
   adv(p);
-  if (!expect_op(p, "(")) return NULL;
   nvec_t params = {0}, body = {0};
-  bool defaults = false;
-  while (!is_op(cur(p), ")")) {
-    if (params.n && !expect_op(p, ",")) return NULL;
-    if (is_op(cur(p), ")")) break;
-    const tok_t *a = cur(p);
-    if (a->kind != TK_NAME) {
-      char b[64];
-      pfail(p, a, "expected a parameter name, got %s", tok_desc(a, b, sizeof b));
-      return NULL;
-    }
-    adv(p);
-    tnode_t *pn = mk(p, N_NAME, a->line);
-    if (!pn || !set_name(p, pn, a->s, a->n)) return NULL;
-    if (is_op(cur(p), "=")) {
-      adv(p);
-      pn->kind = N_KWARG;
-      if (!(pn->a = parse_expr(p, true))) return NULL;
-      defaults = true;
-    } else if (defaults) {
-      pfail(p, a, "non-default argument follows default argument");
-      return NULL;
-    }
-    if (!nv_push(p, &params, pn)) return NULL;
-  }
-  adv(p);
-  if (!end_block(p)) return NULL;
+  if (!parse_params(p, &params) || !end_block(p)) return NULL;
   static const char *const ends[] = {"endmacro", NULL};
   const tok_t *end;
   int loops = p->loops;
@@ -831,6 +862,37 @@ static tnode_t *parse_macro(parser_t *p, const tok_t *kw) {
   nd->n = params.n;
   nd->body = body.v;
   nd->nbody = body.n;
+  macro_flags(nd);
+  return nd;
+}
+
+/* {% call[(params)] macro(args) %}body{% endcall %}: a is the call, b the caller (an S_MACRO
+ * named "caller" holding the params and body). */
+static tnode_t *parse_call_block(parser_t *p, const tok_t *kw) {
+  tnode_t *nd = mk(p, S_CALLBLOCK, kw->line), *caller = mk(p, S_MACRO, kw->line);
+  nvec_t params = {0}, body = {0};
+  if (!nd || !caller || !set_name(p, caller, "caller", 6)) return NULL;
+  if (is_op(cur(p), "(") && !parse_params(p, &params)) return NULL;
+  const tok_t *t = cur(p);
+  if (!(nd->a = parse_expr(p, true))) return NULL;
+  if (nd->a->kind != N_CALL) {
+    pfail(p, t, "expected call");
+    return NULL;
+  }
+  if (!end_block(p)) return NULL;
+  static const char *const ends[] = {"endcall", NULL};
+  const tok_t *end;
+  int loops = p->loops;
+  p->loops = 0;
+  bool ok = parse_body(p, ends, "call", &body, &end);
+  p->loops = loops;
+  if (!ok || !end_block(p)) return NULL;
+  caller->items = params.v;
+  caller->n = params.n;
+  caller->body = body.v;
+  caller->nbody = body.n;
+  macro_flags(caller);
+  nd->b = caller;
   return nd;
 }
 
@@ -858,6 +920,7 @@ static tnode_t *parse_statement(parser_t *p) {
   if (is_name(kw, "if")) return parse_if(p, kw);
   if (is_name(kw, "set")) return parse_set(p, kw);
   if (is_name(kw, "macro")) return parse_macro(p, kw);
+  if (is_name(kw, "call")) return parse_call_block(p, kw);
   if (is_name(kw, "generation")) return parse_simple_block(p, S_SCOPE, kw, "endgeneration");
   if (is_name(kw, "break") || is_name(kw, "continue")) {
     if (!p->loops) {
@@ -906,8 +969,8 @@ static tnode_t *parse_statement(parser_t *p) {
     blk->n = assigns.n;
     return blk;
   }
-  static const char *const unsupported[] = {"include", "import", "from",       "extends", "block",
-                                            "call",    "do",     "autoescape", "trans",   NULL};
+  static const char *const unsupported[] = {"include", "import",     "from",  "extends", "block",
+                                            "do",      "autoescape", "trans", NULL};
   for (int i = 0; unsupported[i]; i++)
     if (is_name(kw, unsupported[i])) {
       pfail(p, kw, "the '%s' tag is not supported in chat templates", unsupported[i]);
@@ -957,7 +1020,7 @@ static bool parse_body(parser_t *p, const char *const *ends, const char *opener,
         }
         static const char *const closers[] = {"endfor",        "endif",    "elif",      "else",
                                               "endset",        "endmacro", "endfilter", "endwith",
-                                              "endgeneration", "endraw",   NULL};
+                                              "endgeneration", "endraw",   "endcall",   NULL};
         for (int i = 0; closers[i]; i++)
           if (is_name(nm, closers[i])) {
             if (ends)

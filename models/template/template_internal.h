@@ -39,7 +39,8 @@ typedef enum tv_kind {
   TV_JOINER,
 } tv_kind_t;
 
-enum { TV_F_TUPLE = 1, TV_F_SAFE = 2 };
+/* TV_F_GROUP: a (grouper, list) tuple from groupby that also has .grouper and .list */
+enum { TV_F_TUPLE = 1, TV_F_SAFE = 2, TV_F_GROUP = 4 };
 
 typedef enum tv_func {
   TF_RANGE,
@@ -181,14 +182,17 @@ typedef enum tnode_kind {
   S_FOR,         /* items: targets, a: iterable, b: filter, body, ebody (else), op=1 recursive */
   S_IF,          /* a: cond, body, ebody */
   S_SET,         /* items: targets (N_NAME) or a: N_ATTR target; b: value; or body (block set) */
-  S_MACRO,       /* name, items: params (N_NAME or N_KWARG with default), body */
-  S_CALLBLOCK,   /* a: the call, body: the caller */
+  S_MACRO,       /* name, items: params (N_NAME or N_KWARG with default), body, op: MACRO_* */
+  S_CALLBLOCK,   /* a: the call (N_CALL), b: the caller (an S_MACRO named "caller") */
   S_FILTERBLOCK, /* a: filter chain (innermost a NULL), body */
   S_WITH,        /* items: N_KWARG assignments, body */
   S_SCOPE,       /* body in its own scope ({% generation %}) */
   S_BREAK,
   S_CONTINUE,
 } tnode_kind_t;
+
+/* S_MACRO op flags: the body uses caller / varargs / kwargs, so the macro accepts them. */
+enum { MACRO_CALLER = 1, MACRO_VARARGS = 2, MACRO_KWARGS = 4 };
 
 enum { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };
 
@@ -298,6 +302,9 @@ tscope_t *tpl_scope_new(tctx_t *ctx, tscope_t *parent);
 bool tpl_scope_set(tctx_t *ctx, tscope_t *sc, const char *name, tv_t v);
 bool tpl_exec_template(tctx_t *ctx, tscope_t *sc); /* renders ctx->tpl into ctx->out */
 bool tpl_eval(tctx_t *ctx, const tnode_t *e, tscope_t *sc, tv_t *out);
+/* obj.name and obj[key] with Jinja's sandboxed getattr/getitem (a miss is an undefined). */
+bool tpl_get_attr(tctx_t *ctx, const tv_t *obj, const char *name, size_t n, tv_t *out);
+bool tpl_get_item(tctx_t *ctx, const tv_t *obj, const tv_t *key, tv_t *out);
 bool tpl_call_value(tctx_t *ctx, const tv_t *fn, const tv_t *args, size_t nargs,
                     const char *const *kwnames, const tv_t *kwvals, size_t nkw, tv_t *out);
 
@@ -321,6 +328,9 @@ bool tpl_str_case(tctx_t *ctx, const tv_t *s, int mode, tv_t *out);
 bool tpl_str_strip(tctx_t *ctx, const tv_t *s, const tv_t *chars, int which, tv_t *out);
 bool tpl_str_replace(tctx_t *ctx, const tv_t *s, const tv_t *old, const tv_t *new_, int64_t count,
                      tv_t *out);
+/* fmt % rhs (Python's printf-style formatting; rhs a tuple of arguments, a mapping or one value).
+ */
+bool tpl_str_percent(tctx_t *ctx, const tv_t *fmt, const tv_t *rhs, tv_t *out);
 /* Python whitespace for str.strip()/split() */
 bool tpl_is_space_cp(uint32_t cp);
 uint32_t utf8_decode_at(const char *s, size_t n, size_t pos, size_t *out_next);
