@@ -3,7 +3,7 @@
 # kiln command, plugins and the default config.
 include(CMakePackageConfigHelpers)
 
-install(FILES hal/include/kiln/hal.h hal/include/kiln/hal_util.h
+install(FILES hal/include/kiln/hal.h hal/include/kiln/hal_util.h hal/include/kiln/hal_check.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln)
 install(FILES hal/plugin.map DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln)
 install(TARGETS kiln LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

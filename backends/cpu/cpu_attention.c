@@ -271,53 +271,9 @@ static kiln_hal_error_t *check_metadata(const attn_ctx_t *c, int64_t S, int64_t 
   return NULL;
 }
 
-static kiln_hal_error_t *validate(const kiln_hal_attention_args_t *a) {
-  kiln_hal_error_t *e;
-  const char *op = "attention";
-  if ((e = cpu_check_tensor(op, "q", &a->q, CPU_DT_FLOAT, 3, true)) ||
-      (e = cpu_check_tensor(op, "out", &a->out, CPU_DT(a->q.dtype), 3, true)) ||
-      (e = cpu_check_tensor(op, "k_cache", &a->k_cache, CPU_DT_FLOAT, 4, true)) ||
-      (e = cpu_check_tensor(op, "v_cache", &a->v_cache, CPU_DT(a->k_cache.dtype), 4, true)) ||
-      (e = cpu_check_tensor(op, "block_table", &a->block_table, CPU_DT(KILN_HAL_I32), 2, true)) ||
-      (e = cpu_check_tensor(op, "seq_lens", &a->seq_lens, CPU_DT(KILN_HAL_I32), 1, false)) ||
-      (e = cpu_check_tensor(op, "query_start_loc", &a->query_start_loc, CPU_DT(KILN_HAL_I32), 1,
-                            false)))
-    return e;
-  for (int d = 0; d < 3; d++)
-    if (a->out.shape[d] != a->q.shape[d])
-      return cpu_err("attention: out is [%lld, %lld, %lld] but q is [%lld, %lld, %lld]",
-                     (long long)a->out.shape[0], (long long)a->out.shape[1],
-                     (long long)a->out.shape[2], (long long)a->q.shape[0],
-                     (long long)a->q.shape[1], (long long)a->q.shape[2]);
-  for (int d = 0; d < 4; d++)
-    if (a->k_cache.shape[d] != a->v_cache.shape[d])
-      return cpu_err("attention: k_cache and v_cache shapes differ in dim %d (%lld vs %lld)", d,
-                     (long long)a->k_cache.shape[d], (long long)a->v_cache.shape[d]);
-  int64_t NH = a->q.shape[1], D = a->q.shape[2], NKV = a->k_cache.shape[1];
-  if (a->k_cache.shape[3] != D)
-    return cpu_err("attention: q has head dim %lld, the cache %lld", (long long)D,
-                   (long long)a->k_cache.shape[3]);
-  if (NKV == 0 || NH % NKV != 0)
-    return cpu_err("attention: %lld query heads is not a multiple of %lld KV heads",
-                   (long long)NH, (long long)NKV);
-  int64_t S = a->num_seqs;
-  if (S < 0 || a->block_table.shape[0] != S || a->seq_lens.shape[0] != S ||
-      a->query_start_loc.shape[0] != S + 1)
-    return cpu_err("attention: num_seqs = %lld but block_table has %lld rows, seq_lens %lld "
-                   "entries and query_start_loc %lld (want S, S, S + 1)",
-                   (long long)S, (long long)a->block_table.shape[0],
-                   (long long)a->seq_lens.shape[0], (long long)a->query_start_loc.shape[0]);
-  if (a->sliding_window < 0)
-    return cpu_err("attention: sliding_window = %d, want >= 0", (int)a->sliding_window);
-  if (!(a->softcap >= 0.0f)) return cpu_err("attention: softcap = %g, want >= 0", (double)a->softcap);
-  if (!isfinite(a->scale)) return cpu_err("attention: scale is not finite");
-  if (a->k_cache.shape[2] == 0 && S > 0) return cpu_err("attention: block size is 0");
-  return NULL;
-}
-
 kiln_hal_error_t *cpu_attention(kiln_hal_stream_t *s, const kiln_hal_attention_args_t *a,
                                 bool dry_run) {
-  kiln_hal_error_t *e = validate(a);
+  kiln_hal_error_t *e = kiln_hal_check_attention(&cpu_check_env, a);
   if (e || dry_run) return e;
   int64_t T = a->q.shape[0], NH = a->q.shape[1], D = a->q.shape[2];
   int64_t NKV = a->k_cache.shape[1], NB = a->k_cache.shape[0], S = a->num_seqs;

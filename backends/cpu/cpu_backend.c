@@ -7,10 +7,6 @@
 
 #include "cpu_internal.h"
 
-/* Largest shape or stride accepted in a view: keeps every extent computation far from int64
- * overflow (2^40 elements is 4 TiB of f32). */
-#define CPU_MAX_DIM (INT64_C(1) << 40)
-
 cpu_pool_t *cpu_g_pool;
 static const kiln_hal_host_t *g_host;
 static int g_threads;
@@ -34,14 +30,6 @@ int cpu_num_threads(void) {
   return n > 0 ? (int)n : 1;
 }
 
-void cpu_args_copy(void *dst, size_t dst_size, const void *src) {
-  uint32_t have;
-  memcpy(&have, src, sizeof(have));
-  memset(dst, 0, dst_size);
-  memcpy(dst, src, have < dst_size ? have : dst_size);
-  memcpy(dst, &dst_size, sizeof(uint32_t)); /* struct_size now describes the full copy */
-}
-
 void *cpu_scratch(kiln_hal_stream_t *s, size_t bytes) {
   if (bytes <= s->scratch_size) return s->scratch;
   /* Grow geometrically so a warming-up model settles after a few calls. */
@@ -55,52 +43,12 @@ void *cpu_scratch(kiln_hal_stream_t *s, size_t bytes) {
   return p;
 }
 
-kiln_hal_error_t *cpu_check_tensor(const char *op, const char *name, const kiln_hal_tensor_t *t,
-                                   uint32_t dtypes, int32_t ndim, bool last_contig) {
-  if (!t->buffer) return cpu_err("%s: %s is absent", op, name);
-  if (t->dtype < 0 || t->dtype >= KILN_HAL_DTYPE_COUNT || !(dtypes & CPU_DT(t->dtype))) {
-    char want[64] = "";
-    for (int d = 0; d < KILN_HAL_DTYPE_COUNT; d++)
-      if (dtypes & CPU_DT(d)) {
-        if (want[0]) strcat(want, "/");
-        strcat(want, kiln_hal_dtype_name(d));
-      }
-    return cpu_err("%s: %s has dtype %s (%d), want %s", op, name, kiln_hal_dtype_name(t->dtype),
-                   (int)t->dtype, want);
-  }
-  if (t->ndim < 1 || t->ndim > KILN_HAL_MAX_DIMS || (ndim && t->ndim != ndim))
-    return ndim ? cpu_err("%s: %s has ndim %d, want %d", op, name, (int)t->ndim, (int)ndim)
-                : cpu_err("%s: %s has ndim %d, want 1..%d", op, name, (int)t->ndim, KILN_HAL_MAX_DIMS);
-  int64_t last = 0;
-  bool empty = false, huge = false;
-  for (int i = 0; i < t->ndim; i++) {
-    if (t->shape[i] < 0 || t->shape[i] > CPU_MAX_DIM)
-      return cpu_err("%s: %s has shape[%d] = %lld", op, name, i, (long long)t->shape[i]);
-    if (t->stride[i] < 0 || t->stride[i] > CPU_MAX_DIM)
-      return cpu_err("%s: %s has stride[%d] = %lld", op, name, i, (long long)t->stride[i]);
-    int64_t term = 0;
-    if (t->shape[i] == 0) empty = true;
-    else if (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &term) ||
-             __builtin_add_overflow(last, term, &last) || last > (INT64_C(1) << 60))
-      huge = true;
-  }
-  size_t es = kiln_hal_dtype_size(t->dtype);
-  if (t->offset % es != 0)
-    return cpu_err("%s: %s offset %llu is not a multiple of its element size %zu", op, name,
-                   (unsigned long long)t->offset, es);
-  if (last_contig && t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1)
-    return cpu_err("%s: %s must be contiguous in its last dimension (stride[%d] = %lld)", op,
-                   name, (int)t->ndim - 1, (long long)t->stride[t->ndim - 1]);
-  if (empty) return NULL;
-  if (huge) return cpu_err("%s: %s spans more memory than any buffer can hold", op, name);
-  uint64_t end = (uint64_t)(last + 1) * es;
-  if (t->offset > t->buffer->size || end > t->buffer->size - t->offset)
-    return cpu_err("%s: %s (offset %llu, %llu bytes spanned) lies outside its buffer of %llu "
-                   "bytes",
-                   op, name, (unsigned long long)t->offset, (unsigned long long)end,
-                   (unsigned long long)t->buffer->size);
-  return NULL;
+static uint64_t buffer_size(void *ctx, kiln_hal_buffer_t *b) {
+  (void)ctx;
+  return b->size;
 }
+
+const kiln_hal_check_env_t cpu_check_env = {buffer_size, NULL, NULL};
 
 /* ============================================================================================
  * Lifecycle and device
@@ -414,13 +362,10 @@ static kiln_hal_error_t *be_fill(kiln_hal_stream_t *s, kiln_hal_buffer_t *dst, u
 #define CPU_OP_ENTRY(name, KIND, type)                                                  \
   static kiln_hal_error_t *be_##name(kiln_hal_stream_t *s, const type *args) {          \
     if (!s) return cpu_err(#name ": stream is NULL");                                   \
-    if (!args) return cpu_err(#name ": args is NULL");                                  \
-    if (args->struct_size < sizeof(uint32_t) + sizeof(kiln_hal_tensor_t))               \
-      return cpu_err(#name ": args struct_size %u is too small", args->struct_size);    \
     cpu_op_t op;                                                                        \
     op.kind = KIND;                                                                     \
-    cpu_args_copy(&op.u.name, sizeof(op.u.name), args);                                 \
-    return submit(s, &op);                                                              \
+    kiln_hal_error_t *e = kiln_hal_args_copy(#name, &op.u.name, sizeof(op.u.name), args); \
+    return e ? e : submit(s, &op);                                                      \
   }
 
 CPU_OP_ENTRY(gemm, CPU_OP_GEMM, kiln_hal_gemm_args_t)

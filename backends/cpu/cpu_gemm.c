@@ -357,73 +357,16 @@ static kiln_hal_error_t *gemm_small(kiln_hal_stream_t *s, const gemm_plan_t *p, 
   return NULL;
 }
 
-/* ---- validation and the entry point ---------------------------------------------------- */
-
-static kiln_hal_error_t *check_layout(const char *name, const kiln_hal_tensor_t *t, int64_t rows,
-                                      int64_t cols) {
-  int64_t rs = t->stride[t->ndim - 2], cs = t->stride[t->ndim - 1];
-  if (cs == 1 || rs == 1 || cols <= 1 || rows <= 1) return NULL;
-  return cpu_err("gemm: %s must be row-major (stride[-1] == 1) or column-major (stride[-2] == 1),"
-                 " got strides {%lld, %lld}",
-                 name, (long long)rs, (long long)cs);
-}
+/* ---- the entry point (hal_check.h validates) ---------------------------------------------- */
 
 kiln_hal_error_t *cpu_gemm(kiln_hal_stream_t *s, const kiln_hal_gemm_args_t *g, bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("gemm", "a", &g->a, CPU_DT_FLOAT, 0, false))) return e;
-  if ((e = cpu_check_tensor("gemm", "b", &g->b, CPU_DT_FLOAT, 0, false))) return e;
-  if ((e = cpu_check_tensor("gemm", "c", &g->c, CPU_DT_FLOAT, 0, false))) return e;
+  kiln_hal_gemm_dims_t dims;
+  kiln_hal_error_t *e = kiln_hal_check_gemm(&cpu_check_env, g, &dims);
+  if (e) return e;
   const kiln_hal_tensor_t *a = &g->a, *b = &g->b, *c = &g->c;
-  if (a->ndim < 2 || b->ndim < 2 || c->ndim < 2)
-    return cpu_err("gemm: a, b and c must have 2 or 3 dims (got %d, %d, %d)", (int)a->ndim,
-                   (int)b->ndim, (int)c->ndim);
-  if (a->ndim > 3 || b->ndim > 3 || c->ndim > 3)
-    return cpu_err("gemm: a, b and c must have 2 or 3 dims (got %d, %d, %d)", (int)a->ndim,
-                   (int)b->ndim, (int)c->ndim);
-  int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
-  int64_t Kb = b->shape[b->ndim - 2], N = b->shape[b->ndim - 1];
-  if (K != Kb)
-    return cpu_err("gemm: a is [%lld, %lld] but b is [%lld, %lld] (inner dims differ)",
-                   (long long)M, (long long)K, (long long)Kb, (long long)N);
-  if (c->shape[c->ndim - 2] != M || c->shape[c->ndim - 1] != N)
-    return cpu_err("gemm: c is [%lld, %lld], want [M, N] = [%lld, %lld]",
-                   (long long)c->shape[c->ndim - 2], (long long)c->shape[c->ndim - 1],
-                   (long long)M, (long long)N);
-  if (a->dtype != b->dtype)
-    return cpu_err("gemm: a is %s but b is %s (they must match)", kiln_hal_dtype_name(a->dtype),
-                   kiln_hal_dtype_name(b->dtype));
-  if (c->dtype != a->dtype && c->dtype != KILN_HAL_F32)
-    return cpu_err("gemm: c is %s, want %s or f32", kiln_hal_dtype_name(c->dtype),
-                   kiln_hal_dtype_name(a->dtype));
-  int64_t batch = c->ndim == 3 ? c->shape[0] : 1;
-  int64_t abs = 0, bbs = 0, cbs = c->ndim == 3 ? c->stride[0] : 0;
-  if (a->ndim == 3) {
-    if (a->shape[0] != batch && a->shape[0] != 1)
-      return cpu_err("gemm: a has batch %lld, c has batch %lld", (long long)a->shape[0],
-                     (long long)batch);
-    abs = a->shape[0] == 1 ? 0 : a->stride[0];
-  }
-  if (b->ndim == 3) {
-    if (b->shape[0] != batch && b->shape[0] != 1)
-      return cpu_err("gemm: b has batch %lld, c has batch %lld", (long long)b->shape[0],
-                     (long long)batch);
-    bbs = b->shape[0] == 1 ? 0 : b->stride[0];
-  }
-  if ((e = check_layout("a", a, M, K)) || (e = check_layout("b", b, K, N))) return e;
-  int64_t crs = c->stride[c->ndim - 2], ccs = c->stride[c->ndim - 1];
-  if (ccs != 1 && N > 1)
-    return cpu_err("gemm: c must be row-major (stride[-1] == 1), got stride %lld", (long long)ccs);
-  if (M > 1 && crs < N)
-    return cpu_err("gemm: c rows overlap (row stride %lld < N = %lld)", (long long)crs,
-                   (long long)N);
-  if (batch > 1 && cbs == 0 && M * N > 0)
-    return cpu_err("gemm: c has batch stride 0 (batches would overwrite each other)");
-  if (kiln_hal_tensor_present(&g->bias)) {
-    if ((e = cpu_check_tensor("gemm", "bias", &g->bias, CPU_DT(c->dtype), 1, true))) return e;
-    if (g->bias.shape[0] != N)
-      return cpu_err("gemm: bias has %lld elements, want N = %lld", (long long)g->bias.shape[0],
-                     (long long)N);
-  }
+  int64_t M = dims.M, N = dims.N, K = dims.K, batch = dims.batch;
+  int64_t abs = dims.batch_stride_a, bbs = dims.batch_stride_b, cbs = dims.batch_stride_c;
+  int64_t crs = c->stride[c->ndim - 2];
   if (M > INT_MAX || N > INT_MAX || K > INT_MAX || crs > INT_MAX ||
       a->stride[a->ndim - 2] > INT_MAX || a->stride[a->ndim - 1] > INT_MAX ||
       b->stride[b->ndim - 2] > INT_MAX || b->stride[b->ndim - 1] > INT_MAX)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kiln/hal.h"
+#include "kiln/hal_check.h"
 #include "kiln/hal_util.h"
 
 #include "cpu_pool.h"
@@ -96,18 +97,10 @@ extern cpu_pool_t *cpu_g_pool;
 /* Threads the backend uses (pool workers + the calling thread). */
 int cpu_num_threads(void);
 
-/* ---- validation helpers (cpu_backend.c) -------------------------------------------------- */
+/* ---- validation (cpu_backend.c): the rules are hal_check.h's ------------------------------ */
 
-/* Bit masks of accepted dtypes. */
-#define CPU_DT(d) (1u << (d))
-#define CPU_DT_FLOAT (CPU_DT(KILN_HAL_F32) | CPU_DT(KILN_HAL_F16) | CPU_DT(KILN_HAL_BF16))
-
-/* Checks that tensor `name` of op `op` is present, has a dtype in `dtypes`, ndim == `ndim`
- * (any ndim when 0), non-negative shapes and strides, an element-aligned offset, lies inside
- * its buffer, and (when last_contig) has a contiguous last dimension. Returns NULL or an
- * INVALID_ARGUMENT error naming op and argument. */
-kiln_hal_error_t *cpu_check_tensor(const char *op, const char *name, const kiln_hal_tensor_t *t,
-                                   uint32_t dtypes, int32_t ndim, bool last_contig);
+/* How hal_check.h's checks see this backend's buffers. */
+extern const kiln_hal_check_env_t cpu_check_env;
 
 /* INVALID_ARGUMENT error with a printf-style message. */
 kiln_hal_error_t *cpu_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -116,10 +109,6 @@ kiln_hal_error_t *cpu_err(const char *fmt, ...) __attribute__((format(printf, 1,
 static inline void *cpu_tensor_ptr(const kiln_hal_tensor_t *t) {
   return (char *)t->buffer->data + t->offset;
 }
-
-/* Copies a caller's args struct into a zeroed full-size one (older callers pass smaller
- * structs; members they lack read as zero). */
-void cpu_args_copy(void *dst, size_t dst_size, const void *src);
 
 /* Returns stream scratch of at least `bytes` bytes (64-byte aligned), or NULL on OOM. The
  * pointer stays valid until the next call on the same stream. */

@@ -51,19 +51,6 @@ static char *elem_ptr(const kiln_hal_tensor_t *t, int64_t elem) {
   return (char *)cpu_tensor_ptr(t) + elem * (int64_t)kiln_hal_dtype_size(t->dtype);
 }
 
-static kiln_hal_error_t *same_shape(const char *op, const char *an, const kiln_hal_tensor_t *a,
-                                    const char *bn, const kiln_hal_tensor_t *b) {
-  bool same = a->ndim == b->ndim;
-  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
-  if (same) return NULL;
-  char sa[96] = "", sb[96] = "";
-  for (int d = 0; d < a->ndim; d++)
-    snprintf(sa + strlen(sa), sizeof(sa) - strlen(sa), "%s%lld", d ? ", " : "", (long long)a->shape[d]);
-  for (int d = 0; d < b->ndim; d++)
-    snprintf(sb + strlen(sb), sizeof(sb) - strlen(sb), "%s%lld", d ? ", " : "", (long long)b->shape[d]);
-  return cpu_err("%s: %s has shape [%s] but %s has shape [%s]", op, bn, sb, an, sa);
-}
-
 static kiln_hal_error_t *oom(const char *op) {
   return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "%s: out of scratch memory", op);
 }
@@ -94,17 +81,9 @@ static void emb_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 kiln_hal_error_t *cpu_embedding(kiln_hal_stream_t *s, const kiln_hal_embedding_args_t *a,
                                 bool dry_run) {
   (void)s;
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("embedding", "table", &a->table, CPU_DT_FLOAT, 2, true)) ||
-      (e = cpu_check_tensor("embedding", "ids", &a->ids, CPU_DT(KILN_HAL_I32), 1, false)) ||
-      (e = cpu_check_tensor("embedding", "out", &a->out, CPU_DT(a->table.dtype), 2, true)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_embedding(&cpu_check_env, a);
+  if (e || dry_run) return e;
   int64_t T = a->ids.shape[0], V = a->table.shape[0], H = a->table.shape[1];
-  if (a->out.shape[0] != T || a->out.shape[1] != H)
-    return cpu_err("embedding: out is [%lld, %lld], want [T, H] = [%lld, %lld]",
-                   (long long)a->out.shape[0], (long long)a->out.shape[1], (long long)T,
-                   (long long)H);
-  if (dry_run) return NULL;
   emb_ctx_t c = {a, V, H};
   cpu_parallel_rows(T, H, emb_rows, &c);
   return NULL;
@@ -148,23 +127,9 @@ static void norm_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 
 kiln_hal_error_t *cpu_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsnorm_args_t *a,
                               bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("rmsnorm", "x", &a->x, CPU_DT_FLOAT, 2, true))) return e;
-  uint32_t dt = CPU_DT(a->x.dtype);
-  if ((e = cpu_check_tensor("rmsnorm", "out", &a->out, dt, 2, true)) ||
-      (e = cpu_check_tensor("rmsnorm", "weight", &a->weight, dt, 1, true)) ||
-      (e = same_shape("rmsnorm", "x", &a->x, "out", &a->out)))
-    return e;
-  if (kiln_hal_tensor_present(&a->residual) &&
-      ((e = cpu_check_tensor("rmsnorm", "residual", &a->residual, dt, 2, true)) ||
-       (e = same_shape("rmsnorm", "x", &a->x, "residual", &a->residual))))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_rmsnorm(&cpu_check_env, a);
   int64_t T = a->x.shape[0], H = a->x.shape[1];
-  if (a->weight.shape[0] != H)
-    return cpu_err("rmsnorm: weight has %lld elements, x has H=%lld", (long long)a->weight.shape[0],
-                   (long long)H);
-  if (!(a->eps >= 0.0f)) return cpu_err("rmsnorm: eps is %g, want >= 0", (double)a->eps);
-  if (dry_run || T == 0 || H == 0) return NULL;
+  if (e || dry_run || T == 0 || H == 0) return e;
   int threads = cpu_num_threads();
   float *w = cpu_scratch(s, (size_t)H * sizeof(float) * (1 + 2 * (size_t)threads));
   if (!w) return oom("rmsnorm");
@@ -217,26 +182,9 @@ static void rope_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 }
 
 kiln_hal_error_t *cpu_rope(kiln_hal_stream_t *s, const kiln_hal_rope_args_t *a, bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("rope", "positions", &a->positions, CPU_DT(KILN_HAL_I32), 1, false)) ||
-      (e = cpu_check_tensor("rope", "cos_sin", &a->cos_sin, CPU_DT(KILN_HAL_F32), 2, true)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_rope(&cpu_check_env, a);
+  if (e) return e;
   int64_t T = a->positions.shape[0], P = a->cos_sin.shape[0], R = a->cos_sin.shape[1];
-  if (R % 2 != 0) return cpu_err("rope: cos_sin has an odd rotary dim R = %lld", (long long)R);
-  if (a->style != KILN_HAL_ROPE_NEOX && a->style != KILN_HAL_ROPE_INTERLEAVED)
-    return cpu_err("rope: unknown style %d", (int)a->style);
-  const kiln_hal_tensor_t *xs[2] = {&a->q, &a->k};
-  const char *names[2] = {"q", "k"};
-  for (int i = 0; i < 2; i++) {
-    if (!kiln_hal_tensor_present(xs[i])) continue;
-    if ((e = cpu_check_tensor("rope", names[i], xs[i], CPU_DT_FLOAT, 3, true))) return e;
-    if (xs[i]->shape[0] != T)
-      return cpu_err("rope: %s has %lld tokens, positions has %lld", names[i],
-                     (long long)xs[i]->shape[0], (long long)T);
-    if (xs[i]->shape[2] < R)
-      return cpu_err("rope: %s has head dim %lld < rotary dim R = %lld", names[i],
-                     (long long)xs[i]->shape[2], (long long)R);
-  }
   if (dry_run || T == 0 || R == 0) return NULL;
   int threads = cpu_num_threads();
   float *tmp = cpu_scratch(s, (size_t)R * sizeof(float) * (size_t)threads);
@@ -273,18 +221,9 @@ static void act_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 
 kiln_hal_error_t *cpu_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu_mul_args_t *a,
                                bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("silu_mul", "x", &a->x, CPU_DT_FLOAT, 2, true)) ||
-      (e = cpu_check_tensor("silu_mul", "out", &a->out, CPU_DT(a->x.dtype), 2, true)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_silu_mul(&cpu_check_env, a);
+  if (e) return e;
   int64_t T = a->x.shape[0], I = a->out.shape[1];
-  if (a->out.shape[0] != T || a->x.shape[1] != 2 * I)
-    return cpu_err("silu_mul: x is [%lld, %lld] and out is [%lld, %lld], want [T, 2I] and [T, I]",
-                   (long long)T, (long long)a->x.shape[1], (long long)a->out.shape[0],
-                   (long long)I);
-  if (a->act != KILN_HAL_ACT_SILU && a->act != KILN_HAL_ACT_GELU_TANH &&
-      a->act != KILN_HAL_ACT_GELU)
-    return cpu_err("silu_mul: unknown activation %d", (int)a->act);
   if (dry_run || T == 0 || I == 0) return NULL;
   float *tmp = cpu_scratch(s, (size_t)I * 2 * sizeof(float) * (size_t)cpu_num_threads());
   if (!tmp) return oom("silu_mul");
@@ -317,14 +256,8 @@ static void add_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 }
 
 kiln_hal_error_t *cpu_add(kiln_hal_stream_t *s, const kiln_hal_add_args_t *a, bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("add", "a", &a->a, CPU_DT_FLOAT, 0, true))) return e;
-  uint32_t dt = CPU_DT(a->a.dtype);
-  if ((e = cpu_check_tensor("add", "b", &a->b, dt, 0, true)) ||
-      (e = cpu_check_tensor("add", "out", &a->out, dt, 0, true)) ||
-      (e = same_shape("add", "a", &a->a, "b", &a->b)) ||
-      (e = same_shape("add", "a", &a->a, "out", &a->out)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_add(&cpu_check_env, a);
+  if (e) return e;
   int64_t rows = row_count(&a->a), H = a->a.shape[a->a.ndim - 1];
   if (dry_run || rows == 0 || H == 0) return NULL;
   float *tmp = cpu_scratch(s, (size_t)H * 2 * sizeof(float) * (size_t)cpu_num_threads());
@@ -371,17 +304,8 @@ static void copy_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 }
 
 kiln_hal_error_t *cpu_copy(kiln_hal_stream_t *s, const kiln_hal_copy_args_t *a, bool dry_run) {
-  kiln_hal_error_t *e;
-  uint32_t any = CPU_DT_FLOAT | CPU_DT(KILN_HAL_I32) | CPU_DT(KILN_HAL_I64) | CPU_DT(KILN_HAL_U8);
-  if ((e = cpu_check_tensor("copy", "src", &a->src, any, 0, false)) ||
-      (e = cpu_check_tensor("copy", "dst", &a->dst, any, 0, false)) ||
-      (e = same_shape("copy", "src", &a->src, "dst", &a->dst)))
-    return e;
-  bool sf = CPU_DT_FLOAT & CPU_DT(a->src.dtype), df = CPU_DT_FLOAT & CPU_DT(a->dst.dtype);
-  if (!(sf && df) && a->src.dtype != a->dst.dtype)
-    return cpu_err("copy: cannot convert %s to %s (float dtypes convert; integer dtypes must "
-                   "match)",
-                   kiln_hal_dtype_name(a->src.dtype), kiln_hal_dtype_name(a->dst.dtype));
+  kiln_hal_error_t *e = kiln_hal_check_copy(&cpu_check_env, a);
+  if (e) return e;
   int64_t rows = row_count(&a->src), n = a->src.shape[a->src.ndim - 1];
   if (dry_run || rows == 0 || n == 0) return NULL;
   float *tmp = cpu_scratch(s, (size_t)n * sizeof(float) * (size_t)cpu_num_threads());
@@ -424,26 +348,10 @@ static void kvw_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 kiln_hal_error_t *cpu_kv_write(kiln_hal_stream_t *s, const kiln_hal_kv_write_args_t *a,
                                bool dry_run) {
   (void)s;
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("kv_write", "k_cache", &a->k_cache, CPU_DT_FLOAT, 4, true))) return e;
-  uint32_t dt = CPU_DT(a->k_cache.dtype);
-  if ((e = cpu_check_tensor("kv_write", "v_cache", &a->v_cache, dt, 4, true)) ||
-      (e = cpu_check_tensor("kv_write", "k", &a->k, dt, 3, true)) ||
-      (e = cpu_check_tensor("kv_write", "v", &a->v, dt, 3, true)) ||
-      (e = cpu_check_tensor("kv_write", "slot_mapping", &a->slot_mapping, CPU_DT(KILN_HAL_I32), 1,
-                            false)) ||
-      (e = same_shape("kv_write", "k_cache", &a->k_cache, "v_cache", &a->v_cache)) ||
-      (e = same_shape("kv_write", "k", &a->k, "v", &a->v)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_kv_write(&cpu_check_env, a);
+  if (e) return e;
   int64_t T = a->k.shape[0], NKV = a->k.shape[1], D = a->k.shape[2];
   int64_t NB = a->k_cache.shape[0], BS = a->k_cache.shape[2];
-  if (a->slot_mapping.shape[0] != T)
-    return cpu_err("kv_write: slot_mapping has %lld entries, k has T=%lld",
-                   (long long)a->slot_mapping.shape[0], (long long)T);
-  if (a->k_cache.shape[1] != NKV || a->k_cache.shape[3] != D)
-    return cpu_err("kv_write: k is [T, %lld, %lld] but the cache is [NB, %lld, BS, %lld]",
-                   (long long)NKV, (long long)D, (long long)a->k_cache.shape[1],
-                   (long long)a->k_cache.shape[3]);
   if (dry_run || T == 0 || NKV == 0 || D == 0 || BS == 0) return NULL;
   kvw_ctx_t c = {a, NKV, D, BS, NB * BS};
   cpu_parallel_rows(T, 2 * NKV * D, kvw_rows, &c);

@@ -77,23 +77,6 @@ static inline const float *logits_row(const kiln_hal_tensor_t *t, int64_t s) {
   return (const float *)cpu_tensor_ptr(t) + s * t->stride[0];
 }
 
-static kiln_hal_error_t *check_logits(const char *op, const kiln_hal_tensor_t *t) {
-  kiln_hal_error_t *e = cpu_check_tensor(op, "logits", t, CPU_DT(KILN_HAL_F32), 2, true);
-  if (!e && t->shape[1] == 0 && t->shape[0] > 0)
-    e = cpu_err("%s: logits has V = 0 (no token to choose)", op);
-  return e;
-}
-
-/* A [S] vector of dtype. */
-static kiln_hal_error_t *check_vec(const char *op, const char *name, const kiln_hal_tensor_t *t,
-                                   int32_t dtype, int64_t n) {
-  kiln_hal_error_t *e = cpu_check_tensor(op, name, t, CPU_DT(dtype), 1, false);
-  if (!e && t->shape[0] != n)
-    e = cpu_err("%s: %s has %lld entries, want %lld", op, name, (long long)t->shape[0],
-                (long long)n);
-  return e;
-}
-
 static inline float vecf(const kiln_hal_tensor_t *t, int64_t i) {
   return ((const float *)cpu_tensor_ptr(t))[i * t->stride[0]];
 }
@@ -121,14 +104,9 @@ static void argmax_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 
 kiln_hal_error_t *cpu_argmax(kiln_hal_stream_t *s, const kiln_hal_argmax_args_t *a, bool dry_run) {
   (void)s;
-  kiln_hal_error_t *e;
-  if ((e = check_logits("argmax", &a->logits))) return e;
+  kiln_hal_error_t *e = kiln_hal_check_argmax(&cpu_check_env, a);
+  if (e || dry_run) return e;
   int64_t S = a->logits.shape[0];
-  if ((e = check_vec("argmax", "out_ids", &a->out_ids, KILN_HAL_I32, S))) return e;
-  if (kiln_hal_tensor_present(&a->out_logprob) &&
-      (e = check_vec("argmax", "out_logprob", &a->out_logprob, KILN_HAL_F32, S)))
-    return e;
-  if (dry_run) return NULL;
   cpu_parallel_rows(S, a->logits.shape[1], argmax_rows, (void *)a);
   return NULL;
 }
@@ -162,21 +140,9 @@ static void topk_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 }
 
 kiln_hal_error_t *cpu_topk(kiln_hal_stream_t *s, const kiln_hal_topk_args_t *a, bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = check_logits("topk", &a->logits)) ||
-      (e = cpu_check_tensor("topk", "out_values", &a->out_values, CPU_DT(KILN_HAL_F32), 2, true)) ||
-      (e = cpu_check_tensor("topk", "out_ids", &a->out_ids, CPU_DT(KILN_HAL_I32), 2, true)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_topk(&cpu_check_env, a);
+  if (e) return e;
   int64_t S = a->logits.shape[0], V = a->logits.shape[1], k = a->out_values.shape[1];
-  if (a->out_values.shape[0] != S || a->out_ids.shape[0] != S || a->out_ids.shape[1] != k)
-    return cpu_err("topk: out_values is [%lld, %lld] and out_ids [%lld, %lld], want both [S = "
-                   "%lld, k]",
-                   (long long)a->out_values.shape[0], (long long)k,
-                   (long long)a->out_ids.shape[0], (long long)a->out_ids.shape[1], (long long)S);
-  if (k > V) return cpu_err("topk: k = %lld exceeds V = %lld", (long long)k, (long long)V);
-  if (kiln_hal_tensor_present(&a->out_lse) &&
-      (e = check_vec("topk", "out_lse", &a->out_lse, KILN_HAL_F32, S)))
-    return e;
   if (dry_run || S == 0) return NULL;
   int32_t *heap = cpu_scratch(s, (size_t)(k + 1) * sizeof(int32_t) * (size_t)cpu_num_threads());
   if (!heap) return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "topk: out of scratch memory");
@@ -196,19 +162,6 @@ typedef struct pen_ctx {
   uint8_t *mark;   /* V per thread, zero between rows */
   int32_t *count;  /* V per thread, zero between rows */
 } pen_ctx_t;
-
-/* Checks an ids/offsets pair: both absent (false), or both present and consistent. */
-static kiln_hal_error_t *check_list(const char *ids_name, const kiln_hal_tensor_t *ids,
-                                    const char *off_name, const kiln_hal_tensor_t *off, int64_t S,
-                                    bool *present) {
-  kiln_hal_error_t *e;
-  *present = kiln_hal_tensor_present(ids) || kiln_hal_tensor_present(off);
-  if (!*present) return NULL;
-  if ((e = cpu_check_tensor("penalize", ids_name, ids, CPU_DT(KILN_HAL_I32), 1, false)) ||
-      (e = check_vec("penalize", off_name, off, KILN_HAL_I32, S + 1)))
-    return e;
-  return NULL;
-}
 
 /* Offsets are data: checked when the op runs, before any logit changes. */
 static kiln_hal_error_t *check_offsets(const char *name, const kiln_hal_tensor_t *off,
@@ -275,30 +228,13 @@ static void pen_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 
 kiln_hal_error_t *cpu_penalize(kiln_hal_stream_t *s, const kiln_hal_penalize_args_t *a,
                                bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = cpu_check_tensor("penalize", "logits", &a->logits, CPU_DT(KILN_HAL_F32), 2, true)))
-    return e;
+  kiln_hal_error_t *e = kiln_hal_check_penalize(&cpu_check_env, a);
+  if (e) return e;
   int64_t S = a->logits.shape[0], V = a->logits.shape[1];
   pen_ctx_t c = {a, V, false, false, false, NULL, NULL};
-  if ((e = check_list("prompt_ids", &a->prompt_ids, "prompt_offsets", &a->prompt_offsets, S,
-                      &c.prompt)) ||
-      (e = check_list("output_ids", &a->output_ids, "output_offsets", &a->output_offsets, S,
-                      &c.output)) ||
-      (e = check_list("bias_ids", &a->bias_ids, "bias_offsets", &a->bias_offsets, S, &c.bias)))
-    return e;
-  const kiln_hal_tensor_t *vecs[3] = {&a->repetition, &a->frequency, &a->presence};
-  const char *names[3] = {"repetition", "frequency", "presence"};
-  for (int i = 0; i < 3; i++)
-    if (kiln_hal_tensor_present(vecs[i]) &&
-        (e = check_vec("penalize", names[i], vecs[i], KILN_HAL_F32, S)))
-      return e;
-  if (c.bias) {
-    if ((e = check_vec("penalize", "bias_values", &a->bias_values, KILN_HAL_F32,
-                       a->bias_ids.shape[0])))
-      return e;
-  } else if (kiln_hal_tensor_present(&a->bias_values)) {
-    return cpu_err("penalize: bias_values is present without bias_ids and bias_offsets");
-  }
+  c.prompt = kiln_hal_tensor_present(&a->prompt_ids);
+  c.output = kiln_hal_tensor_present(&a->output_ids);
+  c.bias = kiln_hal_tensor_present(&a->bias_ids);
   if (dry_run || S == 0 || V == 0) return NULL;
   if ((c.prompt && (e = check_offsets("prompt_offsets", &a->prompt_offsets,
                                       a->prompt_ids.shape[0], S))) ||
@@ -405,23 +341,9 @@ static void sample_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
 }
 
 kiln_hal_error_t *cpu_sample(kiln_hal_stream_t *s, const kiln_hal_sample_args_t *a, bool dry_run) {
-  kiln_hal_error_t *e;
-  if ((e = check_logits("sample", &a->logits))) return e;
+  kiln_hal_error_t *e = kiln_hal_check_sample(&cpu_check_env, a);
+  if (e) return e;
   int64_t S = a->logits.shape[0], V = a->logits.shape[1];
-  if ((e = check_vec("sample", "temperature", &a->temperature, KILN_HAL_F32, S)) ||
-      (e = check_vec("sample", "uniform", &a->uniform, KILN_HAL_F32, S)) ||
-      (e = check_vec("sample", "out_ids", &a->out_ids, KILN_HAL_I32, S)))
-    return e;
-  /* top_k, top_p and min_p may be absent: that filter is off. */
-  if ((kiln_hal_tensor_present(&a->top_k) &&
-       (e = check_vec("sample", "top_k", &a->top_k, KILN_HAL_I32, S))) ||
-      (kiln_hal_tensor_present(&a->top_p) &&
-       (e = check_vec("sample", "top_p", &a->top_p, KILN_HAL_F32, S))) ||
-      (kiln_hal_tensor_present(&a->min_p) &&
-       (e = check_vec("sample", "min_p", &a->min_p, KILN_HAL_F32, S))) ||
-      (kiln_hal_tensor_present(&a->out_logprob) &&
-       (e = check_vec("sample", "out_logprob", &a->out_logprob, KILN_HAL_F32, S))))
-    return e;
   if (dry_run || S == 0) return NULL;
   int threads = cpu_num_threads();
   size_t per = (size_t)V * (sizeof(float) + sizeof(int32_t));

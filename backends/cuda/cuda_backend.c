@@ -62,114 +62,29 @@ kiln_hal_error_t *cuda_stream_enter(kiln_hal_stream_t *s) {
   return e == cudaSuccess ? NULL : cuda_err_rt(e, "cudaSetDevice");
 }
 
-/* Copies a caller's args struct (struct_size = the caller's sizeof) into a zeroed full-size one:
- * members an older caller lacks read as zero. */
-static kiln_hal_error_t *args_copy(const char *op, void *dst, size_t dst_size, const void *src) {
-  memset(dst, 0, dst_size);
-  if (!src) return cuda_err_arg("%s: args is NULL", op);
-  uint32_t n;
-  memcpy(&n, src, sizeof(n));
-  if (n < sizeof(uint32_t)) return cuda_err_arg("%s: args struct_size %u is too small", op, n);
-  memcpy(dst, src, n < dst_size ? n : dst_size);
-  return NULL;
-}
-
-#define ARGS_COPY(op, local, user) args_copy((op), &(local), sizeof(local), (user))
+#define ARGS_COPY(op, local, user) kiln_hal_args_copy((op), &(local), sizeof(local), (user))
 
 /* ============================================================================================
  * Validation
  * ==========================================================================================*/
 
-static const char *dtype_list(uint32_t dtypes, char *buf, size_t n) {
-  buf[0] = 0;
-  size_t used = 0;
-  for (int d = 0; d < KILN_HAL_DTYPE_COUNT; d++) {
-    if (!(dtypes & CUDA_DT(d))) continue;
-    int w = snprintf(buf + used, n - used, "%s%s", used ? "|" : "", kiln_hal_dtype_name(d));
-    if (w < 0 || (size_t)w >= n - used) break;
-    used += (size_t)w;
-  }
-  return buf;
+static uint64_t buffer_size(void *ctx, kiln_hal_buffer_t *b) {
+  (void)ctx;
+  return b->size;
 }
 
-static void shape_str(const kiln_hal_tensor_t *t, char *buf, size_t n) {
-  size_t used = 0;
-  buf[0] = 0;
-  int nd = t->ndim < 0 ? 0 : t->ndim > KILN_HAL_MAX_DIMS ? KILN_HAL_MAX_DIMS : t->ndim;
-  used += (size_t)snprintf(buf, n, "[");
-  for (int i = 0; i < nd && used < n; i++)
-    used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? "," : "", (long long)t->shape[i]);
-  if (used < n) snprintf(buf + used, n - used, "]");
-}
-
-kiln_hal_error_t *cuda_check_tensor(kiln_hal_device_t *dev, const char *op, const char *name,
-                                    const kiln_hal_tensor_t *t, uint32_t dtypes, int32_t ndim,
-                                    bool last_contig) {
-  char buf[96];
-  if (!t->buffer) return cuda_err_arg("%s: %s is absent", op, name);
-  if (t->dtype < 0 || t->dtype >= KILN_HAL_DTYPE_COUNT || !(dtypes & CUDA_DT(t->dtype)))
-    return cuda_err_arg("%s: %s has dtype %s, want %s", op, name, kiln_hal_dtype_name(t->dtype),
-                        dtype_list(dtypes, buf, sizeof(buf)));
-  if (t->ndim < 1 || t->ndim > KILN_HAL_MAX_DIMS)
-    return cuda_err_arg("%s: %s has ndim %d, want 1..%d", op, name, t->ndim, KILN_HAL_MAX_DIMS);
-  if (ndim && t->ndim != ndim)
-    return cuda_err_arg("%s: %s has ndim %d, want %d", op, name, t->ndim, ndim);
-  int64_t last = 0;
-  bool empty = false;
-  for (int i = 0; i < t->ndim; i++) {
-    if (t->shape[i] < 0 || t->stride[i] < 0)
-      return cuda_err_arg("%s: %s has shape[%d]=%lld stride[%d]=%lld (must be >= 0)", op, name, i,
-                          (long long)t->shape[i], i, (long long)t->stride[i]);
-    if (t->shape[i] == 0) empty = true;
-    int64_t span;
-    if (t->shape[i] > 0 && (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &span) ||
-                            __builtin_add_overflow(last, span, &last)))
-      return cuda_err_arg("%s: %s: shape x stride overflows", op, name);
-  }
-  if (last_contig && t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1)
-    return cuda_err_arg("%s: %s: last dimension must be contiguous (stride %lld)", op, name,
-                        (long long)t->stride[t->ndim - 1]);
-  size_t es = kiln_hal_dtype_size(t->dtype);
-  if (t->offset % es)
-    return cuda_err_arg("%s: %s: offset %llu is not a multiple of the element size %zu", op, name,
-                        (unsigned long long)t->offset, es);
-  kiln_hal_buffer_t *b = t->buffer;
+static kiln_hal_error_t *check_buffer(void *ctx, const char *op, const char *name,
+                                      kiln_hal_buffer_t *b) {
+  const kiln_hal_device_t *dev = (const kiln_hal_device_t *)ctx;
   if (!b->pinned && b->device != dev)
     return cuda_err_arg("%s: %s lives in a buffer of device %d, the stream is on device %d", op,
                         name, b->device->index, dev->index);
-  if (!empty) {
-    uint64_t end;
-    if (__builtin_mul_overflow((uint64_t)last + 1, (uint64_t)es, &end) ||
-        __builtin_add_overflow(end, t->offset, &end) || end > b->size) {
-      shape_str(t, buf, sizeof(buf));
-      return cuda_err_arg(
-          "%s: %s (shape %s, offset %llu) reaches past the end of its %llu-byte "
-          "buffer",
-          op, name, buf, (unsigned long long)t->offset, (unsigned long long)b->size);
-    }
-  }
   return NULL;
 }
 
-kiln_hal_error_t *cuda_check_shape(const char *op, const char *name, const kiln_hal_tensor_t *t,
-                                   int32_t n, const int64_t *want) {
-  for (int i = 0; i < n; i++) {
-    if (want[i] >= 0 && t->shape[i] != want[i]) {
-      char have[96], w[96];
-      shape_str(t, have, sizeof(have));
-      size_t used = (size_t)snprintf(w, sizeof(w), "[");
-      for (int j = 0; j < n && used < sizeof(w); j++) {
-        if (want[j] >= 0)
-          used += (size_t)snprintf(w + used, sizeof(w) - used, "%s%lld", j ? "," : "",
-                                   (long long)want[j]);
-        else
-          used += (size_t)snprintf(w + used, sizeof(w) - used, "%s*", j ? "," : "");
-      }
-      if (used < sizeof(w)) snprintf(w + used, sizeof(w) - used, "]");
-      return cuda_err_arg("%s: %s has shape %s, want %s", op, name, have, w);
-    }
-  }
-  return NULL;
+kiln_hal_check_env_t cuda_check_env(kiln_hal_device_t *dev) {
+  kiln_hal_check_env_t env = {buffer_size, check_buffer, dev};
+  return env;
 }
 
 cuda_view_t cuda_view(const kiln_hal_tensor_t *t) {
@@ -186,32 +101,11 @@ cuda_view_t cuda_view(const kiln_hal_tensor_t *t) {
   return v;
 }
 
-/* Byte range [lo, hi) a view can touch (empty when it has no elements). */
-static void view_range(const kiln_hal_tensor_t *t, uint64_t *lo, uint64_t *hi) {
-  uint64_t end = kiln_hal_tensor_extent(t);
-  *lo = t->offset;
-  *hi = end ? end : t->offset;
-}
-
-static bool views_overlap(const kiln_hal_tensor_t *a, const kiln_hal_tensor_t *b) {
-  if (!a->buffer || a->buffer != b->buffer) return false;
-  uint64_t alo, ahi, blo, bhi;
-  view_range(a, &alo, &ahi);
-  view_range(b, &blo, &bhi);
-  return alo < bhi && blo < ahi;
-}
-
-/* Validation helpers that return from the calling op on error. */
+/* Returns from the calling op on error. */
 #define CHECK(expr)                  \
   do {                               \
     kiln_hal_error_t *err_ = (expr); \
     if (err_) return err_;           \
-  } while (0)
-
-#define CHECK_SHAPE(op, name, t, ...)                                                         \
-  do {                                                                                        \
-    const int64_t want_[] = {__VA_ARGS__};                                                    \
-    CHECK(cuda_check_shape(op, name, t, (int32_t)(sizeof(want_) / sizeof(want_[0])), want_)); \
   } while (0)
 
 /* ============================================================================================
@@ -583,10 +477,8 @@ static kiln_hal_error_t *cuda_embedding(kiln_hal_stream_t *s,
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(cuda_check_tensor(d, op, "table", &a.table, CUDA_DT_FLOAT, 2, true));
-  CHECK(cuda_check_tensor(d, op, "ids", &a.ids, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK(cuda_check_tensor(d, op, "out", &a.out, CUDA_DT(a.table.dtype), 2, true));
-  CHECK_SHAPE(op, "out", &a.out, a.ids.shape[0], a.table.shape[1]);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_embedding(&env, &a));
   if (kiln_hal_tensor_numel(&a.out) == 0) return NULL;
   return launch_result(
       cuda_launch_embedding(s->stream, cuda_view(&a.table), cuda_view(&a.ids), cuda_view(&a.out)),
@@ -599,20 +491,9 @@ static kiln_hal_error_t *cuda_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsno
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(cuda_check_tensor(d, op, "x", &a.x, CUDA_DT_FLOAT, 2, true));
-  uint32_t dt = CUDA_DT(a.x.dtype);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_rmsnorm(&env, &a));
   int64_t T = a.x.shape[0], H = a.x.shape[1];
-  CHECK(cuda_check_tensor(d, op, "weight", &a.weight, dt, 1, true));
-  CHECK_SHAPE(op, "weight", &a.weight, H);
-  CHECK(cuda_check_tensor(d, op, "out", &a.out, dt, 2, true));
-  CHECK_SHAPE(op, "out", &a.out, T, H);
-  if (a.residual.buffer) {
-    CHECK(cuda_check_tensor(d, op, "residual", &a.residual, dt, 2, true));
-    CHECK_SHAPE(op, "residual", &a.residual, T, H);
-    if (views_overlap(&a.out, &a.residual))
-      return cuda_err_arg("rmsnorm: out must not alias residual");
-  }
-  if (!isfinite(a.eps) || a.eps < 0) return cuda_err_arg("rmsnorm: eps %g must be >= 0", a.eps);
   if (T == 0 || H == 0) return NULL;
   return launch_result(
       cuda_launch_rmsnorm(s->stream, d->warp_size, cuda_view(&a.x), cuda_view(&a.residual),
@@ -626,26 +507,10 @@ static kiln_hal_error_t *cuda_rope(kiln_hal_stream_t *s, const kiln_hal_rope_arg
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  if (a.style != KILN_HAL_ROPE_NEOX && a.style != KILN_HAL_ROPE_INTERLEAVED)
-    return cuda_err_arg("rope: unknown style %d", a.style);
-  CHECK(cuda_check_tensor(d, op, "positions", &a.positions, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK(cuda_check_tensor(d, op, "cos_sin", &a.cos_sin, CUDA_DT(KILN_HAL_F32), 2, true));
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_rope(&env, &a));
   int64_t T = a.positions.shape[0], R = a.cos_sin.shape[1];
-  if (R % 2)
-    return cuda_err_arg("rope: rotary dim (cos_sin.shape[1]) %lld must be even", (long long)R);
   const kiln_hal_tensor_t *xs[2] = {&a.q, &a.k};
-  const char *names[2] = {"q", "k"};
-  for (int i = 0; i < 2; i++) {
-    if (!xs[i]->buffer) continue;
-    CHECK(cuda_check_tensor(d, op, names[i], xs[i], CUDA_DT_FLOAT, 3, true));
-    CHECK_SHAPE(op, names[i], xs[i], T, -1, -1);
-    if (i == 1 && a.q.buffer && a.k.shape[2] != a.q.shape[2])
-      return cuda_err_arg("rope: k head dim %lld differs from q's %lld", (long long)a.k.shape[2],
-                          (long long)a.q.shape[2]);
-    if (R > xs[i]->shape[2])
-      return cuda_err_arg("rope: rotary dim %lld exceeds %s's head dim %lld", (long long)R,
-                          names[i], (long long)xs[i]->shape[2]);
-  }
   if (T == 0 || R == 0) return NULL;
   for (int i = 0; i < 2; i++) {
     if (!xs[i]->buffer || kiln_hal_tensor_numel(xs[i]) == 0) continue;
@@ -662,14 +527,8 @@ static kiln_hal_error_t *cuda_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  if (a.act < KILN_HAL_ACT_SILU || a.act > KILN_HAL_ACT_GELU)
-    return cuda_err_arg("silu_mul: unknown activation %d", a.act);
-  CHECK(cuda_check_tensor(d, op, "x", &a.x, CUDA_DT_FLOAT, 2, true));
-  CHECK(cuda_check_tensor(d, op, "out", &a.out, CUDA_DT(a.x.dtype), 2, true));
-  CHECK_SHAPE(op, "out", &a.out, a.x.shape[0], -1);
-  if (a.x.shape[1] != 2 * a.out.shape[1])
-    return cuda_err_arg("silu_mul: x has %lld columns, want 2 x out's %lld",
-                        (long long)a.x.shape[1], (long long)a.out.shape[1]);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_silu_mul(&env, &a));
   if (kiln_hal_tensor_numel(&a.out) == 0) return NULL;
   return launch_result(cuda_launch_silu_mul(s->stream, cuda_view(&a.x), cuda_view(&a.out), a.act),
                        op);
@@ -681,12 +540,8 @@ static kiln_hal_error_t *cuda_add(kiln_hal_stream_t *s, const kiln_hal_add_args_
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(cuda_check_tensor(d, op, "a", &a.a, CUDA_DT_FLOAT, 2, true));
-  uint32_t dt = CUDA_DT(a.a.dtype);
-  CHECK(cuda_check_tensor(d, op, "b", &a.b, dt, 2, true));
-  CHECK(cuda_check_tensor(d, op, "out", &a.out, dt, 2, true));
-  CHECK_SHAPE(op, "b", &a.b, a.a.shape[0], a.a.shape[1]);
-  CHECK_SHAPE(op, "out", &a.out, a.a.shape[0], a.a.shape[1]);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_add(&env, &a));
   if (kiln_hal_tensor_numel(&a.out) == 0) return NULL;
   return launch_result(
       cuda_launch_add(s->stream, cuda_view(&a.a), cuda_view(&a.b), cuda_view(&a.out)), op);
@@ -698,16 +553,8 @@ static kiln_hal_error_t *cuda_copy(kiln_hal_stream_t *s, const kiln_hal_copy_arg
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  const uint32_t all =
-      CUDA_DT_FLOAT | CUDA_DT(KILN_HAL_I32) | CUDA_DT(KILN_HAL_I64) | CUDA_DT(KILN_HAL_U8);
-  CHECK(cuda_check_tensor(d, op, "src", &a.src, all, 0, false));
-  bool sf = (CUDA_DT_FLOAT & CUDA_DT(a.src.dtype)) != 0;
-  CHECK(cuda_check_tensor(d, op, "dst", &a.dst, sf ? CUDA_DT_FLOAT : CUDA_DT(a.src.dtype),
-                          a.src.ndim, false));
-  for (int i = 0; i < a.src.ndim; i++)
-    if (a.src.shape[i] != a.dst.shape[i])
-      return cuda_err_arg("copy: src and dst shapes differ in dim %d (%lld vs %lld)", i,
-                          (long long)a.src.shape[i], (long long)a.dst.shape[i]);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_copy(&env, &a));
   if (kiln_hal_tensor_numel(&a.src) == 0) return NULL;
   return launch_result(cuda_launch_copy(s->stream, cuda_view(&a.src), cuda_view(&a.dst)), op);
 }
@@ -718,19 +565,9 @@ static kiln_hal_error_t *cuda_kv_write(kiln_hal_stream_t *s, const kiln_hal_kv_w
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(cuda_check_tensor(d, op, "k", &a.k, CUDA_DT_FLOAT, 3, true));
-  uint32_t dt = CUDA_DT(a.k.dtype);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_kv_write(&env, &a));
   int64_t T = a.k.shape[0], NKV = a.k.shape[1], D = a.k.shape[2];
-  CHECK(cuda_check_tensor(d, op, "v", &a.v, dt, 3, true));
-  CHECK_SHAPE(op, "v", &a.v, T, NKV, D);
-  CHECK(cuda_check_tensor(d, op, "k_cache", &a.k_cache, dt, 4, true));
-  CHECK_SHAPE(op, "k_cache", &a.k_cache, -1, NKV, -1, D);
-  CHECK(cuda_check_tensor(d, op, "v_cache", &a.v_cache, dt, 4, true));
-  CHECK_SHAPE(op, "v_cache", &a.v_cache, a.k_cache.shape[0], NKV, a.k_cache.shape[2], D);
-  if (!kiln_hal_tensor_is_contiguous(&a.k_cache) || !kiln_hal_tensor_is_contiguous(&a.v_cache))
-    return cuda_err_arg("kv_write: k_cache and v_cache must be dense");
-  CHECK(cuda_check_tensor(d, op, "slot_mapping", &a.slot_mapping, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK_SHAPE(op, "slot_mapping", &a.slot_mapping, T);
   if (T == 0 || NKV == 0 || D == 0 || kiln_hal_tensor_numel(&a.k_cache) == 0) return NULL;
   return launch_result(
       cuda_launch_kv_write(s->stream, cuda_view(&a.k), cuda_view(&a.v), cuda_view(&a.k_cache),
@@ -745,39 +582,11 @@ static kiln_hal_error_t *cuda_attention(kiln_hal_stream_t *s,
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(cuda_check_tensor(d, op, "q", &a.q, CUDA_DT_FLOAT, 3, true));
-  uint32_t dt = CUDA_DT(a.q.dtype);
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_attention(&env, &a));
   int64_t T = a.q.shape[0], NH = a.q.shape[1], D = a.q.shape[2];
-  CHECK(cuda_check_tensor(d, op, "out", &a.out, dt, 3, true));
-  CHECK_SHAPE(op, "out", &a.out, T, NH, D);
-  CHECK(cuda_check_tensor(d, op, "k_cache", &a.k_cache, dt, 4, true));
-  CHECK_SHAPE(op, "k_cache", &a.k_cache, -1, -1, -1, D);
   int64_t NB = a.k_cache.shape[0], NKV = a.k_cache.shape[1], BS = a.k_cache.shape[2];
-  CHECK(cuda_check_tensor(d, op, "v_cache", &a.v_cache, dt, 4, true));
-  CHECK_SHAPE(op, "v_cache", &a.v_cache, NB, NKV, BS, D);
-  if (!kiln_hal_tensor_is_contiguous(&a.k_cache) || !kiln_hal_tensor_is_contiguous(&a.v_cache))
-    return cuda_err_arg("attention: k_cache and v_cache must be dense");
-  if (NKV <= 0 || NH % NKV)
-    return cuda_err_arg("attention: %lld query heads are not a multiple of %lld kv heads",
-                        (long long)NH, (long long)NKV);
-  if (BS <= 0) return cuda_err_arg("attention: block size must be > 0");
-  if (a.num_seqs < 0) return cuda_err_arg("attention: num_seqs %d < 0", a.num_seqs);
   int64_t S = a.num_seqs;
-  CHECK(cuda_check_tensor(d, op, "block_table", &a.block_table, CUDA_DT(KILN_HAL_I32), 2, true));
-  CHECK_SHAPE(op, "block_table", &a.block_table, S, -1);
-  CHECK(cuda_check_tensor(d, op, "seq_lens", &a.seq_lens, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK_SHAPE(op, "seq_lens", &a.seq_lens, S);
-  CHECK(cuda_check_tensor(d, op, "query_start_loc", &a.query_start_loc, CUDA_DT(KILN_HAL_I32), 1,
-                          true));
-  CHECK_SHAPE(op, "query_start_loc", &a.query_start_loc, S + 1);
-  if (a.max_query_len < 0 || a.max_seq_len < 0)
-    return cuda_err_arg("attention: max_query_len %d / max_seq_len %d must be >= 0",
-                        a.max_query_len, a.max_seq_len);
-  if (a.sliding_window < 0)
-    return cuda_err_arg("attention: sliding_window %d must be >= 0", a.sliding_window);
-  if (!isfinite(a.scale)) return cuda_err_arg("attention: scale is not finite");
-  if (!isfinite(a.softcap) || a.softcap < 0)
-    return cuda_err_arg("attention: softcap %g must be >= 0", a.softcap);
   if (D > 256)
     return cuda_err_unsupported("attention: head dim %lld > 256 is not implemented", (long long)D);
   if (NB > INT32_MAX || BS > INT32_MAX || a.block_table.shape[1] > INT32_MAX || NKV > INT32_MAX)
@@ -809,21 +618,9 @@ static kiln_hal_error_t *cuda_attention(kiln_hal_stream_t *s,
   return launch_result(cuda_launch_attention(s->stream, d->warp_size, &p), op);
 }
 
-/* logits: [S, V] F32 with a contiguous last dim; V > 0 unless S == 0. */
-static kiln_hal_error_t *check_logits(kiln_hal_device_t *d, const char *op,
-                                      const kiln_hal_tensor_t *t) {
-  CHECK(cuda_check_tensor(d, op, "logits", t, CUDA_DT(KILN_HAL_F32), 2, true));
-  if (t->shape[0] > 0 && t->shape[1] == 0) return cuda_err_arg("%s: logits have V == 0", op);
+/* This backend's limit on logits (hal_check.h checked the rest): V fits in int32. */
+static kiln_hal_error_t *check_vocab(const char *op, const kiln_hal_tensor_t *t) {
   if (t->shape[1] > INT32_MAX) return cuda_err_unsupported("%s: V beyond int32", op);
-  return NULL;
-}
-
-/* An optional [S] tensor of the given dtype. */
-static kiln_hal_error_t *check_opt_vec(kiln_hal_device_t *d, const char *op, const char *name,
-                                       const kiln_hal_tensor_t *t, int32_t dtype, int64_t n) {
-  if (!t->buffer) return NULL;
-  CHECK(cuda_check_tensor(d, op, name, t, CUDA_DT(dtype), 1, true));
-  CHECK_SHAPE(op, name, t, n);
   return NULL;
 }
 
@@ -833,11 +630,10 @@ static kiln_hal_error_t *cuda_argmax(kiln_hal_stream_t *s, const kiln_hal_argmax
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(check_logits(d, op, &a.logits));
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_argmax(&env, &a));
+  CHECK(check_vocab(op, &a.logits));
   int64_t S = a.logits.shape[0];
-  CHECK(cuda_check_tensor(d, op, "out_ids", &a.out_ids, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK_SHAPE(op, "out_ids", &a.out_ids, S);
-  CHECK(check_opt_vec(d, op, "out_logprob", &a.out_logprob, KILN_HAL_F32, S));
   if (S == 0) return NULL;
   return launch_result(cuda_launch_argmax(s->stream, d->warp_size, cuda_view(&a.logits),
                                           cuda_view(&a.out_ids), cuda_view(&a.out_logprob)),
@@ -850,15 +646,10 @@ static kiln_hal_error_t *cuda_topk(kiln_hal_stream_t *s, const kiln_hal_topk_arg
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(check_logits(d, op, &a.logits));
-  int64_t S = a.logits.shape[0], V = a.logits.shape[1];
-  CHECK(cuda_check_tensor(d, op, "out_values", &a.out_values, CUDA_DT(KILN_HAL_F32), 2, true));
-  int64_t k = a.out_values.shape[1];
-  CHECK_SHAPE(op, "out_values", &a.out_values, S, k);
-  CHECK(cuda_check_tensor(d, op, "out_ids", &a.out_ids, CUDA_DT(KILN_HAL_I32), 2, true));
-  CHECK_SHAPE(op, "out_ids", &a.out_ids, S, k);
-  if (k > V) return cuda_err_arg("topk: k %lld > V %lld", (long long)k, (long long)V);
-  CHECK(check_opt_vec(d, op, "out_lse", &a.out_lse, KILN_HAL_F32, S));
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_topk(&env, &a));
+  CHECK(check_vocab(op, &a.logits));
+  int64_t S = a.logits.shape[0], k = a.out_values.shape[1];
   if (S == 0 || (k == 0 && !a.out_lse.buffer)) return NULL;
   return launch_result(
       cuda_launch_topk(s->stream, d->warp_size, cuda_view(&a.logits), cuda_view(&a.out_values),
@@ -866,18 +657,11 @@ static kiln_hal_error_t *cuda_topk(kiln_hal_stream_t *s, const kiln_hal_topk_arg
       op);
 }
 
-/* A flattened token list: ids [N] I32 + offsets [S + 1] I32 (+ values [N] F32 for the bias). */
-static kiln_hal_error_t *check_list(kiln_hal_device_t *d, const char *op, const char *ids_name,
-                                    const kiln_hal_tensor_t *ids, const char *off_name,
-                                    const kiln_hal_tensor_t *off, int64_t S) {
-  if (!ids->buffer && !off->buffer) return NULL;
-  if (!ids->buffer || !off->buffer)
-    return cuda_err_arg("%s: %s and %s must both be present or both absent", op, ids_name,
-                        off_name);
-  CHECK(cuda_check_tensor(d, op, ids_name, ids, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK(cuda_check_tensor(d, op, off_name, off, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK_SHAPE(op, off_name, off, S + 1);
-  if (ids->shape[0] > INT32_MAX) return cuda_err_unsupported("%s: %s beyond int32", op, ids_name);
+/* This backend's limit on a token list (hal_check.h checked the rest): its length fits in
+ * int32. */
+static kiln_hal_error_t *check_list_len(const char *ids_name, const kiln_hal_tensor_t *ids) {
+  if (ids->buffer && ids->shape[0] > INT32_MAX)
+    return cuda_err_unsupported("penalize: %s beyond int32", ids_name);
   return NULL;
 }
 
@@ -887,22 +671,13 @@ static kiln_hal_error_t *cuda_penalize(kiln_hal_stream_t *s, const kiln_hal_pena
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(check_logits(d, op, &a.logits));
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_penalize(&env, &a));
+  CHECK(check_vocab(op, &a.logits));
+  CHECK(check_list_len("prompt_ids", &a.prompt_ids));
+  CHECK(check_list_len("output_ids", &a.output_ids));
+  CHECK(check_list_len("bias_ids", &a.bias_ids));
   int64_t S = a.logits.shape[0], V = a.logits.shape[1];
-  CHECK(check_list(d, op, "prompt_ids", &a.prompt_ids, "prompt_offsets", &a.prompt_offsets, S));
-  CHECK(check_list(d, op, "output_ids", &a.output_ids, "output_offsets", &a.output_offsets, S));
-  CHECK(check_opt_vec(d, op, "repetition", &a.repetition, KILN_HAL_F32, S));
-  CHECK(check_opt_vec(d, op, "frequency", &a.frequency, KILN_HAL_F32, S));
-  CHECK(check_opt_vec(d, op, "presence", &a.presence, KILN_HAL_F32, S));
-  if (a.bias_ids.buffer || a.bias_values.buffer || a.bias_offsets.buffer) {
-    if (!a.bias_ids.buffer || !a.bias_values.buffer || !a.bias_offsets.buffer)
-      return cuda_err_arg(
-          "penalize: bias_ids, bias_values and bias_offsets must all be present "
-          "or all absent");
-    CHECK(check_list(d, op, "bias_ids", &a.bias_ids, "bias_offsets", &a.bias_offsets, S));
-    CHECK(cuda_check_tensor(d, op, "bias_values", &a.bias_values, CUDA_DT(KILN_HAL_F32), 1, true));
-    CHECK_SHAPE(op, "bias_values", &a.bias_values, a.bias_ids.shape[0]);
-  }
   if (S == 0) return NULL;
   if (cuda_penalize_smem_bytes(V) > d->smem_optin)
     return cuda_err_unsupported(
@@ -930,19 +705,10 @@ static kiln_hal_error_t *cuda_sample(kiln_hal_stream_t *s, const kiln_hal_sample
   CHECK(ARGS_COPY(op, a, user));
   CHECK(cuda_stream_enter(s));
   kiln_hal_device_t *d = s->device;
-  CHECK(check_logits(d, op, &a.logits));
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_sample(&env, &a));
+  CHECK(check_vocab(op, &a.logits));
   int64_t S = a.logits.shape[0];
-  CHECK(cuda_check_tensor(d, op, "temperature", &a.temperature, CUDA_DT(KILN_HAL_F32), 1, true));
-  CHECK_SHAPE(op, "temperature", &a.temperature, S);
-  CHECK(cuda_check_tensor(d, op, "uniform", &a.uniform, CUDA_DT(KILN_HAL_F32), 1, true));
-  CHECK_SHAPE(op, "uniform", &a.uniform, S);
-  /* top_k, top_p, min_p: absent means "off" for that filter. */
-  CHECK(check_opt_vec(d, op, "top_k", &a.top_k, KILN_HAL_I32, S));
-  CHECK(check_opt_vec(d, op, "top_p", &a.top_p, KILN_HAL_F32, S));
-  CHECK(check_opt_vec(d, op, "min_p", &a.min_p, KILN_HAL_F32, S));
-  CHECK(cuda_check_tensor(d, op, "out_ids", &a.out_ids, CUDA_DT(KILN_HAL_I32), 1, true));
-  CHECK_SHAPE(op, "out_ids", &a.out_ids, S);
-  CHECK(check_opt_vec(d, op, "out_logprob", &a.out_logprob, KILN_HAL_F32, S));
   if (S == 0) return NULL;
   cuda_sample_params_t p;
   p.logits = cuda_view(&a.logits);

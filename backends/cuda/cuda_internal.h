@@ -10,6 +10,7 @@
 #include <cublasLt.h>
 
 #include "kiln/hal.h"
+#include "kiln/hal_check.h"
 #include "kiln/hal_util.h"
 
 #include "cuda_kernels.h"
@@ -94,19 +95,9 @@ kiln_hal_error_t *cuda_stream_enter(kiln_hal_stream_t *s);
 
 /* ---- validation (cuda_backend.c) ------------------------------------------------------------ */
 
-#define CUDA_DT(d) (1u << (d))
-#define CUDA_DT_FLOAT (CUDA_DT(KILN_HAL_F32) | CUDA_DT(KILN_HAL_F16) | CUDA_DT(KILN_HAL_BF16))
-
-/* Checks tensor `name` of `op`: present, dtype in `dtypes`, ndim == `ndim` (any when 0),
- * non-negative shapes and strides, element-aligned offset, inside its buffer, a buffer usable by
- * `dev`, and (when last_contig) a contiguous last dimension. NULL or INVALID_ARGUMENT. */
-kiln_hal_error_t *cuda_check_tensor(kiln_hal_device_t *dev, const char *op, const char *name,
-                                    const kiln_hal_tensor_t *t, uint32_t dtypes, int32_t ndim,
-                                    bool last_contig);
-
-/* Checks that t has shape (d0, d1, ...) for its first n dims; -1 matches any size. */
-kiln_hal_error_t *cuda_check_shape(const char *op, const char *name, const kiln_hal_tensor_t *t,
-                                   int32_t n, const int64_t *want);
+/* The argument rules are hal_check.h's. This is how its checks see the buffers of a call on
+ * `dev`: sizes, and a refusal of another device's (non-pinned) memory. */
+kiln_hal_check_env_t cuda_check_env(kiln_hal_device_t *dev);
 
 /* The device view of a validated tensor (ptr NULL for an absent one). */
 cuda_view_t cuda_view(const kiln_hal_tensor_t *t);
