@@ -279,6 +279,9 @@ static const char *gemm_mut(kiln_hal_gemm_args_t *a, int m) {
       return "batch 2 a with batch 3 b";
     case 11: a->a.ndim = 5; return "a ndim 5";
     case 12: past_end(&a->c, g_b[2]); return "c past the end of its buffer";
+    case 13:
+      a->c = v3(g_b[2], KILN_HAL_F32, 1, 4, 6);
+      return "2-D a and b with a 3-D c (hal.h: same ndim)";
     default: return NULL;
   }
 }
@@ -467,6 +470,11 @@ static const char *penalize_mut(kiln_hal_penalize_args_t *a, int m) {
       a->logits.stride[0] = 20;
       a->logits.stride[1] = 2;
       return "logits last dim not contiguous";
+    case 7: a->presence = oh_absent(); return "frequency without presence";
+    case 8:
+      a->output_ids = oh_absent();
+      a->output_offsets = oh_absent();
+      return "frequency/presence without the output list";
     default: return NULL;
   }
 }

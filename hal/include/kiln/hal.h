@@ -366,11 +366,11 @@ typedef struct kiln_hal_topk_args {
  * Token lists are flattened with offsets: tokens of row s are ids[offsets[s] .. offsets[s+1]).
  *   prompt_ids, output_ids, bias_ids: [*] I32; *_offsets: [S + 1] I32; bias_values: [*] F32
  *   repetition, frequency, presence: [S] F32.
- * The groups: repetition = {repetition, prompt_ids/offsets, output_ids/offsets};
- * frequency/presence = {frequency, presence, output_ids/offsets} (frequency and presence come
- * together); bias = {bias_ids, bias_values, bias_offsets}. A group is absent when its
- * per-row tensor (repetition, frequency, bias_values) is absent; the token lists a present group
- * needs must then be present. Ids outside [0, V) are ignored; a bias id listed twice in a row
+ * The groups: repetition = {repetition} over whichever of the prompt and output lists are
+ * present; frequency/presence = {frequency, presence, output_ids/offsets} (frequency and
+ * presence come together, with the output list); bias = {bias_ids, bias_values, bias_offsets}
+ * (all three or none). A group is absent when its per-row tensor (repetition, frequency,
+ * bias_values) is absent; a token list is a pair (ids and offsets, both or neither). Ids outside [0, V) are ignored; a bias id listed twice in a row
  * adds both values. */
 typedef struct kiln_hal_penalize_args {
   uint32_t struct_size;

@@ -233,6 +233,11 @@ static inline kiln_hal_error_t *kiln_hal_check_gemm(const kiln_hal_check_env_t *
   if (a->ndim < 2 || b->ndim < 2 || c->ndim < 2 || a->ndim > 3 || b->ndim > 3 || c->ndim > 3)
     return kiln_hal_check_fail("gemm: a, b and c must have 2 or 3 dims (got %d, %d, %d)",
                                (int)a->ndim, (int)b->ndim, (int)c->ndim);
+  if (a->ndim != c->ndim || b->ndim != c->ndim)
+    return kiln_hal_check_fail(
+        "gemm: a, b and c must have the same number of dims (got %d, %d, %d); broadcast with a "
+        "batch stride of 0",
+        (int)a->ndim, (int)b->ndim, (int)c->ndim);
   if (a->dtype != b->dtype)
     return kiln_hal_check_fail("gemm: a is %s but b is %s (they must match)",
                                kiln_hal_dtype_name(a->dtype), kiln_hal_dtype_name(b->dtype));
@@ -569,6 +574,11 @@ static inline kiln_hal_error_t *kiln_hal_check_penalize(const kiln_hal_check_env
       (e = kiln_hal_check_vec(env, op, "frequency", &a->frequency, KILN_HAL_F32, S, true)) ||
       (e = kiln_hal_check_vec(env, op, "presence", &a->presence, KILN_HAL_F32, S, true)))
     return e;
+  if (!a->frequency.buffer != !a->presence.buffer)
+    return kiln_hal_check_fail("penalize: frequency and presence must both be present or both "
+                               "absent");
+  if (a->frequency.buffer && !a->output_ids.buffer)
+    return kiln_hal_check_fail("penalize: frequency/presence need output_ids and output_offsets");
   if (a->bias_ids.buffer || a->bias_values.buffer || a->bias_offsets.buffer) {
     if (!a->bias_ids.buffer || !a->bias_values.buffer || !a->bias_offsets.buffer)
       return kiln_hal_check_fail(
