@@ -54,18 +54,31 @@ static kiln_status_t tk_parse(kiln_cli_t *cli, const char *flags, tk_args_t *a) 
   return NULL;
 }
 
+/* What both commands start with: their options, the tokenizer, and all of stdin. On error
+ * nothing is held. */
+static kiln_status_t tk_open(kiln_cli_t *cli, const char *flags, tk_args_t *a,
+                             kiln_tokenizer_t **out_tok, char **out_text, size_t *out_len) {
+  *out_tok = NULL;
+  *out_text = NULL;
+  kiln_status_t st = tk_parse(cli, flags, a);
+  if (!st) st = kiln_tokenizer_load(a->dir, out_tok);
+  if (st) return st;
+  *out_text = tk_read_stdin(out_len);
+  if (!*out_text) {
+    kiln_tokenizer_free(*out_tok);
+    *out_tok = NULL;
+    return kiln_status_make(KILN_ERR_IO, "%s: cannot read stdin", cli->argv[0]);
+  }
+  return NULL;
+}
+
 int kiln_cmd_tokenize(kiln_cli_t *cli) {
   tk_args_t a;
-  kiln_status_t st = tk_parse(cli, "sj", &a);
-  if (st) return kiln_cli_fail(st);
-  kiln_tokenizer_t *tok = NULL;
-  if ((st = kiln_tokenizer_load(a.dir, &tok))) return kiln_cli_fail(st);
+  kiln_tokenizer_t *tok;
+  char *text;
   size_t len = 0;
-  char *text = tk_read_stdin(&len);
-  if (!text) {
-    kiln_tokenizer_free(tok);
-    return kiln_cli_fail(kiln_status_make(KILN_ERR_IO, "tokenize: cannot read stdin"));
-  }
+  kiln_status_t st = tk_open(cli, "sj", &a, &tok, &text, &len);
+  if (st) return kiln_cli_fail(st);
   kiln_tokens_t ids = KILN_TOKENS_INIT;
   st = kiln_tokenizer_encode(tok, text, len, a.special, &ids);
   free(text);
@@ -121,16 +134,11 @@ static kiln_status_t tk_parse_ids(const char *s, kiln_tokens_t *out) {
 
 int kiln_cmd_detokenize(kiln_cli_t *cli) {
   tk_args_t a;
-  kiln_status_t st = tk_parse(cli, "k", &a);
-  if (st) return kiln_cli_fail(st);
-  kiln_tokenizer_t *tok = NULL;
-  if ((st = kiln_tokenizer_load(a.dir, &tok))) return kiln_cli_fail(st);
+  kiln_tokenizer_t *tok;
+  char *text;
   size_t len = 0;
-  char *text = tk_read_stdin(&len);
-  if (!text) {
-    kiln_tokenizer_free(tok);
-    return kiln_cli_fail(kiln_status_make(KILN_ERR_IO, "detokenize: cannot read stdin"));
-  }
+  kiln_status_t st = tk_open(cli, "k", &a, &tok, &text, &len);
+  if (st) return kiln_cli_fail(st);
   kiln_tokens_t ids = KILN_TOKENS_INIT;
   kiln_strbuf_t out = KILN_STRBUF_INIT;
   if (strlen(text) != len) {
