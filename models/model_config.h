@@ -1,0 +1,127 @@
+/* model_config.h - a Llama-family model's shape and settings, read from a Hugging Face
+ * config.json (+ generation_config.json) or from GGUF metadata, validated once.
+ *
+ * Every architecture Kiln runs through models/llama/ is one kiln_model_config_t: Llama 2/3/3.1,
+ * Mistral, Qwen2 and Qwen3 differ only in the flags below. A checkpoint whose config asks for
+ * something these flags cannot express (an unknown model_type or architecture, a rope scaling
+ * type Kiln does not implement, a quantization_config, an activation other than silu/gelu...)
+ * is refused at load with the offending key and value named: it is never run wrongly.
+ *
+ * Ownership: the struct is plain data (fixed arrays, no pointers); copy it freely.
+ */
+#ifndef KILN_MODELS_MODEL_CONFIG_H
+#define KILN_MODELS_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/json.h"
+#include "core/status.h"
+
+#define KILN_MODEL_MAX_LAYERS 512
+#define KILN_MODEL_MAX_EOS 8
+#define KILN_ROPE_MAX_FREQS 512 /* rotary_dim / 2 at most: head dims up to 1024 */
+
+typedef enum kiln_arch {
+  KILN_ARCH_LLAMA = 0,   /* LlamaForCausalLM, model_type "llama" */
+  KILN_ARCH_MISTRAL = 1, /* MistralForCausalLM, "mistral" */
+  KILN_ARCH_QWEN2 = 2,   /* Qwen2ForCausalLM, "qwen2" */
+  KILN_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM, "qwen3" */
+} kiln_arch_t;
+
+typedef enum kiln_rope_kind {
+  KILN_ROPE_DEFAULT = 0,
+  KILN_ROPE_LINEAR = 1,  /* position interpolation: inv_freq / factor */
+  KILN_ROPE_DYNAMIC = 2, /* NTK-aware base, fixed at max_position_embeddings (see rope.h) */
+  KILN_ROPE_LLAMA3 = 3,  /* Llama 3.1's per-band smoothing */
+  KILN_ROPE_YARN = 4,    /* YaRN ramp + attention factor */
+} kiln_rope_kind_t;
+
+typedef struct kiln_rope_config {
+  int32_t kind;       /* kiln_rope_kind_t */
+  int32_t style;      /* KILN_HAL_ROPE_NEOX (HF checkpoints) or _INTERLEAVED (GGUF "llama") */
+  int32_t rotary_dim; /* head_dim * partial_rotary_factor; even, <= head_dim */
+  double theta;       /* rope_theta (base) */
+  double factor;      /* scaling factor (linear, dynamic, llama3, yarn); 1 when none */
+  int64_t original_max_position; /* original_max_position_embeddings (llama3, yarn, dynamic) */
+  double low_freq_factor, high_freq_factor; /* llama3 */
+  double beta_fast, beta_slow;              /* yarn (defaults 32 and 1) */
+  double attention_factor;                  /* yarn: 0 = derive: get_mscale(factor, mscale) /
+                                               get_mscale(factor, mscale_all_dim) when both are set, else
+                                               0.1 ln(factor) + 1 */
+  double mscale, mscale_all_dim;            /* yarn (DeepSeek-style), 0 = unset */
+  bool truncate;                            /* yarn: round the correction range (default true) */
+  /* GGUF rope_freqs.weight: inv_freq[i] /= freq_factors[i]; n_freq_factors = 0 when absent. */
+  int32_t n_freq_factors;
+  float freq_factors[KILN_ROPE_MAX_FREQS];
+} kiln_rope_config_t;
+
+typedef struct kiln_model_config {
+  char architecture[64]; /* "LlamaForCausalLM" (GGUF: derived from general.architecture) */
+  char model_type[32];   /* "llama", "mistral", "qwen2", "qwen3" */
+  int32_t arch;          /* kiln_arch_t */
+
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t intermediate_size;
+  int64_t num_layers;
+  int64_t num_heads;
+  int64_t num_kv_heads; /* num_key_value_heads; = num_heads when absent */
+  int64_t head_dim;     /* explicit head_dim, else hidden_size / num_heads */
+  int64_t max_position_embeddings;
+  double rms_norm_eps;
+
+  bool tie_word_embeddings; /* lm_head shares embed_tokens (no lm_head.weight needed) */
+  bool qkv_bias;            /* q/k/v projections have biases (Qwen2; Llama attention_bias) */
+  bool o_bias;              /* o_proj has a bias (Llama's and Qwen3's attention_bias) */
+  bool mlp_bias;            /* gate/up/down have biases (Llama mlp_bias) */
+  bool qk_norm;             /* per-head RMSNorm on q and k before rope (Qwen3) */
+  int32_t hidden_act;       /* KILN_HAL_ACT_SILU / _GELU_TANH / _GELU */
+
+  int32_t sliding_window;                       /* window for sliding layers; 0 = none */
+  uint8_t layer_sliding[KILN_MODEL_MAX_LAYERS]; /* 1 = this layer uses sliding_window */
+
+  kiln_rope_config_t rope;
+
+  int32_t dtype; /* the checkpoint's torch_dtype / dtype as a KILN_HAL_* float dtype;
+                    KILN_HAL_F32 when absent */
+
+  /* Token ids; -1 when unknown. eos ids merge config.json and generation_config.json. */
+  int32_t bos_token_id;
+  int32_t pad_token_id;
+  int32_t num_eos;
+  int32_t eos_token_ids[KILN_MODEL_MAX_EOS];
+
+  /* generation_config.json defaults; has_* false when the file or key is absent. */
+  bool has_temperature, has_top_p, has_top_k, has_repetition_penalty, do_sample;
+  double temperature, top_p, repetition_penalty;
+  int32_t top_k;
+} kiln_model_config_t;
+
+/* Fills *out from a parsed config.json object. name is used in messages ("<dir>/config.json").
+ * Errors (KILN_ERR_INVALID_ARGUMENT unless noted): a missing or mistyped required key (names
+ * the key and the type found); KILN_ERR_UNSUPPORTED for an unknown model_type / architecture,
+ * an unknown or unimplemented rope scaling type, quantization_config, an unsupported
+ * hidden_act, and every other setting Kiln cannot run exactly. Calls
+ * kiln_model_config_validate() before returning. */
+kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
+                                      kiln_model_config_t *out);
+
+/* Merges generation_config.json (eos_token_id int or list, bos, pad, temperature, top_p,
+ * top_k, repetition_penalty, do_sample) into cfg. */
+kiln_status_t kiln_model_config_parse_generation(const kiln_json_t *root, const char *name,
+                                                 kiln_model_config_t *cfg);
+
+/* Reads <dir>/config.json and, when present, <dir>/generation_config.json.
+ * Errors: KILN_ERR_NOT_FOUND when config.json is missing; as above otherwise. */
+kiln_status_t kiln_model_config_load(const char *dir, kiln_model_config_t *out);
+
+/* Consistency checks shared by every loader: positive sizes, num_heads % num_kv_heads == 0,
+ * head_dim even and <= 1024, rotary_dim even and <= head_dim, num_layers <= MAX_LAYERS, eps > 0,
+ * theta > 0, factors >= 1 where required... Messages name the field and its value. */
+kiln_status_t kiln_model_config_validate(const kiln_model_config_t *c, const char *name);
+
+/* "LlamaForCausalLM" etc. for an arch. */
+const char *kiln_arch_name(int32_t arch);
+
+#endif /* KILN_MODELS_MODEL_CONFIG_H */
