@@ -39,5 +39,7 @@ int kiln_cmd_selftest(kiln_cli_t *cli);
 int kiln_cmd_tokenize(kiln_cli_t *cli);
 int kiln_cmd_detokenize(kiln_cli_t *cli);
 int kiln_cmd_template(kiln_cli_t *cli);
+int kiln_cmd_score(kiln_cli_t *cli);
+int kiln_cmd_generate(kiln_cli_t *cli);
 
 #endif /* KILN_TOOLS_CLI_H */

@@ -25,6 +25,10 @@ static const kiln_command_t commands[] = {
     {"detokenize", kiln_cmd_detokenize, "token ids on stdin -> text (--tokenizer DIR)"},
     {"template", kiln_cmd_template,
      "render a chat template (--tokenizer DIR --messages FILE.json [--add-generation-prompt])"},
+    {"score", kiln_cmd_score,
+     "logits of every position to a .npy file (--model DIR --ids 1,2,3 --out FILE.npy)"},
+    {"generate", kiln_cmd_generate,
+     "continue a prompt (--model DIR --ids 1,2,3 | --prompt TEXT [--max-tokens N] [--json])"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
 };
 

@@ -1,0 +1,313 @@
+/* llama.c - the Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2, Qwen3) as a sequence of
+ * HAL ops over the paged KV cache. Differences between the architectures are the config's
+ * flags: biases, q/k norms, sliding windows, rope scaling (already in the rope table).
+ *
+ * Per layer, with x the previous layer's output and resid the running residual stream:
+ *
+ *   h     = rmsnorm(resid += x)                 fused residual add (layer 0: resid = 0)
+ *   qkv   = h @ Wqkv (+ b)                      one GEMM (three when q/k are normed)
+ *   q, k  = rmsnorm_per_head(q, k)              Qwen3 only
+ *   q, k  = rope(q, k, positions)
+ *   cache[slot_mapping] = k, v
+ *   a     = paged_attention(q, cache, block_tables, seq_lens, query_start_loc)
+ *   x     = a @ Wo (+ b)
+ *   h     = rmsnorm(resid += x)
+ *   x     = down(act(h @ Wgate) * (h @ Wup))    gate and up as one GEMM
+ *
+ * then logits = lm_head(rmsnorm(resid += x)) for the requested rows only (gathered first).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "hal/loader.h"
+#include "kiln/hal_util.h"
+#include "models/model_internal.h"
+
+/* A dense row-major [rows, cols] view with row stride ld (elements). */
+static kiln_hal_tensor_t view2(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt, int64_t rows,
+                               int64_t cols, int64_t ld) {
+  kiln_hal_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.buffer = buf;
+  t.offset = off;
+  t.dtype = dt;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = ld;
+  t.stride[1] = 1;
+  return t;
+}
+
+/* [T, heads, D] with token stride ld (elements). */
+static kiln_hal_tensor_t view3(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt, int64_t T,
+                               int64_t heads, int64_t D, int64_t ld) {
+  kiln_hal_tensor_t t = view2(buf, off, dt, T, heads, ld);
+  t.ndim = 3;
+  t.shape[2] = D;
+  t.stride[1] = D;
+  t.stride[2] = 1;
+  return t;
+}
+
+/* A PyTorch Linear weight [N, K] row-major, seen as the GEMM's b = [K, N] column-major. */
+static kiln_hal_tensor_t weight_t(const kiln_model_t *m, uint64_t off, int64_t K, int64_t N) {
+  kiln_hal_tensor_t t = view2(m->weights, off, m->dtype, K, N, 1);
+  t.stride[1] = K;
+  return t;
+}
+
+static kiln_hal_tensor_t vec(const kiln_model_t *m, uint64_t off, int64_t n) {
+  kiln_hal_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  if (off == MODEL_NO_TENSOR) return t; /* absent */
+  t.buffer = m->weights;
+  t.offset = off;
+  t.dtype = m->dtype;
+  t.ndim = 1;
+  t.shape[0] = n;
+  t.stride[0] = 1;
+  return t;
+}
+
+static kiln_hal_tensor_t meta1(const kiln_model_t *m, int64_t first, int64_t n) {
+  kiln_hal_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.buffer = m->meta;
+  t.offset = (uint64_t)first * 4;
+  t.dtype = KILN_HAL_I32;
+  t.ndim = 1;
+  t.shape[0] = n;
+  t.stride[0] = 1;
+  return t;
+}
+
+static kiln_status_t hal_fail(kiln_hal_error_t *e, const char *what, int64_t layer) {
+  kiln_status_t st = kiln_hal_status_from_error(e, what);
+  return layer >= 0 ? kiln_status_annotate(st, "layer %lld", (long long)layer) : st;
+}
+
+#define HAL(call, what)                       \
+  do {                                        \
+    kiln_hal_error_t *e_ = (call);            \
+    if (e_) return hal_fail(e_, what, layer); \
+  } while (0)
+
+static kiln_status_t gemm(kiln_model_t *m, kiln_hal_tensor_t a, kiln_hal_tensor_t b,
+                          kiln_hal_tensor_t c, kiln_hal_tensor_t bias, int64_t layer,
+                          const char *what) {
+  kiln_hal_gemm_args_t g;
+  memset(&g, 0, sizeof(g));
+  g.struct_size = sizeof(g);
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.bias = bias;
+  g.alpha = 1.0f;
+  g.beta = 0.0f;
+  g.allow_tf32 = m->opt.allow_tf32;
+  HAL(m->be->gemm(m->stream, &g), what);
+  return NULL;
+}
+
+static kiln_status_t rmsnorm(kiln_model_t *m, kiln_hal_tensor_t x, kiln_hal_tensor_t residual,
+                             kiln_hal_tensor_t w, kiln_hal_tensor_t out, int64_t layer,
+                             const char *what) {
+  kiln_hal_rmsnorm_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.x = x;
+  a.residual = residual;
+  a.weight = w;
+  a.out = out;
+  a.eps = (float)m->cfg.rms_norm_eps;
+  HAL(m->be->rmsnorm(m->stream, &a), what);
+  return NULL;
+}
+
+kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
+                            int32_t max_query_len, int32_t max_seq_len) {
+  const kiln_model_config_t *c = &m->cfg;
+  const int32_t dt = m->dtype;
+  const int64_t T = b->num_tokens, S = b->num_seqs, R = b->num_logits;
+  const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  const int64_t NH = c->num_heads, NKV = c->num_kv_heads, D = c->head_dim;
+  const int64_t QD = NH * D, KD = NKV * D, QKV = QD + 2 * KD;
+  const int64_t TM = m->opt.max_tokens;
+  const size_t es = m->es;
+  kiln_status_t st;
+  int64_t layer = -1;
+
+  kiln_hal_tensor_t x = view2(m->act, m->x, dt, T, H, H);
+  kiln_hal_tensor_t resid = view2(m->act, m->resid, dt, T, H, H);
+  kiln_hal_tensor_t h = view2(m->act, m->h, dt, T, H, H);
+  kiln_hal_tensor_t none;
+  memset(&none, 0, sizeof(none));
+
+  kiln_hal_embedding_args_t emb;
+  memset(&emb, 0, sizeof(emb));
+  emb.struct_size = sizeof(emb);
+  emb.table = view2(m->weights, m->embed, dt, V, H, H);
+  emb.ids = meta1(m, m->m_ids, T);
+  emb.out = x;
+  HAL(m->be->embedding(m->stream, &emb), "embedding");
+  HAL(m->be->fill(m->stream, m->act, m->resid, (uint64_t)T * H * es, 0), "fill");
+
+  /* q, k, v: slices of one fused GEMM output, or (with q/k norms, which need each head's
+   * rows contiguous) three dense buffers carved from the same space. */
+  const bool split = c->qk_norm;
+  kiln_hal_tensor_t q, k, v;
+  if (split) {
+    q = view3(m->act, m->qkv, dt, T, NH, D, QD);
+    k = view3(m->act, m->qkv + (uint64_t)TM * QD * es, dt, T, NKV, D, KD);
+    v = view3(m->act, m->qkv + (uint64_t)TM * (QD + KD) * es, dt, T, NKV, D, KD);
+  } else {
+    q = view3(m->act, m->qkv, dt, T, NH, D, QKV);
+    k = view3(m->act, m->qkv + (uint64_t)QD * es, dt, T, NKV, D, QKV);
+    v = view3(m->act, m->qkv + (uint64_t)(QD + KD) * es, dt, T, NKV, D, QKV);
+  }
+  kiln_hal_tensor_t attn = view3(m->act, m->attn, dt, T, NH, D, QD);
+  kiln_hal_tensor_t attn2 = view2(m->act, m->attn, dt, T, QD, QD);
+  kiln_hal_tensor_t gu = view2(m->act, m->gu, dt, T, 2 * I, 2 * I);
+  kiln_hal_tensor_t mlp = view2(m->act, m->mlp, dt, T, I, I);
+
+  kiln_hal_tensor_t rope_tab;
+  memset(&rope_tab, 0, sizeof(rope_tab));
+  rope_tab.buffer = m->rope;
+  rope_tab.dtype = KILN_HAL_F32;
+  rope_tab.ndim = 2;
+  rope_tab.shape[0] = m->max_len;
+  rope_tab.shape[1] = c->rope.rotary_dim;
+  rope_tab.stride[0] = c->rope.rotary_dim;
+  rope_tab.stride[1] = 1;
+
+  const int64_t NB = kv->num_blocks, BS = kv->block_size;
+  for (layer = 0; layer < c->num_layers; layer++) {
+    const model_layer_t *L = &m->layers[layer];
+    if ((st = rmsnorm(m, x, resid, vec(m, L->in_norm, H), h, layer, "input_layernorm"))) return st;
+
+    if (!split) {
+      kiln_hal_tensor_t qkv = view2(m->act, m->qkv, dt, T, QKV, QKV);
+      if ((st = gemm(m, h, weight_t(m, L->qkv_w, H, QKV), qkv, vec(m, L->qkv_b, QKV), layer,
+                     "qkv_proj")))
+        return st;
+    } else {
+      const uint64_t wq = L->qkv_w, wk = wq + (uint64_t)QD * H * es,
+                     wv = wk + (uint64_t)KD * H * es;
+      kiln_hal_tensor_t bq = none, bk = none, bv = none;
+      if (L->qkv_b != MODEL_NO_TENSOR) {
+        bq = vec(m, L->qkv_b, QD);
+        bk = vec(m, L->qkv_b + (uint64_t)QD * es, KD);
+        bv = vec(m, L->qkv_b + (uint64_t)(QD + KD) * es, KD);
+      }
+      if ((st = gemm(m, h, weight_t(m, wq, H, QD), view2(m->act, q.offset, dt, T, QD, QD), bq,
+                     layer, "q_proj")) ||
+          (st = gemm(m, h, weight_t(m, wk, H, KD), view2(m->act, k.offset, dt, T, KD, KD), bk,
+                     layer, "k_proj")) ||
+          (st = gemm(m, h, weight_t(m, wv, H, KD), view2(m->act, v.offset, dt, T, KD, KD), bv,
+                     layer, "v_proj")))
+        return st;
+      kiln_hal_tensor_t qh = view2(m->act, q.offset, dt, T * NH, D, D);
+      kiln_hal_tensor_t kh = view2(m->act, k.offset, dt, T * NKV, D, D);
+      if ((st = rmsnorm(m, qh, none, vec(m, L->q_norm, D), qh, layer, "q_norm")) ||
+          (st = rmsnorm(m, kh, none, vec(m, L->k_norm, D), kh, layer, "k_norm")))
+        return st;
+    }
+
+    kiln_hal_rope_args_t ra;
+    memset(&ra, 0, sizeof(ra));
+    ra.struct_size = sizeof(ra);
+    ra.q = q;
+    ra.k = k;
+    ra.positions = meta1(m, m->m_pos, T);
+    ra.cos_sin = rope_tab;
+    ra.style = c->rope.style;
+    HAL(m->be->rope(m->stream, &ra), "rope");
+
+    const uint64_t kc_off = (uint64_t)layer * 2 * kv->cache_bytes,
+                   vc_off = kc_off + kv->cache_bytes;
+    kiln_hal_tensor_t kc, vc;
+    memset(&kc, 0, sizeof(kc));
+    kc.buffer = kv->buf;
+    kc.offset = kc_off;
+    kc.dtype = dt;
+    kc.ndim = 4;
+    kc.shape[0] = NB;
+    kc.shape[1] = NKV;
+    kc.shape[2] = BS;
+    kc.shape[3] = D;
+    kc.stride[3] = 1;
+    kc.stride[2] = D;
+    kc.stride[1] = BS * D;
+    kc.stride[0] = NKV * BS * D;
+    vc = kc;
+    vc.offset = vc_off;
+
+    kiln_hal_kv_write_args_t kw;
+    memset(&kw, 0, sizeof(kw));
+    kw.struct_size = sizeof(kw);
+    kw.k = k;
+    kw.v = v;
+    kw.k_cache = kc;
+    kw.v_cache = vc;
+    kw.slot_mapping = meta1(m, m->m_slots, T);
+    HAL(m->be->kv_write(m->stream, &kw), "kv_write");
+
+    kiln_hal_attention_args_t aa;
+    memset(&aa, 0, sizeof(aa));
+    aa.struct_size = sizeof(aa);
+    aa.q = q;
+    aa.k_cache = kc;
+    aa.v_cache = vc;
+    aa.out = attn;
+    aa.block_table = view2(m->meta, (uint64_t)m->m_bt * 4, KILN_HAL_I32, S, b->max_blocks_per_seq,
+                           b->max_blocks_per_seq);
+    aa.seq_lens = meta1(m, m->m_seq_lens, S);
+    aa.query_start_loc = meta1(m, m->m_qsl, S + 1);
+    aa.num_seqs = (int32_t)S;
+    aa.max_query_len = max_query_len;
+    aa.max_seq_len = max_seq_len;
+    aa.scale = (float)(1.0 / sqrt((double)D));
+    aa.causal = true;
+    aa.sliding_window = L->window;
+    HAL(m->be->attention(m->stream, &aa), "attention");
+
+    if ((st = gemm(m, attn2, weight_t(m, L->o_w, QD, H), x, vec(m, L->o_b, H), layer, "o_proj")) ||
+        (st =
+             rmsnorm(m, x, resid, vec(m, L->post_norm, H), h, layer, "post_attention_layernorm")) ||
+        (st = gemm(m, h, weight_t(m, L->gu_w, H, 2 * I), gu, vec(m, L->gu_b, 2 * I), layer,
+                   "gate_up_proj")))
+      return st;
+    kiln_hal_silu_mul_args_t sm;
+    memset(&sm, 0, sizeof(sm));
+    sm.struct_size = sizeof(sm);
+    sm.x = gu;
+    sm.out = mlp;
+    sm.act = c->hidden_act;
+    HAL(m->be->silu_mul(m->stream, &sm), "act_mul");
+    if ((st = gemm(m, mlp, weight_t(m, L->down_w, I, H), x, vec(m, L->down_b, H), layer,
+                   "down_proj")))
+      return st;
+  }
+
+  layer = -1;
+  if (R == 0) return NULL;
+  /* The final norm adds the last residual for every row (cheap: [T, H]); only the R rows that
+   * need logits are gathered (an embedding lookup into h) and multiplied by lm_head. */
+  if ((st = rmsnorm(m, x, resid, vec(m, m->final_norm, H), h, layer, "norm"))) return st;
+  kiln_hal_tensor_t rows = h;
+  bool identity = R == T;
+  for (int64_t i = 0; identity && i < R; i++) identity = b->logits_rows[i] == i;
+  if (!identity) {
+    rows = view2(m->act, m->gather, dt, R, H, H);
+    kiln_hal_embedding_args_t ga;
+    memset(&ga, 0, sizeof(ga));
+    ga.struct_size = sizeof(ga);
+    ga.table = h;
+    ga.ids = meta1(m, m->m_rows, R);
+    ga.out = rows;
+    HAL(m->be->embedding(m->stream, &ga), "gather logits rows");
+  }
+  kiln_hal_tensor_t logits = view2(m->logits, 0, KILN_HAL_F32, R, V, V);
+  return gemm(m, rows, weight_t(m, m->lm_head, H, V), logits, none, layer, "lm_head");
+}

@@ -1,0 +1,677 @@
+/* model.c - loading a model onto a device, its KV cache, and the host-side checks and
+ * metadata upload around each forward pass (see model.h). */
+#include "models/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/log.h"
+#include "hal/loader.h"
+#include "kiln/hal_util.h"
+#include "models/loader/gguf.h"
+#include "models/loader/weights.h"
+#include "models/model_internal.h"
+#include "models/rope.h"
+
+#define ALIGN 256u
+#define STAGING_BYTES (32u << 20)
+
+static uint64_t align_up(uint64_t x) { return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
+
+static kiln_status_t hal_st(kiln_hal_error_t *e, const char *what) {
+  return e ? kiln_hal_status_from_error(e, what) : NULL;
+}
+
+/* ---- the weight plan: which checkpoint tensors go where in the device buffer ------------- */
+
+typedef struct upload {
+  const kiln_weight_t *w;
+  uint64_t dst; /* byte offset in the weight buffer */
+} upload_t;
+
+typedef struct plan {
+  const char *path;
+  const kiln_weights_t *src;
+  int32_t dtype;
+  size_t es;
+  uint64_t size; /* bytes so far */
+  upload_t *ups;
+  size_t n, cap;
+} plan_t;
+
+/* Reserves room for a tensor of numel elements; returns its offset. */
+static uint64_t plan_reserve(plan_t *p, int64_t numel) {
+  uint64_t off = p->size;
+  p->size = align_up(p->size + (uint64_t)numel * p->es);
+  return off;
+}
+
+static kiln_status_t plan_push(plan_t *p, const kiln_weight_t *w, uint64_t dst) {
+  if (p->n == p->cap) {
+    size_t cap = p->cap ? 2 * p->cap : 64;
+    upload_t *u = realloc(p->ups, cap * sizeof(*u));
+    if (!u) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory planning the upload");
+    p->ups = u;
+    p->cap = cap;
+  }
+  p->ups[p->n].w = w;
+  p->ups[p->n].dst = dst;
+  p->n++;
+  return NULL;
+}
+
+/* "tensor X is missing from <file>" (or "from the N files of <path>" for shards). */
+static kiln_status_t plan_missing(const plan_t *p, const char *name) {
+  int64_t n = kiln_weights_count(p->src), files = 0;
+  const char *first = n ? kiln_weights_at(p->src, 0)->file : p->path;
+  for (int64_t i = 0; i < n; i++) {
+    const char *f = kiln_weights_at(p->src, i)->file;
+    bool seen = false;
+    for (int64_t j = 0; j < i && !seen; j++) seen = kiln_weights_at(p->src, j)->file == f;
+    files += !seen;
+  }
+  if (files <= 1)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s is missing (%lld tensors there)", first, name,
+                            (long long)n);
+  return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "%s: tensor %s is missing from all %lld weight files", p->path, name,
+                          (long long)files);
+}
+
+/* Finds name with the given shape (ndim 1 or 2) and schedules it at dst. A missing optional
+ * tensor leaves *found false; a missing required one is an error. */
+static kiln_status_t plan_tensor(plan_t *p, const char *name, int64_t d0, int64_t d1, uint64_t dst,
+                                 bool required, bool *found) {
+  const kiln_weight_t *w = kiln_weights_find(p->src, name);
+  if (found) *found = w != NULL;
+  if (!w) return required ? plan_missing(p, name) : NULL;
+  int64_t shape[2] = {d0, d1};
+  kiln_status_t st = kiln_weight_expect_shape(w, d1 > 0 ? 2 : 1, shape);
+  if (st) return st;
+  return plan_push(p, w, dst);
+}
+
+/* Plans a tensor that must be present; returns its offset through *out_off. */
+static kiln_status_t plan_one(plan_t *p, const char *name, int64_t d0, int64_t d1,
+                              uint64_t *out_off) {
+  *out_off = plan_reserve(p, d0 * (d1 > 0 ? d1 : 1));
+  return plan_tensor(p, name, d0, d1, *out_off, true, NULL);
+}
+
+/* Plans the rows of several [rows_i, cols] tensors stacked into one (fused QKV, gate+up). When
+ * optional, either all parts exist or none (a mix is an error); *out_off is MODEL_NO_TENSOR
+ * when none do. */
+static kiln_status_t plan_fused(plan_t *p, int n, char names[][160], const int64_t *rows,
+                                int64_t cols, bool optional, uint64_t *out_off) {
+  int64_t total = 0;
+  int present = 0;
+  for (int i = 0; i < n; i++) {
+    total += rows[i];
+    present += kiln_weights_find(p->src, names[i]) != NULL;
+  }
+  if (optional && present == 0) {
+    *out_off = MODEL_NO_TENSOR;
+    return NULL;
+  }
+  uint64_t off = plan_reserve(p, total * (cols > 0 ? cols : 1));
+  *out_off = off;
+  for (int i = 0; i < n; i++) {
+    kiln_status_t st = plan_tensor(p, names[i], rows[i], cols, off, true, NULL);
+    if (st) return st;
+    off += (uint64_t)rows[i] * (cols > 0 ? cols : 1) * p->es;
+  }
+  return NULL;
+}
+
+static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
+  const kiln_model_config_t *c = &m->cfg;
+  const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  const int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+  kiln_status_t st;
+  if ((st = plan_one(p, "model.embed_tokens.weight", V, H, &m->embed)) ||
+      (st = plan_one(p, "model.norm.weight", H, 0, &m->final_norm)))
+    return st;
+  if (c->tie_word_embeddings) {
+    m->lm_head = m->embed;
+  } else if ((st = plan_one(p, "lm_head.weight", V, H, &m->lm_head))) {
+    return st;
+  }
+  char nm[3][160];
+  for (int64_t l = 0; l < c->num_layers; l++) {
+    model_layer_t *L = &m->layers[l];
+    const char *pre = "model.layers";
+#define NAME(i, fmt) snprintf(nm[i], sizeof(nm[i]), "%s.%lld." fmt, pre, (long long)l)
+    NAME(0, "input_layernorm.weight");
+    if ((st = plan_one(p, nm[0], H, 0, &L->in_norm))) return st;
+    NAME(0, "post_attention_layernorm.weight");
+    if ((st = plan_one(p, nm[0], H, 0, &L->post_norm))) return st;
+    const int64_t qkv_rows[3] = {QD, KD, KD};
+    NAME(0, "self_attn.q_proj.weight");
+    NAME(1, "self_attn.k_proj.weight");
+    NAME(2, "self_attn.v_proj.weight");
+    if ((st = plan_fused(p, 3, nm, qkv_rows, H, false, &L->qkv_w))) return st;
+    NAME(0, "self_attn.q_proj.bias");
+    NAME(1, "self_attn.k_proj.bias");
+    NAME(2, "self_attn.v_proj.bias");
+    if ((st = plan_fused(p, 3, nm, qkv_rows, 0, !c->qkv_bias, &L->qkv_b))) return st;
+    if (c->qkv_bias && L->qkv_b == MODEL_NO_TENSOR) return plan_missing(p, nm[0]);
+    L->q_norm = L->k_norm = MODEL_NO_TENSOR;
+    if (c->qk_norm) {
+      NAME(0, "self_attn.q_norm.weight");
+      if ((st = plan_one(p, nm[0], c->head_dim, 0, &L->q_norm))) return st;
+      NAME(0, "self_attn.k_norm.weight");
+      if ((st = plan_one(p, nm[0], c->head_dim, 0, &L->k_norm))) return st;
+    }
+    NAME(0, "self_attn.o_proj.weight");
+    if ((st = plan_one(p, nm[0], H, QD, &L->o_w))) return st;
+    L->o_b = MODEL_NO_TENSOR;
+    if (c->o_bias) {
+      NAME(0, "self_attn.o_proj.bias");
+      if ((st = plan_one(p, nm[0], H, 0, &L->o_b))) return st;
+    }
+    const int64_t gu_rows[2] = {I, I};
+    NAME(0, "mlp.gate_proj.weight");
+    NAME(1, "mlp.up_proj.weight");
+    if ((st = plan_fused(p, 2, nm, gu_rows, H, false, &L->gu_w))) return st;
+    L->gu_b = L->down_b = MODEL_NO_TENSOR;
+    if (c->mlp_bias) {
+      NAME(0, "mlp.gate_proj.bias");
+      NAME(1, "mlp.up_proj.bias");
+      if ((st = plan_fused(p, 2, nm, gu_rows, 0, false, &L->gu_b))) return st;
+      NAME(0, "mlp.down_proj.bias");
+      if ((st = plan_one(p, nm[0], H, 0, &L->down_b))) return st;
+    }
+    NAME(0, "mlp.down_proj.weight");
+    if ((st = plan_one(p, nm[0], H, I, &L->down_w))) return st;
+#undef NAME
+    L->window = c->layer_sliding[l] ? c->sliding_window : 0;
+  }
+  return NULL;
+}
+
+/* Converts every planned tensor to the serving dtype and copies it into the weight buffer:
+ * straight into it when the buffer is host memory, else through a (pinned when possible)
+ * staging buffer, one chunk at a time. */
+static kiln_status_t model_upload(kiln_model_t *m, const plan_t *p) {
+  kiln_status_t st = NULL;
+  uint8_t *direct = m->be->buffer_host_ptr ? m->be->buffer_host_ptr(m->weights) : NULL;
+  kiln_hal_buffer_t *pinned = NULL;
+  uint8_t *stage = NULL;
+  bool stage_owned = false;
+  if (!direct) {
+    if (!m->be->buffer_alloc(m->dev, STAGING_BYTES, KILN_HAL_BUFFER_HOST_PINNED, &pinned) &&
+        m->be->buffer_host_ptr)
+      stage = m->be->buffer_host_ptr(pinned);
+    if (!stage) {
+      stage = malloc(STAGING_BYTES);
+      stage_owned = true;
+      if (!stage) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for staging");
+    }
+  }
+  const int64_t chunk = (int64_t)(STAGING_BYTES / m->es) & ~(int64_t)31;
+  for (size_t i = 0; i < p->n && !st; i++) {
+    const kiln_weight_t *w = p->ups[i].w;
+    if (direct) {
+      st = kiln_weight_convert(w, 0, w->numel, m->dtype, direct + p->ups[i].dst);
+      continue;
+    }
+    for (int64_t first = 0; first < w->numel && !st; first += chunk) {
+      int64_t n = w->numel - first < chunk ? w->numel - first : chunk;
+      if ((st = kiln_weight_convert(w, first, n, m->dtype, stage))) break;
+      st = hal_st(m->be->copy_h2d(m->stream, m->weights, p->ups[i].dst + (uint64_t)first * m->es,
+                                  stage, (uint64_t)n * m->es),
+                  "uploading weights");
+      if (!st) st = hal_st(m->be->stream_sync(m->stream), "uploading weights");
+    }
+  }
+  if (pinned) m->be->buffer_free(pinned);
+  if (stage_owned) free(stage);
+  return st;
+}
+
+static kiln_status_t alloc_buf(kiln_model_t *m, uint64_t size, uint32_t flags, const char *what,
+                               kiln_hal_buffer_t **out) {
+  kiln_hal_error_t *e = m->be->buffer_alloc(m->dev, size ? size : 1, flags, out);
+  if (!e) return NULL;
+  char b[32];
+  snprintf(b, sizeof(b), "%.1f MiB", (double)size / (1 << 20));
+  return kiln_status_annotate(kiln_hal_status_from_error(e, what), "allocating %s for %s", b, what);
+}
+
+static bool is_gguf(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return false;
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  char magic[4] = {0};
+  size_t n = fread(magic, 1, 4, f);
+  fclose(f);
+  return n == 4 && memcmp(magic, "GGUF", 4) == 0;
+}
+
+static int32_t cap_for(int32_t dt) {
+  return dt == KILN_HAL_BF16 ? KILN_HAL_CAP_BF16 : dt == KILN_HAL_F16 ? KILN_HAL_CAP_F16 : 0;
+}
+
+kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backend,
+                              kiln_hal_device_t *device, kiln_hal_stream_t *stream,
+                              const kiln_model_options_t *options, kiln_model_t **out_model) {
+  *out_model = NULL;
+  kiln_status_t st = NULL;
+  kiln_weights_t *src = NULL;
+  plan_t plan;
+  memset(&plan, 0, sizeof(plan));
+  float *table = NULL;
+  kiln_model_t *m = calloc(1, sizeof(*m));
+  if (!m) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  m->be = backend;
+  m->dev = device;
+  m->stream = stream;
+  m->opt = *options;
+  if (m->opt.max_tokens < 1 || m->opt.max_seqs < 1 || m->opt.max_blocks_per_seq < 1 ||
+      m->opt.max_logits < 0) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "model options: max_tokens %d, max_seqs %d, max_blocks_per_seq %d and "
+                          "max_logits %d must be positive",
+                          m->opt.max_tokens, m->opt.max_seqs, m->opt.max_blocks_per_seq,
+                          m->opt.max_logits);
+    goto fail;
+  }
+  if (m->opt.max_logits == 0) m->opt.max_logits = m->opt.max_tokens;
+
+  if (is_gguf(path)) {
+    st = kiln_gguf_open(path, &m->cfg, &src);
+  } else {
+    st = kiln_model_config_load(path, &m->cfg);
+    if (!st) st = kiln_weights_open_dir(path, &src);
+  }
+  if (st) goto fail;
+  const kiln_model_config_t *c = &m->cfg;
+
+  /* The serving dtype and whether the device computes in it. */
+  m->dtype = options->dtype >= 0 ? options->dtype : c->dtype;
+  if (m->dtype != KILN_HAL_F32 && m->dtype != KILN_HAL_F16 && m->dtype != KILN_HAL_BF16) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "model dtype %d is not a float dtype",
+                          m->dtype);
+    goto fail;
+  }
+  if (cap_for(m->dtype)) {
+    kiln_hal_device_info_t di;
+    memset(&di, 0, sizeof(di));
+    di.struct_size = sizeof(di);
+    kiln_hal_error_t *e = backend->device_info(options->device_index, &di);
+    if (e) {
+      st = kiln_hal_status_from_error(e, "device_info");
+      goto fail;
+    }
+    if (!(di.caps & (uint64_t)cap_for(m->dtype))) {
+      st = kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "backend %s cannot compute in %s on %s: set [model] dtype = float32",
+                            backend->name, kiln_hal_dtype_name(m->dtype), di.name);
+      goto fail;
+    }
+  }
+  m->es = kiln_hal_dtype_size(m->dtype);
+
+  m->max_len = kiln_rope_max_positions(c);
+  if (options->max_model_len > 0) {
+    if (options->max_model_len > m->max_len) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "max_model_len %lld exceeds the model's context of %lld positions",
+                            (long long)options->max_model_len, (long long)m->max_len);
+      goto fail;
+    }
+    m->max_len = options->max_model_len;
+  }
+
+  /* Weights: plan, allocate once, upload. */
+  m->layers = calloc((size_t)c->num_layers, sizeof(*m->layers));
+  if (!m->layers) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    goto fail;
+  }
+  plan.path = path;
+  plan.src = src;
+  plan.dtype = m->dtype;
+  plan.es = m->es;
+  if ((st = model_plan(m, &plan))) goto fail;
+  m->weight_bytes = plan.size;
+  if ((st = alloc_buf(m, plan.size, 0, "the weights", &m->weights))) goto fail;
+  if ((st = model_upload(m, &plan))) goto fail;
+
+  /* The rope table. */
+  const int64_t R = c->rope.rotary_dim;
+  table = malloc((size_t)(m->max_len * R) * sizeof(float));
+  if (!table) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory for the rope table");
+    goto fail;
+  }
+  if ((st = kiln_rope_build_table(&c->rope, c->max_position_embeddings, m->max_len, table)))
+    goto fail;
+  uint64_t rope_bytes = (uint64_t)(m->max_len * R) * sizeof(float);
+  if ((st = alloc_buf(m, rope_bytes, 0, "the rope table", &m->rope))) goto fail;
+  if ((st = hal_st(backend->copy_h2d(stream, m->rope, 0, table, rope_bytes), "rope table")) ||
+      (st = hal_st(backend->stream_sync(stream), "rope table")))
+    goto fail;
+
+  /* Activations. */
+  const int64_t TM = m->opt.max_tokens, H = c->hidden_size, I = c->intermediate_size;
+  const int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+  const size_t es = m->es;
+  uint64_t off = 0;
+#define CARVE(field, elems)                     \
+  do {                                          \
+    m->field = off;                             \
+    off = align_up(off + (uint64_t)(elems)*es); \
+  } while (0)
+  CARVE(x, TM * H);
+  CARVE(resid, TM * H);
+  CARVE(h, TM * H);
+  CARVE(qkv, TM * (QD + 2 * KD));
+  CARVE(attn, TM * QD);
+  CARVE(gu, TM * 2 * I);
+  CARVE(mlp, TM * I);
+  CARVE(gather, (int64_t)m->opt.max_logits * H);
+#undef CARVE
+  if ((st = alloc_buf(m, off, 0, "activations", &m->act)) ||
+      (st = alloc_buf(m, (uint64_t)m->opt.max_logits * (uint64_t)c->vocab_size * 4, 0, "logits",
+                      &m->logits)))
+    goto fail;
+
+  /* Batch metadata. */
+  const int64_t SM = m->opt.max_seqs;
+  int64_t mo = 0;
+  m->m_ids = mo, mo += TM;
+  m->m_pos = mo, mo += TM;
+  m->m_slots = mo, mo += TM;
+  m->m_seq_lens = mo, mo += SM;
+  m->m_qsl = mo, mo += SM + 1;
+  m->m_rows = mo, mo += m->opt.max_logits;
+  m->m_bt = mo, mo += SM * m->opt.max_blocks_per_seq;
+  m->meta_count = mo;
+  if ((st = alloc_buf(m, (uint64_t)mo * 4, 0, "batch metadata", &m->meta))) goto fail;
+  if (!backend->buffer_alloc(device, (uint64_t)mo * 4, KILN_HAL_BUFFER_HOST_PINNED,
+                             &m->meta_pinned) &&
+      backend->buffer_host_ptr)
+    m->meta_host = backend->buffer_host_ptr(m->meta_pinned);
+  if (!m->meta_host) {
+    m->meta_host = malloc((size_t)mo * 4);
+    m->meta_host_owned = true;
+    if (!m->meta_host) {
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+      goto fail;
+    }
+  }
+  kiln_log(KILN_LOG_INFO,
+           "model %s (%s): %lld layers, hidden %lld, %lld heads / %lld KV, head dim "
+           "%lld, vocab %lld, %s, %.1f MiB of weights",
+           path, c->architecture, (long long)c->num_layers, (long long)H, (long long)c->num_heads,
+           (long long)c->num_kv_heads, (long long)c->head_dim, (long long)c->vocab_size,
+           kiln_hal_dtype_name(m->dtype), (double)m->weight_bytes / (1 << 20));
+  free(plan.ups);
+  free(table);
+  kiln_weights_free(src);
+  *out_model = m;
+  return NULL;
+
+fail:
+  free(plan.ups);
+  free(table);
+  kiln_weights_free(src);
+  kiln_model_free(m);
+  return st;
+}
+
+void kiln_model_free(kiln_model_t *m) {
+  if (!m) return;
+  if (m->in_flight) {
+    kiln_hal_error_t *e = m->be->stream_sync(m->stream);
+    if (e) e->destroy(e);
+  }
+  if (m->weights) m->be->buffer_free(m->weights);
+  if (m->rope) m->be->buffer_free(m->rope);
+  if (m->act) m->be->buffer_free(m->act);
+  if (m->logits) m->be->buffer_free(m->logits);
+  if (m->meta) m->be->buffer_free(m->meta);
+  if (m->meta_pinned) m->be->buffer_free(m->meta_pinned);
+  if (m->meta_host_owned) free(m->meta_host);
+  free(m->layers);
+  free(m);
+}
+
+const kiln_model_config_t *kiln_model_get_config(const kiln_model_t *m) { return &m->cfg; }
+int32_t kiln_model_dtype(const kiln_model_t *m) { return m->dtype; }
+int64_t kiln_model_max_len(const kiln_model_t *m) { return m->max_len; }
+uint64_t kiln_model_weight_bytes(const kiln_model_t *m) { return m->weight_bytes; }
+
+/* ---- KV cache ------------------------------------------------------------------------- */
+
+uint64_t kiln_model_kv_block_bytes(const kiln_model_t *m, int32_t block_size) {
+  return (uint64_t)m->cfg.num_layers * 2 * (uint64_t)m->cfg.num_kv_heads * (uint64_t)block_size *
+         (uint64_t)m->cfg.head_dim * m->es;
+}
+
+kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t block_size,
+                                   kiln_kv_cache_t **out_kv) {
+  *out_kv = NULL;
+  if (num_blocks < 1 || block_size < 1 || block_size > 1024)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "KV cache: %d blocks of %d tokens (want >= 1 block of 1..1024 tokens)",
+                            num_blocks, block_size);
+  kiln_kv_cache_t *kv = calloc(1, sizeof(*kv));
+  if (!kv) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kv->m = m;
+  kv->num_blocks = num_blocks;
+  kv->block_size = block_size;
+  kv->cache_bytes = align_up((uint64_t)num_blocks * (uint64_t)m->cfg.num_kv_heads *
+                             (uint64_t)block_size * (uint64_t)m->cfg.head_dim * m->es);
+  kiln_status_t st =
+      alloc_buf(m, kv->cache_bytes * 2 * (uint64_t)m->cfg.num_layers, 0, "the KV cache", &kv->buf);
+  if (st) {
+    free(kv);
+    return st;
+  }
+  *out_kv = kv;
+  return NULL;
+}
+
+void kiln_kv_cache_free(kiln_kv_cache_t *kv) {
+  if (!kv) return;
+  kv->m->be->buffer_free(kv->buf);
+  free(kv);
+}
+
+int32_t kiln_kv_cache_num_blocks(const kiln_kv_cache_t *kv) { return kv->num_blocks; }
+int32_t kiln_kv_cache_block_size(const kiln_kv_cache_t *kv) { return kv->block_size; }
+
+kiln_status_t kiln_kv_cache_copy_blocks(kiln_kv_cache_t *kv, const int32_t *src, const int32_t *dst,
+                                        int32_t n) {
+  const kiln_model_t *m = kv->m;
+  uint64_t block =
+      (uint64_t)m->cfg.num_kv_heads * (uint64_t)kv->block_size * (uint64_t)m->cfg.head_dim * m->es;
+  for (int32_t i = 0; i < n; i++) {
+    if (src[i] < 0 || src[i] >= kv->num_blocks || dst[i] < 0 || dst[i] >= kv->num_blocks)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "KV copy %d -> %d: block ids must be in [0, %d)", src[i], dst[i],
+                              kv->num_blocks);
+    for (int64_t l = 0; l < 2 * m->cfg.num_layers; l++) {
+      uint64_t base = (uint64_t)l * kv->cache_bytes;
+      kiln_hal_error_t *e = m->be->copy_d2d(m->stream, kv->buf, base + (uint64_t)dst[i] * block,
+                                            kv->buf, base + (uint64_t)src[i] * block, block);
+      if (e) return kiln_hal_status_from_error(e, "KV block copy");
+    }
+  }
+  return NULL;
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+#define BAD(...) kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "batch: " __VA_ARGS__)
+
+/* Everything the device will trust, checked on the host: the ops never read or write out of
+ * bounds, and a batch whose pieces disagree (a position that is not where the sequence's
+ * length puts it, a slot outside its block table) is refused instead of computing garbage. */
+static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cache_t *kv,
+                                       const kiln_batch_t *b, int32_t *out_mq, int32_t *out_ms) {
+  const int64_t T = b->num_tokens, S = b->num_seqs, MB = b->max_blocks_per_seq;
+  const int64_t NB = kv->num_blocks, BS = kv->block_size, V = m->cfg.vocab_size;
+  if (kv->m != m) return BAD("the KV cache belongs to another model");
+  if (T < 1 || T > m->opt.max_tokens)
+    return BAD("%lld tokens, want 1..%d (max_tokens)", (long long)T, m->opt.max_tokens);
+  if (S < 1 || S > m->opt.max_seqs || S > T)
+    return BAD("%lld sequences, want 1..min(%d, tokens)", (long long)S, m->opt.max_seqs);
+  if (MB < 1 || MB > m->opt.max_blocks_per_seq)
+    return BAD("block tables %lld wide, want 1..%d", (long long)MB, m->opt.max_blocks_per_seq);
+  if (b->num_logits < 0 || b->num_logits > m->opt.max_logits)
+    return BAD("%d logits rows, want 0..%d", b->num_logits, m->opt.max_logits);
+  if (b->query_start_loc[0] != 0 || b->query_start_loc[S] != T)
+    return BAD("query_start_loc must run from 0 to %lld tokens", (long long)T);
+  int32_t mq = 0, ms = 0;
+  for (int64_t s = 0; s < S; s++) {
+    int64_t q0 = b->query_start_loc[s], q1 = b->query_start_loc[s + 1];
+    int64_t len = b->seq_lens[s], ql = q1 - q0;
+    if (ql < 1 || q1 > T)
+      return BAD("sequence %lld owns rows [%lld, %lld): want at least one, within %lld tokens",
+                 (long long)s, (long long)q0, (long long)q1, (long long)T);
+    if (len < ql || len > m->max_len || len > MB * BS)
+      return BAD(
+          "sequence %lld: seq_len %lld must cover its %lld new tokens and fit the context "
+          "(%lld) and its block table (%lld x %lld)",
+          (long long)s, (long long)len, (long long)ql, (long long)m->max_len, (long long)MB,
+          (long long)BS);
+    const int32_t *bt = b->block_tables + s * MB;
+    for (int64_t j = 0; j < (len + BS - 1) / BS; j++)
+      if (bt[j] < 0 || bt[j] >= NB)
+        return BAD("sequence %lld: block table entry %lld is %d, want 0..%lld", (long long)s,
+                   (long long)j, bt[j], (long long)NB - 1);
+    for (int64_t t = q0; t < q1; t++) {
+      int64_t pos = len - ql + (t - q0);
+      if (b->positions[t] != pos)
+        return BAD(
+            "token %lld (sequence %lld) has position %d; its sequence length puts it at %lld",
+            (long long)t, (long long)s, b->positions[t], (long long)pos);
+      if (b->token_ids[t] < 0 || b->token_ids[t] >= V)
+        return BAD("token %lld is id %d, outside the vocabulary (%lld)", (long long)t,
+                   b->token_ids[t], (long long)V);
+      int32_t slot = b->slot_mapping[t];
+      if (slot >= 0 && slot != bt[pos / BS] * BS + pos % BS)
+        return BAD("token %lld (position %lld) maps to slot %d, not to its block table's %lld",
+                   (long long)t, (long long)pos, slot, (long long)(bt[pos / BS] * BS + pos % BS));
+    }
+    if (ql > mq) mq = (int32_t)ql;
+    if (len > ms) ms = (int32_t)len;
+  }
+  for (int32_t i = 0; i < b->num_logits; i++)
+    if (b->logits_rows[i] < 0 || b->logits_rows[i] >= T)
+      return BAD("logits row %d is %d, want 0..%lld", i, b->logits_rows[i], (long long)T - 1);
+  *out_mq = mq;
+  *out_ms = ms;
+  return NULL;
+}
+
+kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b) {
+  int32_t mq = 0, ms = 0;
+  kiln_status_t st = model_check_batch(m, kv, b, &mq, &ms);
+  if (st) return st;
+  /* The staging area is reused: the previous forward's copy must be done with it. */
+  if (m->in_flight) {
+    if ((st = hal_st(m->be->stream_sync(m->stream), "forward"))) return st;
+    m->in_flight = false;
+  }
+  const int64_t T = b->num_tokens, S = b->num_seqs;
+  int32_t *h = m->meta_host;
+  memcpy(h + m->m_ids, b->token_ids, (size_t)T * 4);
+  memcpy(h + m->m_pos, b->positions, (size_t)T * 4);
+  memcpy(h + m->m_slots, b->slot_mapping, (size_t)T * 4);
+  memcpy(h + m->m_seq_lens, b->seq_lens, (size_t)S * 4);
+  memcpy(h + m->m_qsl, b->query_start_loc, (size_t)(S + 1) * 4);
+  if (b->num_logits) memcpy(h + m->m_rows, b->logits_rows, (size_t)b->num_logits * 4);
+  memcpy(h + m->m_bt, b->block_tables, (size_t)(S * b->max_blocks_per_seq) * 4);
+  /* One copy from ids up to the end of this batch's block tables. */
+  uint64_t bytes = (uint64_t)(m->m_bt + S * b->max_blocks_per_seq) * 4;
+  if ((st = hal_st(m->be->copy_h2d(m->stream, m->meta, 0, h, bytes), "batch metadata"))) return st;
+  m->in_flight = true;
+  return llama_forward(m, kv, b, mq, ms);
+}
+
+kiln_hal_tensor_t kiln_model_logits(const kiln_model_t *m, int32_t rows) {
+  kiln_hal_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.buffer = m->logits;
+  t.dtype = KILN_HAL_F32;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = m->cfg.vocab_size;
+  t.stride[0] = m->cfg.vocab_size;
+  t.stride[1] = 1;
+  return t;
+}
+
+kiln_status_t kiln_model_read_logits(kiln_model_t *m, int32_t rows, float *out) {
+  if (rows < 0 || rows > m->opt.max_logits)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "read_logits: %d rows, want 0..%d", rows,
+                            m->opt.max_logits);
+  uint64_t bytes = (uint64_t)rows * (uint64_t)m->cfg.vocab_size * 4;
+  kiln_status_t st = NULL;
+  if (bytes) st = hal_st(m->be->copy_d2h(m->stream, out, m->logits, 0, bytes), "reading logits");
+  if (!st) st = hal_st(m->be->stream_sync(m->stream), "reading logits");
+  if (!st) m->in_flight = false;
+  return st;
+}
+
+kiln_status_t kiln_model_score(kiln_model_t *m, const int32_t *ids, int32_t n, int32_t chunk,
+                               int32_t block_size, float *out) {
+  if (n < 1) return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "score: no tokens");
+  if (chunk <= 0 || chunk > n) chunk = n;
+  if (chunk > m->opt.max_tokens || chunk > m->opt.max_logits)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "score: chunks of %d tokens exceed the model's batch limits (%d)",
+                            chunk, m->opt.max_tokens);
+  if (n > m->max_len)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "score: %d tokens exceed the model's context of %lld", n,
+                            (long long)m->max_len);
+  int32_t nb = (n + block_size - 1) / block_size;
+  kiln_kv_cache_t *kv = NULL;
+  kiln_status_t st = kiln_model_kv_create(m, nb, block_size, &kv);
+  if (st) return st;
+  int32_t *bt = malloc((size_t)nb * 4), *buf = malloc((size_t)chunk * 4 * 3);
+  if (!bt || !buf) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    goto done;
+  }
+  /* Blocks in reverse order, so a position-to-slot mistake cannot go unnoticed. */
+  for (int32_t i = 0; i < nb; i++) bt[i] = nb - 1 - i;
+  for (int32_t start = 0; start < n && !st; start += chunk) {
+    int32_t t = n - start < chunk ? n - start : chunk;
+    int32_t *pos = buf, *slots = buf + chunk, *rows = buf + 2 * chunk;
+    for (int32_t i = 0; i < t; i++) {
+      int32_t p = start + i;
+      pos[i] = p;
+      slots[i] = bt[p / block_size] * block_size + p % block_size;
+      rows[i] = i;
+    }
+    int32_t len = start + t, qsl[2] = {0, t};
+    kiln_batch_t b = {.num_tokens = t,
+                      .num_seqs = 1,
+                      .token_ids = ids + start,
+                      .positions = pos,
+                      .slot_mapping = slots,
+                      .seq_lens = &len,
+                      .query_start_loc = qsl,
+                      .block_tables = bt,
+                      .max_blocks_per_seq = nb,
+                      .num_logits = t,
+                      .logits_rows = rows};
+    st = kiln_model_forward(m, kv, &b);
+    if (!st) st = kiln_model_read_logits(m, t, out + (size_t)start * (size_t)m->cfg.vocab_size);
+  }
+done:
+  free(bt);
+  free(buf);
+  kiln_kv_cache_free(kv);
+  return st;
+}

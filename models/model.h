@@ -1,0 +1,115 @@
+/* model.h - a loaded model on a device: weights uploaded once, a forward pass over the paged
+ * KV cache, logits for the rows that need them.
+ *
+ *   kiln_model_load()        config + weights (HF directory or .gguf) -> device buffers
+ *   kiln_model_kv_create()   a KV pool: per layer, K and V caches of [NB, NKV, BS, D]
+ *   kiln_model_forward()     one flattened batch (prefill chunks and decodes mixed) -> logits
+ *   kiln_model_read_logits() the logits rows, copied to the host
+ *
+ * One forward serves every batch shape: token ids, positions and slot mappings for T tokens,
+ * and for S sequences their block tables, seq_lens (keys visible after this step) and
+ * query_start_loc (which rows of T each owns), as in hal.h's attention op. Logits are computed
+ * only for the listed rows (the last token of each sequence that samples this step, or every
+ * row when scoring).
+ *
+ * The architecture (models/llama/) covers Llama 2/3/3.1, Mistral, Qwen2 and Qwen3 through the
+ * config's flags. The model validates every batch on the host before any device work (token
+ * ids within the vocabulary, positions within the rope table, slots and block ids within the
+ * pool, consistent lengths), so bad metadata is an error, never an out-of-bounds access.
+ *
+ * Ownership: the model borrows the backend table, device and stream (they must outlive it)
+ * and owns its buffers. A KV cache belongs to the model that created it and must be freed
+ * before it. Thread-safety: none; one thread drives a model (the engine thread).
+ */
+#ifndef KILN_MODELS_MODEL_H
+#define KILN_MODELS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "kiln/hal.h"
+#include "models/model_config.h"
+
+typedef struct kiln_model kiln_model_t;
+
+typedef struct kiln_model_options {
+  int32_t dtype;              /* serving dtype: KILN_HAL_F32/F16/BF16, or -1 = the checkpoint's */
+  int32_t max_tokens;         /* most tokens in one forward (sizes the activations) */
+  int32_t max_seqs;           /* most sequences in one forward */
+  int32_t max_blocks_per_seq; /* widest block table a forward takes */
+  int32_t max_logits;         /* most logits rows in one forward; 0 = max_tokens */
+  int64_t max_model_len;      /* 0 = the model's context (rope table rows) */
+  bool allow_tf32;
+  int32_t device_index; /* the index the device was opened with (for its caps) */
+} kiln_model_options_t;
+
+/* Loads path: a directory holding config.json and safetensors (single or sharded), or a
+ * .gguf file. Errors: everything the config and weight loaders report (naming the file and
+ * tensor), a missing tensor or a tensor of the wrong shape (named with both shapes),
+ * KILN_ERR_UNSUPPORTED for a dtype the device cannot compute in, device errors and
+ * KILN_ERR_OUT_OF_MEMORY (with the bytes asked for). Nothing is leaked on failure. */
+kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backend,
+                              kiln_hal_device_t *device, kiln_hal_stream_t *stream,
+                              const kiln_model_options_t *options, kiln_model_t **out_model);
+void kiln_model_free(kiln_model_t *m);
+
+const kiln_model_config_t *kiln_model_get_config(const kiln_model_t *m);
+int32_t kiln_model_dtype(const kiln_model_t *m);
+/* Longest sequence the model takes (rope rows, capped by max_model_len). */
+int64_t kiln_model_max_len(const kiln_model_t *m);
+/* Device bytes held by the weights. */
+uint64_t kiln_model_weight_bytes(const kiln_model_t *m);
+
+/* ---- the paged KV cache ----------------------------------------------------------------- */
+
+typedef struct kiln_kv_cache kiln_kv_cache_t;
+
+/* Bytes one block takes across all layers (K and V) for this model and block size. */
+uint64_t kiln_model_kv_block_bytes(const kiln_model_t *m, int32_t block_size);
+/* Allocates num_blocks blocks of block_size tokens for every layer (one device buffer).
+ * Errors: KILN_ERR_INVALID_ARGUMENT, KILN_ERR_OUT_OF_MEMORY (with the bytes). */
+kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t block_size,
+                                   kiln_kv_cache_t **out_kv);
+void kiln_kv_cache_free(kiln_kv_cache_t *kv);
+int32_t kiln_kv_cache_num_blocks(const kiln_kv_cache_t *kv);
+int32_t kiln_kv_cache_block_size(const kiln_kv_cache_t *kv);
+/* Copies whole blocks src[i] -> dst[i] in every layer (copy-on-write). */
+kiln_status_t kiln_kv_cache_copy_blocks(kiln_kv_cache_t *kv, const int32_t *src, const int32_t *dst,
+                                        int32_t n);
+
+/* ---- one forward pass -------------------------------------------------------------------- */
+
+typedef struct kiln_batch {
+  int32_t num_tokens;             /* T */
+  int32_t num_seqs;               /* S */
+  const int32_t *token_ids;       /* [T] */
+  const int32_t *positions;       /* [T] */
+  const int32_t *slot_mapping;    /* [T] block_id * block_size + offset; < 0 = do not store */
+  const int32_t *seq_lens;        /* [S] keys visible to each sequence after this step */
+  const int32_t *query_start_loc; /* [S + 1] */
+  const int32_t *block_tables;    /* [S, max_blocks_per_seq] row-major; unused entries any */
+  int32_t max_blocks_per_seq;
+  int32_t num_logits;         /* R: rows of logits wanted (may be 0) */
+  const int32_t *logits_rows; /* [R] indices into [0, T) */
+} kiln_batch_t;
+
+/* Runs the model on one batch and leaves float32 logits [R, V] on the device (read them with
+ * kiln_model_read_logits or use kiln_model_logits for device-side sampling). Enqueues work on
+ * the stream and returns without waiting (except for the one host-to-device copy of the
+ * metadata, which is staged). Errors: invalid batch metadata (named: "batch: token 3 has
+ * position 4100, beyond the rope table (4096)"), device errors. */
+kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b);
+
+/* The logits of the last forward: a [rows, V] F32 view on the device. */
+kiln_hal_tensor_t kiln_model_logits(const kiln_model_t *m, int32_t rows);
+/* Waits for the stream and copies rows x V floats to out. */
+kiln_status_t kiln_model_read_logits(kiln_model_t *m, int32_t rows, float *out);
+
+/* Convenience for tools and tests: scores one sequence of n tokens from position 0 in chunks
+ * of at most chunk tokens (0 = all at once) over a fresh KV cache of block_size-token blocks,
+ * writing the logits of every position to out[n * V]. */
+kiln_status_t kiln_model_score(kiln_model_t *m, const int32_t *ids, int32_t n, int32_t chunk,
+                               int32_t block_size, float *out);
+
+#endif /* KILN_MODELS_MODEL_H */

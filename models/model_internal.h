@@ -1,0 +1,74 @@
+/* model_internal.h - the loaded model's layout, shared by model.c (loading, KV cache, batch
+ * checks) and llama/llama.c (the forward pass). */
+#ifndef KILN_MODELS_MODEL_INTERNAL_H
+#define KILN_MODELS_MODEL_INTERNAL_H
+
+#include "models/model.h"
+
+#define MODEL_NO_TENSOR UINT64_MAX /* an absent optional weight (a bias, a q/k norm) */
+
+/* Byte offsets of one decoder layer's weights in the model's weight buffer. Fused weights
+ * keep PyTorch's [out, in] row-major layout, rows concatenated, so one GEMM computes them. */
+typedef struct model_layer {
+  uint64_t in_norm;   /* [H] input_layernorm */
+  uint64_t post_norm; /* [H] post_attention_layernorm */
+  uint64_t qkv_w;     /* [NH*D + 2*NKV*D, H]  q_proj; k_proj; v_proj */
+  uint64_t qkv_b;     /* [NH*D + 2*NKV*D] or MODEL_NO_TENSOR */
+  uint64_t q_norm;    /* [D] or MODEL_NO_TENSOR (Qwen3) */
+  uint64_t k_norm;    /* [D] or MODEL_NO_TENSOR */
+  uint64_t o_w;       /* [H, NH*D] o_proj */
+  uint64_t o_b;       /* [H] or MODEL_NO_TENSOR */
+  uint64_t gu_w;      /* [2I, H]  gate_proj; up_proj */
+  uint64_t gu_b;      /* [2I] or MODEL_NO_TENSOR */
+  uint64_t down_w;    /* [H, I] down_proj */
+  uint64_t down_b;    /* [H] or MODEL_NO_TENSOR */
+  int32_t window;     /* sliding window of this layer, 0 = full attention */
+} model_layer_t;
+
+struct kiln_model {
+  kiln_model_config_t cfg;
+  kiln_model_options_t opt;
+  const kiln_hal_backend_t *be;
+  kiln_hal_device_t *dev;
+  kiln_hal_stream_t *stream;
+  int32_t dtype;   /* serving dtype */
+  size_t es;       /* its size in bytes */
+  int64_t max_len; /* rope table rows = longest sequence */
+
+  kiln_hal_buffer_t *weights;
+  uint64_t weight_bytes;
+  uint64_t embed;      /* [V, H] */
+  uint64_t final_norm; /* [H] */
+  uint64_t lm_head;    /* [V, H] (== embed when tied) */
+  model_layer_t *layers;
+
+  kiln_hal_buffer_t *rope; /* [max_len, R] F32 */
+
+  /* Activations, sized for opt.max_tokens rows; offsets in bytes into act. */
+  kiln_hal_buffer_t *act;
+  uint64_t x, resid, h, qkv, attn, gu, mlp, gather;
+  kiln_hal_buffer_t *logits; /* [max_logits, V] F32 */
+
+  /* Batch metadata: one I32 device buffer and its host staging (pinned when possible).
+   * Offsets in elements. */
+  kiln_hal_buffer_t *meta, *meta_pinned;
+  int32_t *meta_host;
+  bool meta_host_owned;
+  int64_t meta_count;
+  int64_t m_ids, m_pos, m_slots, m_seq_lens, m_qsl, m_bt, m_rows;
+  bool in_flight; /* a forward's metadata copy may still read meta_host */
+};
+
+struct kiln_kv_cache {
+  kiln_model_t *m;
+  kiln_hal_buffer_t *buf;
+  int32_t num_blocks, block_size;
+  uint64_t cache_bytes; /* one K (or V) cache of one layer: NB * NKV * BS * D * es */
+};
+
+/* The forward pass of models/llama/llama.c, after the batch passed model_check_batch() and
+ * its metadata was copied to m->meta. */
+kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
+                            int32_t max_query_len, int32_t max_seq_len);
+
+#endif /* KILN_MODELS_MODEL_INTERNAL_H */
