@@ -5,7 +5,8 @@
 # carried) the Hugging Face goldens and tokenizer reference timing.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
-#   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD)
+#   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD); without it, the
+#                       working tree the device tool copied is built in place
 #   DEPS_DIR/tok/       optional tokenizer cache (tests/fetch_tokenizers.sh layout)
 #   DEPS_DIR/bench.txt  optional tokenizer benchmark text
 # Logs and results go to $OUT.
@@ -16,7 +17,7 @@ mkdir -p "$OUT"
 sys=/tmp/sys
 mkdir -p "$sys" /tmp/src
 for f in "$deps"/*.deb; do dpkg -x "$f" "$sys" 2>/dev/null || (cd /tmp && ar x "$f" data.tar.xz && tar xJf data.tar.xz -C "$sys"); done
-tar xf "$deps/src.tar" -C /tmp/src
+if [ -f "$deps/src.tar" ]; then tar xf "$deps/src.tar" -C /tmp/src; else src=$(pwd); rm -rf /tmp/src; ln -s "$src" /tmp/src; fi
 ml=$sys/usr/lib/x86_64-linux-gnu
 export PKG_CONFIG_PATH=$ml/pkgconfig:$ml/openblas-pthread/pkgconfig PKG_CONFIG_SYSROOT_DIR=$sys
 export LD_LIBRARY_PATH=$ml:$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -32,14 +33,25 @@ if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$sys/
 fi
 echo "== kiln info"; ./build/bin/kiln info 2>&1 | tee "$OUT/info.txt"
 echo "== test_ops on cuda"
-for seed in ${SEEDS:-1 2}; do
+for seed in ${SEEDS-1 2}; do
   (cd build/tests && KILN_TEST_SEED=$seed KILN_BACKEND_PATH=/tmp/src/build/lib/kiln KILN_TEST_BACKENDS=cuda \
      timeout 300 ./test_ops) >"$OUT/test_ops_$seed.log" 2>&1
   echo "seed $seed rc=$?"; grep -E "^FAIL|failure\(s\)|PASSED|FAILED" "$OUT/test_ops_$seed.log" | grep -v " 0 failure" | head -30
 done
-echo "== selftest on cuda"; ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
+[ -n "${SELFTEST-1}" ] && echo "== selftest on cuda" && ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
 echo "== ctest (all, default backends)"
 (cd build && timeout 300 ctest 2>&1 | tail -15) | tee "$OUT/ctest.txt"
+if [ -n "${MODELS:-}" ]; then
+  echo "== model parity fixtures on cuda (fp32 + bf16)"
+  (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+     KILN_TEST_BACKEND=cuda KILN_TEST_VERBOSE=1 timeout 300 ./test_parity) >"$OUT/parity_cuda.log" 2>&1
+  echo "rc=$?"; grep -E "rel err|greedy|FAIL|PASSED|FAILED" "$OUT/parity_cuda.log" | grep -v "chunk" | head -60
+  echo "== kiln vs transformers on real-size models (${MODEL_SHAPES:-none})"
+  for shape in ${MODEL_SHAPES:-}; do
+    timeout 500 python3 bench/model_vs_hf.py --kiln ./build/bin/kiln --work /tmp/mb --shape "$shape" \
+      --out "$OUT/model_vs_hf_$shape.json" 2>&1 | grep -v Warning | tail -8
+  done
+fi
 if [ -n "${BENCH:-}" ]; then
   echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
 fi
@@ -49,7 +61,7 @@ if [ -d "$deps/tok" ] && [ -f "$deps/bench.txt" ]; then
     echo "-- $n"; ./build/bin/kiln-bench-tokenizer "$deps/tok/$n" "$deps/bench.txt" 3 2>&1 | tee -a "$OUT/bench_tokenizer.txt"
   done
 fi
-if [ -d "$deps/tok" ]; then
+if [ -d "$deps/tok" ] && [ -n "${GOLDENS:-}" ]; then
   echo "== Hugging Face goldens"
   python3 tools/dev/gen_tokenizer_goldens.py "$deps/tok" "$OUT/goldens" "$deps/bench.txt" 2>&1 | tee "$OUT/goldens.log"
   (cd "$OUT/goldens" && tar cf "$OUT/goldens.tar" .)
