@@ -14,7 +14,10 @@
  * Not covered: allocations inside shared libraries, which --wrap cannot reach: libc's own
  * (fopen, realpath, opendir, newlocale, open_memstream), inih's line buffer, PCRE2's pattern
  * compilation, JIT and match data (it takes a general context with custom malloc; not worth
- * it here), utf8proc's normalization buffers, dlopen's.
+ * it here), utf8proc's normalization buffers, dlopen's, and the backend plugins' (the model walk
+ * runs on the cpu plugin, a dlopen'ed .so: its buffers, streams and error values are allocated
+ * there and never fail; a plugin's own out-of-memory comes back as a kiln_hal_error_t with
+ * KILN_HAL_ERR_OUT_OF_MEMORY, which kiln_hal_status_from_error maps to KILN_ERR_OUT_OF_MEMORY).
  */
 #define _GNU_SOURCE /* open_memstream, mkdtemp, symlink */
 #include <stdarg.h>
@@ -35,6 +38,10 @@
 #include "core/status.h"
 #include "core/strbuf.h"
 #include "hal/loader.h"
+#include "models/loader/gguf.h"
+#include "models/loader/weights.h"
+#include "models/model.h"
+#include "models/model_config.h"
 #include "models/template/template.h"
 #include "models/tokenizer/tokenizer.h"
 #include "oom_alloc.h"
@@ -1071,14 +1078,268 @@ static void test_loader(void **state) {
   oom_assert_clean();
 }
 
+/* ---- model loading ------------------------------------------------------------------------- */
+
+/* The fixture <rel> under tests/fixtures/models of KILN_SOURCE_DIR (set by CTest), malloc'ed;
+ * NULL outside CTest (the test then skips). */
+static char *fixture_path(const char *rel) {
+  const char *src = getenv("KILN_SOURCE_DIR");
+  if (!src) return NULL;
+  char *p = kiln_strprintf("%s/tests/fixtures/models/%s", src, rel);
+  assert_non_null(p);
+  return p;
+}
+
+static void append_hex(kiln_strbuf_t *b, const void *data, size_t n) {
+  static const char digits[] = "0123456789abcdef";
+  const uint8_t *p = data;
+  assert_true(kiln_strbuf_reserve(b, 2 * n));
+  for (size_t i = 0; i < n; i++) {
+    kiln_strbuf_append_char(b, digits[p[i] >> 4]);
+    kiln_strbuf_append_char(b, digits[p[i] & 15]);
+  }
+}
+
+/* A summary line, then every byte of the struct: equal texts are memcmp-equal configs (the
+ * loaders memset it first, so padding is zero). */
+static void append_config(kiln_strbuf_t *b, const kiln_model_config_t *cfg) {
+  kiln_strbuf_printf(b, "config %s (%s): %lld layers, hidden %lld, vocab %lld, %d eos\n  ",
+                     cfg->architecture, cfg->model_type, (long long)cfg->num_layers,
+                     (long long)cfg->hidden_size, (long long)cfg->vocab_size, cfg->num_eos);
+  append_hex(b, cfg, sizeof(*cfg));
+  kiln_strbuf_append_char(b, '\n');
+}
+
+/* Every tensor in order: name, type, shape, bytes, file; and each found again by name. */
+static void append_weights(kiln_strbuf_t *b, const kiln_weights_t *w) {
+  int64_t n = kiln_weights_count(w);
+  kiln_strbuf_printf(b, "%lld tensors\n", (long long)n);
+  for (int64_t i = 0; i < n; i++) {
+    const kiln_weight_t *t = kiln_weights_at(w, i);
+    OOM_CHECK(kiln_weights_find(w, t->name) == t, "tensor %s is not found by its name", t->name);
+    kiln_strbuf_printf(b, "  %s %s [", t->name, kiln_wtype_name(t->type));
+    for (int d = 0; d < t->ndim; d++)
+      kiln_strbuf_printf(b, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    kiln_strbuf_printf(b, "] %lld elements, %llu bytes, %s\n", (long long)t->numel,
+                       (unsigned long long)t->nbytes, t->file);
+  }
+}
+
+typedef struct model_ctx {
+  char *path; /* the fixture directory or .gguf file */
+  kiln_model_config_t cfg;
+  kiln_weights_t *weights;
+  /* kiln_model_load */
+  const kiln_hal_plugin_t *plugin;
+  kiln_hal_device_t *dev;
+  kiln_hal_stream_t *stream;
+  kiln_model_t *model;
+  float *logits; /* [K_SCORE_N, vocab] */
+  size_t n_logits;
+} model_ctx_t;
+
+static const int32_t k_score_ids[] = {1, 17, 42, 255, 319};
+#define K_SCORE_N ((int32_t)(sizeof(k_score_ids) / sizeof(k_score_ids[0])))
+
+static char *model_detach(kiln_strbuf_t *b) {
+  assert_true(kiln_strbuf_ok(b));
+  char *s = kiln_strbuf_detach(b, NULL);
+  assert_non_null(s);
+  return s;
+}
+
+static void model_teardown(void *p) {
+  model_ctx_t *c = p;
+  kiln_weights_free(c->weights);
+  c->weights = NULL;
+  kiln_model_free(c->model);
+  c->model = NULL;
+}
+
+/* kiln_model_config_load: a pattern in the struct before each run, so that a run that returns
+ * success without writing it cannot match. */
+static void cfg_setup(void *p) {
+  memset(&((model_ctx_t *)p)->cfg, 0xa5, sizeof(kiln_model_config_t));
+}
+
+static kiln_status_t cfg_run_load(void *p) {
+  model_ctx_t *c = p;
+  return kiln_model_config_load(c->path, &c->cfg);
+}
+
+/* On error the config's content is unspecified (a partly parsed one): only success shows it. */
+static char *cfg_snapshot(void *p, bool ok) {
+  model_ctx_t *c = p;
+  if (!ok) return xstrdup("(no config)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  append_config(&b, &c->cfg);
+  return model_detach(&b);
+}
+
+static kiln_status_t weights_run_open_dir(void *p) {
+  model_ctx_t *c = p;
+  return kiln_weights_open_dir(c->path, &c->weights);
+}
+
+static char *weights_snapshot(void *p, bool ok) {
+  model_ctx_t *c = p;
+  OOM_CHECK(ok || !c->weights, "the open failed and left *out_weights set");
+  if (!c->weights) return xstrdup("(no weights)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  append_weights(&b, c->weights);
+  return model_detach(&b);
+}
+
+static kiln_status_t gguf_run_open(void *p) {
+  model_ctx_t *c = p;
+  return kiln_gguf_open(c->path, &c->cfg, &c->weights);
+}
+
+static char *gguf_snapshot(void *p, bool ok) {
+  model_ctx_t *c = p;
+  OOM_CHECK(ok || !c->weights, "kiln_gguf_open failed and left *out_weights set");
+  if (!c->weights) return xstrdup("(no weights)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  append_config(&b, &c->cfg);
+  append_weights(&b, c->weights);
+  return model_detach(&b);
+}
+
+/* kiln_model_load then kiln_model_score of k_score_ids. The logits start as NaNs (all bits set)
+ * so that a success that wrote nothing cannot match. */
+static void model_setup(void *p) {
+  model_ctx_t *c = p;
+  memset(c->logits, 0xff, c->n_logits * sizeof(float));
+}
+
+static kiln_status_t model_run_load_score(void *p) {
+  model_ctx_t *c = p;
+  kiln_model_options_t o = {
+      .dtype = KILN_HAL_F32, .max_tokens = 8, .max_seqs = 1, .max_blocks_per_seq = 8};
+  kiln_status_t st = kiln_model_load(c->path, &c->plugin->table, c->dev, c->stream, &o, &c->model);
+  if (st) {
+    OOM_CHECK(!c->model, "kiln_model_load failed and left *out_model set");
+    return st;
+  }
+  OOM_CHECK((size_t)kiln_model_get_config(c->model)->vocab_size * K_SCORE_N == c->n_logits,
+            "the model's vocabulary is not the fixture's");
+  if ((size_t)kiln_model_get_config(c->model)->vocab_size * K_SCORE_N != c->n_logits)
+    return kiln_status_make(KILN_ERR_INTERNAL, "wrong vocabulary size");
+  return kiln_model_score(c->model, k_score_ids, K_SCORE_N, 0, 16, c->logits);
+}
+
+/* The config, the weight bytes and the logits, bit for bit. */
+static char *model_snapshot(void *p, bool ok) {
+  model_ctx_t *c = p;
+  if (!ok) return xstrdup("(no model)");
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  append_config(&b, kiln_model_get_config(c->model));
+  kiln_strbuf_printf(&b, "dtype %d, max_len %lld, %llu bytes of weights\nlogits ",
+                     (int)kiln_model_dtype(c->model), (long long)kiln_model_max_len(c->model),
+                     (unsigned long long)kiln_model_weight_bytes(c->model));
+  append_hex(&b, c->logits, c->n_logits * sizeof(float));
+  kiln_strbuf_append_char(&b, '\n');
+  return model_detach(&b);
+}
+
+static void test_model_config(void **state) {
+  (void)state;
+  model_ctx_t c = {.path = fixture_path("qwen3")};
+  if (!c.path) skip(); /* run through CTest, which sets KILN_SOURCE_DIR */
+  oom_op_t op = {.name = "model_config_load",
+                 .ctx = &c,
+                 .setup = cfg_setup,
+                 .run = cfg_run_load,
+                 .snapshot = cfg_snapshot,
+                 .teardown = model_teardown,
+                 .transactional = false};
+  oom_walk(&op);
+  free(c.path);
+  oom_assert_clean();
+}
+
+static void test_weights(void **state) {
+  (void)state;
+  model_ctx_t c = {.path = fixture_path("llama_sharded")};
+  if (!c.path) skip();
+  oom_op_t op = {.name = "weights_open_dir(sharded)",
+                 .ctx = &c,
+                 .run = weights_run_open_dir,
+                 .snapshot = weights_snapshot,
+                 .teardown = model_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+  free(c.path);
+  oom_assert_clean();
+}
+
+static void test_gguf(void **state) {
+  (void)state;
+  model_ctx_t c = {.path = fixture_path("llama3_gguf/model.gguf")};
+  if (!c.path) skip();
+  oom_op_t op = {.name = "gguf_open",
+                 .ctx = &c,
+                 .setup = cfg_setup,
+                 .run = gguf_run_open,
+                 .snapshot = gguf_snapshot,
+                 .teardown = model_teardown,
+                 .transactional = true};
+  oom_walk(&op);
+  free(c.path);
+  oom_assert_clean();
+}
+
+static void test_model(void **state) {
+  (void)state;
+  model_ctx_t c = {.path = fixture_path("llama2")};
+  if (!c.path) skip();
+  /* The cpu backend, found through KILN_BACKEND_PATH (set by CTest) as test_parity does. */
+  kiln_hal_registry_t *reg = NULL;
+  kiln_hal_registry_options_t o = {0};
+  kiln_status_t st = kiln_hal_registry_create(&o, &reg);
+  if (!st) st = kiln_hal_registry_open(reg, "cpu", &c.plugin);
+  if (st) fail_msg("%s", kiln_status_message(st));
+  const kiln_hal_backend_t *be = &c.plugin->table;
+  assert_null(be->device_open(0, &c.dev));
+  assert_null(be->stream_create(c.dev, &c.stream));
+  kiln_model_config_t cfg;
+  assert_null(kiln_model_config_load(c.path, &cfg));
+  c.n_logits = (size_t)cfg.vocab_size * K_SCORE_N;
+  c.logits = malloc(c.n_logits * sizeof(float));
+  assert_non_null(c.logits);
+  oom_op_t op = {.name = "model_load+score",
+                 .ctx = &c,
+                 .setup = model_setup,
+                 .run = model_run_load_score,
+                 .snapshot = model_snapshot,
+                 .teardown = model_teardown,
+                 .transactional = false};
+  oom_walk(&op);
+  free(c.logits);
+  be->stream_destroy(c.stream);
+  be->device_close(c.dev);
+  kiln_hal_registry_free(reg);
+  free(c.path);
+  oom_assert_clean();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_config_create),    cmocka_unit_test(test_config_load),
-      cmocka_unit_test(test_config_set),       cmocka_unit_test(test_json_parse),
-      cmocka_unit_test(test_json_write),       cmocka_unit_test(test_strbuf),
-      cmocka_unit_test(test_tokenizer_load),   cmocka_unit_test(test_tokenizer_encode),
-      cmocka_unit_test(test_tokenizer_decode), cmocka_unit_test(test_template),
+      cmocka_unit_test(test_config_create),
+      cmocka_unit_test(test_config_load),
+      cmocka_unit_test(test_config_set),
+      cmocka_unit_test(test_json_parse),
+      cmocka_unit_test(test_json_write),
+      cmocka_unit_test(test_strbuf),
+      cmocka_unit_test(test_tokenizer_load),
+      cmocka_unit_test(test_tokenizer_encode),
+      cmocka_unit_test(test_tokenizer_decode),
+      cmocka_unit_test(test_template),
       cmocka_unit_test(test_loader),
+      cmocka_unit_test(test_model_config),
+      cmocka_unit_test(test_weights),
+      cmocka_unit_test(test_gguf),
+      cmocka_unit_test(test_model),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

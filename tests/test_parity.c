@@ -293,6 +293,73 @@ static void check_mixed(const char *name) {
   fixture_close(&f);
 }
 
+/* ---- copy-on-write support: whole KV blocks copied elsewhere in the pool ----------------- */
+
+/* Prefill all but the last token into blocks 0.., copy them to the far end of the pool, then
+ * decode the last token through the copies: its logits must equal the all-at-once row. */
+static void check_copy_blocks(const char *name) {
+  fixture_t f;
+  fixture_open(&f, name);
+  const int32_t V = (int32_t)f.V, n = f.n, BS = 8, nb = (n + BS - 1) / BS, NB = 2 * nb + 1;
+  kiln_model_t *m = load(f.model, KILN_HAL_F32, n, 1);
+  float *solo = score(m, &f, 0, BS);
+  kiln_kv_cache_t *kv = NULL;
+  check_st(kiln_model_kv_create(m, NB, BS, &kv));
+  int32_t *src = malloc((size_t)nb * 4), *dst = malloc((size_t)nb * 4);
+  int32_t *pos = malloc((size_t)n * 4), *slots = malloc((size_t)n * 4);
+  for (int32_t j = 0; j < nb; j++) {
+    src[j] = j;
+    dst[j] = NB - 1 - j;
+  }
+  for (int32_t i = 0; i < n - 1; i++) {
+    pos[i] = i;
+    slots[i] = src[i / BS] * BS + i % BS;
+  }
+  int32_t len = n - 1, qsl[2] = {0, n - 1}, row = n - 2;
+  kiln_batch_t b = {.num_tokens = n - 1, .num_seqs = 1, .token_ids = f.prompt, .positions = pos,
+                    .slot_mapping = slots, .seq_lens = &len, .query_start_loc = qsl,
+                    .block_tables = src, .max_blocks_per_seq = nb, .num_logits = 1,
+                    .logits_rows = &row};
+  check_st(kiln_model_forward(m, kv, &b));
+  check_st(kiln_kv_cache_copy_blocks(kv, src, dst, nb));
+  /* Poison the originals so that reading them instead of the copies cannot pass. */
+  int32_t poison_pos[64], poison_slots[64], poison_ids[64];
+  for (int32_t i = 0; i < n - 1 && i < 64; i++) {
+    poison_pos[i] = i;
+    poison_slots[i] = slots[i];
+    poison_ids[i] = (f.prompt[i] + 1) % V;
+  }
+  int32_t plen = n - 1 < 64 ? n - 1 : 64, pqsl[2] = {0, plen};
+  kiln_batch_t pb = {.num_tokens = plen, .num_seqs = 1, .token_ids = poison_ids,
+                     .positions = poison_pos, .slot_mapping = poison_slots, .seq_lens = &plen,
+                     .query_start_loc = pqsl, .block_tables = src, .max_blocks_per_seq = nb};
+  check_st(kiln_model_forward(m, kv, &pb));
+  int32_t last_pos = n - 1, last_slot = dst[(n - 1) / BS] * BS + (n - 1) % BS, one_len = n;
+  int32_t q1[2] = {0, 1}, r0 = 0;
+  kiln_batch_t d = {.num_tokens = 1, .num_seqs = 1, .token_ids = f.prompt + n - 1,
+                    .positions = &last_pos, .slot_mapping = &last_slot, .seq_lens = &one_len,
+                    .query_start_loc = q1, .block_tables = dst, .max_blocks_per_seq = nb,
+                    .num_logits = 1, .logits_rows = &r0};
+  check_st(kiln_model_forward(m, kv, &d));
+  float *lg = malloc((size_t)V * sizeof(float));
+  check_st(kiln_model_read_logits(m, 1, lg));
+  expect_close("decode via copied blocks", &f, lg, solo + (size_t)(n - 1) * V, (size_t)V, SELF_TOL);
+  /* Bad ids are refused. */
+  int32_t bad = NB;
+  kiln_status_t st = kiln_kv_cache_copy_blocks(kv, src, &bad, 1);
+  assert_int_equal(kiln_status_code(st), KILN_ERR_INVALID_ARGUMENT);
+  kiln_status_free(st);
+  free(lg);
+  free(src);
+  free(dst);
+  free(pos);
+  free(slots);
+  free(solo);
+  kiln_kv_cache_free(kv);
+  kiln_model_free(m);
+  fixture_close(&f);
+}
+
 /* ---- greedy continuation ------------------------------------------------------------------ */
 
 /* Greedy decoding through the KV cache (prefill, then one token per forward) must reproduce
@@ -426,6 +493,15 @@ static void test_bf16_qwen2(void **s) {
   check_bf16("qwen2_bf16");
 }
 
+static void test_copy_blocks_llama2(void **s) {
+  (void)s;
+  check_copy_blocks("llama2");
+}
+static void test_copy_blocks_qwen3(void **s) {
+  (void)s;
+  check_copy_blocks("qwen3");
+}
+
 /* Every directory under tests/fixtures/models has a test above: a new fixture cannot be
  * silently left out. */
 static void test_all_fixtures_listed(void **s) {
@@ -460,6 +536,8 @@ int main(void) {
       cmocka_unit_test(test_qwen3_gguf),          cmocka_unit_test(test_mixed_llama3),
       cmocka_unit_test(test_mixed_mistral),       cmocka_unit_test(test_mixed_qwen3),
       cmocka_unit_test(test_bf16_qwen2),
+      cmocka_unit_test(test_copy_blocks_llama2),
+      cmocka_unit_test(test_copy_blocks_qwen3),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

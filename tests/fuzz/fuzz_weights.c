@@ -1,0 +1,50 @@
+/* fuzz_weights.c - libFuzzer target for the weight loaders: the input is written to a file and
+ * opened as safetensors and as GGUF; whatever opens has every tensor converted to f32. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "kiln/hal.h"
+#include "models/loader/gguf.h"
+#include "models/loader/weights.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Converts every tensor (up to 1M elements each, to bound the time per input). */
+static void convert_all(const kiln_weights_t *w) {
+  float *buf = malloc((1u << 20) * sizeof(float));
+  if (!buf) return;
+  for (int64_t i = 0; i < kiln_weights_count(w); i++) {
+    const kiln_weight_t *t = kiln_weights_at(w, i);
+    int64_t n = t->numel < (1 << 20) ? t->numel : (1 << 20);
+    if (t->type == KILN_WTYPE_Q8_0) n &= ~(int64_t)31;
+    kiln_status_free(kiln_weight_convert(t, 0, n, KILN_HAL_F32, buf));
+  }
+  free(buf);
+}
+
+/* Properties: neither loader crashes, reads out of bounds or leaks on any input; what they
+ * accept converts without touching memory outside the file. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static char path[64];
+  if (!path[0]) snprintf(path, sizeof(path), "/tmp/kiln-fuzz-weights-%d", (int)getpid());
+  FILE *f = fopen(path, "wb");
+  if (!f) return 0;
+  size_t wrote = fwrite(data, 1, size, f);
+  fclose(f);
+  if (wrote != size) return 0;
+  kiln_weights_t *w = NULL;
+  kiln_status_t st = kiln_weights_open_safetensors(path, &w);
+  if (!st) convert_all(w);
+  kiln_status_free(st);
+  kiln_weights_free(w);
+  w = NULL;
+  kiln_model_config_t cfg;
+  st = kiln_gguf_open(path, &cfg, &w);
+  if (!st) convert_all(w);
+  kiln_status_free(st);
+  kiln_weights_free(w);
+  return 0;
+}
