@@ -598,16 +598,8 @@ kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kil
 }
 
 kiln_hal_tensor_t kiln_model_logits(const kiln_model_t *m, int32_t rows) {
-  kiln_hal_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  t.buffer = m->logits;
-  t.dtype = KILN_HAL_F32;
-  t.ndim = 2;
-  t.shape[0] = rows;
-  t.shape[1] = m->cfg.vocab_size;
-  t.stride[0] = m->cfg.vocab_size;
-  t.stride[1] = 1;
-  return t;
+  const int64_t shape[2] = {rows, m->cfg.vocab_size};
+  return kiln_hal_tensor_make(m->logits, 0, KILN_HAL_F32, 2, shape);
 }
 
 kiln_status_t kiln_model_read_logits(kiln_model_t *m, int32_t rows, float *out) {
@@ -619,6 +611,41 @@ kiln_status_t kiln_model_read_logits(kiln_model_t *m, int32_t rows, float *out) 
   if (bytes) st = hal_st(m->be->copy_d2h(m->stream, out, m->logits, 0, bytes), "reading logits");
   if (!st) st = hal_st(m->be->stream_sync(m->stream), "reading logits");
   if (!st) m->in_flight = false;
+  return st;
+}
+
+kiln_status_t kiln_model_forward_seq(kiln_model_t *m, kiln_kv_cache_t *kv,
+                                     const int32_t *block_table, int32_t num_blocks,
+                                     const int32_t *ids, int32_t start, int32_t n,
+                                     int32_t num_logits) {
+  if (n < 1 || num_logits < 0 || num_logits > n)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "forward_seq: %d tokens with %d logits rows",
+                            n, num_logits);
+  int32_t *buf = malloc((size_t)n * 3 * sizeof(int32_t));
+  if (!buf) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  int32_t *pos = buf, *slots = buf + n, *rows = buf + 2 * n;
+  const int32_t bs = kv->block_size;
+  for (int32_t i = 0; i < n; i++) {
+    int32_t p = start + i, j = p / bs;
+    pos[i] = p;
+    /* A position beyond the table is left for model_check_batch to report. */
+    slots[i] = j < num_blocks ? block_table[j] * bs + p % bs : -1;
+    rows[i] = n - num_logits + i;
+  }
+  int32_t len = start + n, qsl[2] = {0, n};
+  kiln_batch_t b = {.num_tokens = n,
+                    .num_seqs = 1,
+                    .token_ids = ids,
+                    .positions = pos,
+                    .slot_mapping = slots,
+                    .seq_lens = &len,
+                    .query_start_loc = qsl,
+                    .block_tables = block_table,
+                    .max_blocks_per_seq = num_blocks,
+                    .num_logits = num_logits,
+                    .logits_rows = rows};
+  kiln_status_t st = kiln_model_forward(m, kv, &b);
+  free(buf);
   return st;
 }
 
@@ -638,40 +665,16 @@ kiln_status_t kiln_model_score(kiln_model_t *m, const int32_t *ids, int32_t n, i
   kiln_kv_cache_t *kv = NULL;
   kiln_status_t st = kiln_model_kv_create(m, nb, block_size, &kv);
   if (st) return st;
-  int32_t *bt = malloc((size_t)nb * 4), *buf = malloc((size_t)chunk * 4 * 3);
-  if (!bt || !buf) {
-    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-    goto done;
-  }
+  int32_t *bt = malloc((size_t)nb * 4);
+  if (!bt) st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   /* Blocks in reverse order, so a position-to-slot mistake cannot go unnoticed. */
-  for (int32_t i = 0; i < nb; i++) bt[i] = nb - 1 - i;
+  for (int32_t i = 0; !st && i < nb; i++) bt[i] = nb - 1 - i;
   for (int32_t start = 0; start < n && !st; start += chunk) {
     int32_t t = n - start < chunk ? n - start : chunk;
-    int32_t *pos = buf, *slots = buf + chunk, *rows = buf + 2 * chunk;
-    for (int32_t i = 0; i < t; i++) {
-      int32_t p = start + i;
-      pos[i] = p;
-      slots[i] = bt[p / block_size] * block_size + p % block_size;
-      rows[i] = i;
-    }
-    int32_t len = start + t, qsl[2] = {0, t};
-    kiln_batch_t b = {.num_tokens = t,
-                      .num_seqs = 1,
-                      .token_ids = ids + start,
-                      .positions = pos,
-                      .slot_mapping = slots,
-                      .seq_lens = &len,
-                      .query_start_loc = qsl,
-                      .block_tables = bt,
-                      .max_blocks_per_seq = nb,
-                      .num_logits = t,
-                      .logits_rows = rows};
-    st = kiln_model_forward(m, kv, &b);
+    st = kiln_model_forward_seq(m, kv, bt, nb, ids + start, start, t, t);
     if (!st) st = kiln_model_read_logits(m, t, out + (size_t)start * (size_t)m->cfg.vocab_size);
   }
-done:
   free(bt);
-  free(buf);
   kiln_kv_cache_free(kv);
   return st;
 }

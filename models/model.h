@@ -106,6 +106,15 @@ kiln_hal_tensor_t kiln_model_logits(const kiln_model_t *m, int32_t rows);
 /* Waits for the stream and copies rows x V floats to out. */
 kiln_status_t kiln_model_read_logits(kiln_model_t *m, int32_t rows, float *out);
 
+/* One sequence's next n tokens (ids, at positions start .. start + n - 1) through its block
+ * table of num_blocks entries, with logits for the last num_logits of them (rows 0 ..
+ * num_logits - 1 of kiln_model_logits). Slots follow from the block table. The simple case of
+ * kiln_model_forward, for tools and tests that drive one sequence. */
+kiln_status_t kiln_model_forward_seq(kiln_model_t *m, kiln_kv_cache_t *kv,
+                                     const int32_t *block_table, int32_t num_blocks,
+                                     const int32_t *ids, int32_t start, int32_t n,
+                                     int32_t num_logits);
+
 /* Convenience for tools and tests: scores one sequence of n tokens from position 0 in chunks
  * of at most chunk tokens (0 = all at once) over a fresh KV cache of block_size-token blocks,
  * writing the logits of every position to out[n * V]. */

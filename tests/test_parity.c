@@ -306,41 +306,17 @@ static void check_copy_blocks(const char *name) {
   kiln_kv_cache_t *kv = NULL;
   check_st(kiln_model_kv_create(m, NB, BS, &kv));
   int32_t *src = malloc((size_t)nb * 4), *dst = malloc((size_t)nb * 4);
-  int32_t *pos = malloc((size_t)n * 4), *slots = malloc((size_t)n * 4);
+  int32_t *poison = malloc((size_t)n * 4);
   for (int32_t j = 0; j < nb; j++) {
     src[j] = j;
     dst[j] = NB - 1 - j;
   }
-  for (int32_t i = 0; i < n - 1; i++) {
-    pos[i] = i;
-    slots[i] = src[i / BS] * BS + i % BS;
-  }
-  int32_t len = n - 1, qsl[2] = {0, n - 1}, row = n - 2;
-  kiln_batch_t b = {.num_tokens = n - 1, .num_seqs = 1, .token_ids = f.prompt, .positions = pos,
-                    .slot_mapping = slots, .seq_lens = &len, .query_start_loc = qsl,
-                    .block_tables = src, .max_blocks_per_seq = nb, .num_logits = 1,
-                    .logits_rows = &row};
-  check_st(kiln_model_forward(m, kv, &b));
+  check_st(kiln_model_forward_seq(m, kv, src, nb, f.prompt, 0, n - 1, 1));
   check_st(kiln_kv_cache_copy_blocks(kv, src, dst, nb));
-  /* Poison the originals so that reading them instead of the copies cannot pass. */
-  int32_t poison_pos[64], poison_slots[64], poison_ids[64];
-  for (int32_t i = 0; i < n - 1 && i < 64; i++) {
-    poison_pos[i] = i;
-    poison_slots[i] = slots[i];
-    poison_ids[i] = (f.prompt[i] + 1) % V;
-  }
-  int32_t plen = n - 1 < 64 ? n - 1 : 64, pqsl[2] = {0, plen};
-  kiln_batch_t pb = {.num_tokens = plen, .num_seqs = 1, .token_ids = poison_ids,
-                     .positions = poison_pos, .slot_mapping = poison_slots, .seq_lens = &plen,
-                     .query_start_loc = pqsl, .block_tables = src, .max_blocks_per_seq = nb};
-  check_st(kiln_model_forward(m, kv, &pb));
-  int32_t last_pos = n - 1, last_slot = dst[(n - 1) / BS] * BS + (n - 1) % BS, one_len = n;
-  int32_t q1[2] = {0, 1}, r0 = 0;
-  kiln_batch_t d = {.num_tokens = 1, .num_seqs = 1, .token_ids = f.prompt + n - 1,
-                    .positions = &last_pos, .slot_mapping = &last_slot, .seq_lens = &one_len,
-                    .query_start_loc = q1, .block_tables = dst, .max_blocks_per_seq = nb,
-                    .num_logits = 1, .logits_rows = &r0};
-  check_st(kiln_model_forward(m, kv, &d));
+  /* Overwrite the originals so that reading them instead of the copies cannot pass. */
+  for (int32_t i = 0; i < n - 1; i++) poison[i] = (f.prompt[i] + 1) % V;
+  check_st(kiln_model_forward_seq(m, kv, src, nb, poison, 0, n - 1, 0));
+  check_st(kiln_model_forward_seq(m, kv, dst, nb, f.prompt + n - 1, n - 1, 1, 1));
   float *lg = malloc((size_t)V * sizeof(float));
   check_st(kiln_model_read_logits(m, 1, lg));
   expect_close("decode via copied blocks", &f, lg, solo + (size_t)(n - 1) * V, (size_t)V, SELF_TOL);
@@ -352,8 +328,7 @@ static void check_copy_blocks(const char *name) {
   free(lg);
   free(src);
   free(dst);
-  free(pos);
-  free(slots);
+  free(poison);
   free(solo);
   kiln_kv_cache_free(kv);
   kiln_model_free(m);
@@ -386,29 +361,12 @@ static void check_greedy(const char *name, int32_t dtype, double min_margin) {
   for (int32_t i = 0; i < nb; i++) bt[i] = i;
   memcpy(seq, prompt, (size_t)np * 4);
   float *lg = malloc((size_t)f.V * sizeof(float));
-  int32_t len = 0, pos[64], slots[64], matched = 0;
+  int32_t len = 0, matched = 0;
   for (int32_t step = 0; step < nt; step++) {
     int32_t t = step == 0 ? np : 1;
-    assert_true(t <= 64);
-    for (int32_t i = 0; i < t; i++) {
-      pos[i] = len + i;
-      slots[i] = bt[pos[i] / BS] * BS + pos[i] % BS;
-    }
-    int32_t sl = len + t, qsl[2] = {0, t}, row = t - 1;
-    kiln_batch_t b = {.num_tokens = t,
-                      .num_seqs = 1,
-                      .token_ids = seq + len,
-                      .positions = pos,
-                      .slot_mapping = slots,
-                      .seq_lens = &sl,
-                      .query_start_loc = qsl,
-                      .block_tables = bt,
-                      .max_blocks_per_seq = nb,
-                      .num_logits = 1,
-                      .logits_rows = &row};
-    check_st(kiln_model_forward(m, kv, &b));
+    check_st(kiln_model_forward_seq(m, kv, bt, nb, seq + len, len, t, 1));
     check_st(kiln_model_read_logits(m, 1, lg));
-    len = sl;
+    len += t;
     int32_t best = 0;
     for (int32_t v = 1; v < f.V; v++)
       if (lg[v] > lg[best]) best = v;
@@ -535,8 +493,7 @@ int main(void) {
       cmocka_unit_test(test_llama_sharded),       cmocka_unit_test(test_llama3_gguf),
       cmocka_unit_test(test_qwen3_gguf),          cmocka_unit_test(test_mixed_llama3),
       cmocka_unit_test(test_mixed_mistral),       cmocka_unit_test(test_mixed_qwen3),
-      cmocka_unit_test(test_bf16_qwen2),
-      cmocka_unit_test(test_copy_blocks_llama2),
+      cmocka_unit_test(test_bf16_qwen2),          cmocka_unit_test(test_copy_blocks_llama2),
       cmocka_unit_test(test_copy_blocks_qwen3),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

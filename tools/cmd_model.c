@@ -368,32 +368,9 @@ int kiln_cmd_generate(kiln_cli_t *cli) {
   kiln_tokens_t *seq = &c.ids;
   while (!st && (int64_t)out.len < a.max_tokens && len < total) {
     int32_t t = len < n ? (n - len < chunk ? n - len : chunk) : 1;
-    int32_t pos[512], slots[512];
-    int32_t *ids = seq->ids + len;
-    int32_t last_id;
-    if (len >= n) {
-      last_id = out.ids[out.len - 1];
-      ids = &last_id;
-    }
-    if (t > 512) t = 512;
-    for (int32_t i = 0; i < t; i++) {
-      pos[i] = len + i;
-      slots[i] = bt[pos[i] / bs] * bs + pos[i] % bs;
-    }
-    int32_t seq_len = len + t, qsl[2] = {0, t}, row = t - 1;
-    kiln_batch_t b = {.num_tokens = t,
-                      .num_seqs = 1,
-                      .token_ids = ids,
-                      .positions = pos,
-                      .slot_mapping = slots,
-                      .seq_lens = &seq_len,
-                      .query_start_loc = qsl,
-                      .block_tables = bt,
-                      .max_blocks_per_seq = nb,
-                      .num_logits = seq_len >= n ? 1 : 0,
-                      .logits_rows = &row};
-    st = kiln_model_forward(c.model, kv, &b);
-    len = seq_len;
+    const int32_t *ids = len < n ? seq->ids + len : &out.ids[out.len - 1];
+    st = kiln_model_forward_seq(c.model, kv, bt, nb, ids, len, t, len + t >= n ? 1 : 0);
+    len += t;
     if (st || len < n) continue;
     int32_t id;
     if ((st = mc_sample(&c, &a, &rng, sbuf, &id))) break;

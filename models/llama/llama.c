@@ -57,29 +57,16 @@ static kiln_hal_tensor_t weight_t(const kiln_model_t *m, uint64_t off, int64_t K
   return t;
 }
 
+/* A weight vector (a norm or a bias), or an absent tensor for MODEL_NO_TENSOR. */
 static kiln_hal_tensor_t vec(const kiln_model_t *m, uint64_t off, int64_t n) {
   kiln_hal_tensor_t t;
   memset(&t, 0, sizeof(t));
-  if (off == MODEL_NO_TENSOR) return t; /* absent */
-  t.buffer = m->weights;
-  t.offset = off;
-  t.dtype = m->dtype;
-  t.ndim = 1;
-  t.shape[0] = n;
-  t.stride[0] = 1;
-  return t;
+  return off == MODEL_NO_TENSOR ? t : kiln_hal_tensor_make(m->weights, off, m->dtype, 1, &n);
 }
 
+/* n int32 values of the batch metadata, from element first. */
 static kiln_hal_tensor_t meta1(const kiln_model_t *m, int64_t first, int64_t n) {
-  kiln_hal_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  t.buffer = m->meta;
-  t.offset = (uint64_t)first * 4;
-  t.dtype = KILN_HAL_I32;
-  t.ndim = 1;
-  t.shape[0] = n;
-  t.stride[0] = 1;
-  return t;
+  return kiln_hal_tensor_make(m->meta, (uint64_t)first * 4, KILN_HAL_I32, 1, &n);
 }
 
 static kiln_status_t hal_fail(kiln_hal_error_t *e, const char *what, int64_t layer) {
@@ -171,15 +158,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_bat
   kiln_hal_tensor_t gu = view2(m->act, m->gu, dt, T, 2 * I, 2 * I);
   kiln_hal_tensor_t mlp = view2(m->act, m->mlp, dt, T, I, I);
 
-  kiln_hal_tensor_t rope_tab;
-  memset(&rope_tab, 0, sizeof(rope_tab));
-  rope_tab.buffer = m->rope;
-  rope_tab.dtype = KILN_HAL_F32;
-  rope_tab.ndim = 2;
-  rope_tab.shape[0] = m->max_len;
-  rope_tab.shape[1] = c->rope.rotary_dim;
-  rope_tab.stride[0] = c->rope.rotary_dim;
-  rope_tab.stride[1] = 1;
+  const int64_t rope_shape[2] = {m->max_len, c->rope.rotary_dim};
+  const kiln_hal_tensor_t rope_tab = kiln_hal_tensor_make(m->rope, 0, KILN_HAL_F32, 2, rope_shape);
 
   const int64_t NB = kv->num_blocks, BS = kv->block_size;
   for (layer = 0; layer < c->num_layers; layer++) {
@@ -226,22 +206,9 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_bat
 
     const uint64_t kc_off = (uint64_t)layer * 2 * kv->cache_bytes,
                    vc_off = kc_off + kv->cache_bytes;
-    kiln_hal_tensor_t kc, vc;
-    memset(&kc, 0, sizeof(kc));
-    kc.buffer = kv->buf;
-    kc.offset = kc_off;
-    kc.dtype = dt;
-    kc.ndim = 4;
-    kc.shape[0] = NB;
-    kc.shape[1] = NKV;
-    kc.shape[2] = BS;
-    kc.shape[3] = D;
-    kc.stride[3] = 1;
-    kc.stride[2] = D;
-    kc.stride[1] = BS * D;
-    kc.stride[0] = NKV * BS * D;
-    vc = kc;
-    vc.offset = vc_off;
+    const int64_t cache_shape[4] = {NB, NKV, BS, D};
+    kiln_hal_tensor_t kc = kiln_hal_tensor_make(kv->buf, kc_off, dt, 4, cache_shape);
+    kiln_hal_tensor_t vc = kiln_hal_tensor_make(kv->buf, vc_off, dt, 4, cache_shape);
 
     kiln_hal_kv_write_args_t kw;
     memset(&kw, 0, sizeof(kw));
