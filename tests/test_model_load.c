@@ -20,6 +20,7 @@
 #include "core/npy.h"
 #include "hal/loader.h"
 #include "models/model.h"
+#include "models/tokenizer/tokenizer.h"
 
 static const kiln_hal_plugin_t *g_plugin;
 static kiln_hal_registry_t *g_reg;
@@ -325,6 +326,89 @@ static void test_generate_command(void **s) {
   kiln_json_doc_free(ref);
 }
 
+/* A byte-level BPE tokenizer.json over the fixture's 320 ids: the 256 bytes (GPT-2's byte to
+ * character map, id = byte value) and four merges. */
+static void write_tokenizer(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  fputs(
+      "{\"version\": \"1.0\", \"added_tokens\": [], \"normalizer\": null,\n"
+      " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+      "\"trim_offsets\": true, \"use_regex\": true},\n"
+      " \"post_processor\": null,\n"
+      " \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+      "\"trim_offsets\": true, \"use_regex\": true},\n"
+      " \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
+      "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, \"fuse_unk\": false, "
+      "\"byte_fallback\": false, \"vocab\": {",
+      f);
+  int n = 0;
+  for (int b = 0; b < 256; b++) {
+    bool self = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    unsigned cp = self ? (unsigned)b : 256u + (unsigned)n++;
+    char u[8];
+    if (cp < 0x80) {
+      u[0] = (char)cp, u[1] = 0;
+    } else {
+      u[0] = (char)(0xc0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3f)), u[2] = 0;
+    }
+    if (cp == '"' || cp == '\\')
+      fprintf(f, "\"\\%s\": %d, ", u, b);
+    else
+      fprintf(f, "\"%s\": %d, ", u, b);
+  }
+  fputs(
+      "\"he\": 256, \"ll\": 257, \"\u0120t\": 258, \"on\": 259}, "
+      "\"merges\": [\"h e\", \"l l\", \"\u0120 t\", \"o n\"]}}\n",
+      f);
+  fclose(f);
+}
+
+/* --prompt goes through the tokenizer beside the model, and the output carries its text. */
+static void test_generate_prompt(void **s) {
+  (void)s;
+  char dir[256], cmd[4096];
+  copy_fixture("llama2", dir, sizeof(dir));
+  write_tokenizer(dir);
+  snprintf(
+      cmd, sizeof(cmd),
+      "'%s' generate --set backend.name=cpu --model '%s' --prompt 'hello there' --max-tokens 6 "
+      "--ignore-eos --json",
+      kiln_bin(), dir);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  char out[8192];
+  size_t n = fread(out, 1, sizeof(out) - 1, f);
+  out[n] = 0;
+  assert_int_equal(pclose(f), 0);
+  kiln_json_doc_t *doc = NULL;
+  kiln_status_t st = kiln_json_parse(out, n, "generate output", &doc);
+  if (st) fail_msg("%s\n%s", kiln_status_message(st), out);
+  const kiln_json_t *root = kiln_json_root(doc);
+  /* "hello there" -> he ll o | Ġt he r e */
+  const int want[] = {256, 257, 111, 258, 256, 114, 101};
+  const kiln_json_t *p = kiln_json_get(root, "prompt_ids");
+  assert_int_equal(kiln_json_len(p), 7);
+  for (int i = 0; i < 7; i++)
+    assert_int_equal((int)kiln_json_number(kiln_json_at(p, (size_t)i)), want[i]);
+  const kiln_json_t *ids = kiln_json_get(root, "token_ids");
+  assert_int_equal(kiln_json_len(ids), 6);
+  /* The text is the tokenizer's decoding of the generated ids. */
+  kiln_tokenizer_t *tok = NULL;
+  assert_null(kiln_tokenizer_load(dir, &tok));
+  int32_t gen[6];
+  for (int i = 0; i < 6; i++) gen[i] = (int32_t)kiln_json_number(kiln_json_at(ids, (size_t)i));
+  kiln_strbuf_t text = KILN_STRBUF_INIT;
+  assert_null(kiln_tokenizer_decode(tok, gen, 6, true, &text));
+  assert_string_equal(kiln_json_string(kiln_json_get(root, "text"), NULL), kiln_strbuf_cstr(&text));
+  kiln_strbuf_free(&text);
+  kiln_tokenizer_free(tok);
+  kiln_json_doc_free(doc);
+  remove_dir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_good_fixture_loads),    cmocka_unit_test(test_missing_shard),
@@ -332,6 +416,7 @@ int main(void) {
       cmocka_unit_test(test_wrong_dtype),           cmocka_unit_test(test_missing_tensor),
       cmocka_unit_test(test_unknown_model_type),    cmocka_unit_test(test_truncated_gguf),
       cmocka_unit_test(test_score_command),         cmocka_unit_test(test_generate_command),
+      cmocka_unit_test(test_generate_prompt),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
