@@ -72,4 +72,11 @@ if [ -n "${SANITIZE:-}" ]; then
   (cd build/tests && KILN_TEST_SEED=3 KILN_BACKEND_PATH=/tmp/src/build/lib/kiln KILN_TEST_BACKENDS=cuda \
      timeout "$SANITIZE" compute-sanitizer --tool memcheck --leak-check no ./test_ops) >"$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | head
+  if [ -n "${MODELS:-}" ]; then
+    echo "== compute-sanitizer memcheck on the model parity fixtures (cuda)"
+    (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+       KILN_TEST_BACKEND=cuda timeout "$SANITIZE" compute-sanitizer --tool memcheck --leak-check no ./test_parity) \
+       >"$OUT/memcheck_parity.log" 2>&1
+    echo "memcheck parity rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_parity.log" | head
+  fi
 fi
