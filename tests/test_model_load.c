@@ -242,6 +242,83 @@ static void test_truncated_gguf(void **s) {
   remove_dir(dir);
 }
 
+/* ---- batches the model refuses ------------------------------------------------------------ */
+
+typedef struct bad_batch {
+  int32_t ids[4], pos[4], slots[4], seq_lens[2], qsl[3], bt[2 * 2], rows[2];
+  kiln_batch_t b;
+} bad_batch_t;
+
+/* A valid two-sequence batch: sequence 0 prefills 3 tokens into block 1, sequence 1 decodes
+ * its 6th token (position 5) with blocks {2, 0}; block size 4, 3 blocks in the pool. */
+static void good_batch(bad_batch_t *x) {
+  const bad_batch_t init = {.ids = {5, 6, 7, 8},
+                            .pos = {0, 1, 2, 5},
+                            .slots = {4, 5, 6, 1},
+                            .seq_lens = {3, 6},
+                            .qsl = {0, 3, 4},
+                            .bt = {1, 0, 2, 0},
+                            .rows = {2, 3}};
+  *x = init;
+  x->b = (kiln_batch_t){.num_tokens = 4,
+                        .num_seqs = 2,
+                        .token_ids = x->ids,
+                        .positions = x->pos,
+                        .slot_mapping = x->slots,
+                        .seq_lens = x->seq_lens,
+                        .query_start_loc = x->qsl,
+                        .block_tables = x->bt,
+                        .max_blocks_per_seq = 2,
+                        .num_logits = 2,
+                        .logits_rows = x->rows};
+}
+
+static void test_bad_batches(void **s) {
+  (void)s;
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/llama2", g_root);
+  kiln_model_options_t o = {
+      .dtype = KILN_HAL_F32, .max_tokens = 4, .max_seqs = 2, .max_blocks_per_seq = 2};
+  kiln_model_t *m = NULL;
+  assert_null(kiln_model_load(path, &g_plugin->table, g_dev, g_stream, &o, &m));
+  kiln_kv_cache_t *kv = NULL;
+  assert_null(kiln_model_kv_create(m, 3, 4, &kv));
+  bad_batch_t x;
+  good_batch(&x);
+  assert_null(kiln_model_forward(m, kv, &x.b));
+  /* Each case breaks one thing; the message must name what. */
+  static const char *const needles[] = {
+      "tokens",          "position", "vocabulary", "slot",      "block table entry",
+      "query_start_loc", "seq_len",  "logits row", "sequences", "block tables"};
+  for (size_t i = 0; i < sizeof(needles) / sizeof(needles[0]); i++) {
+    good_batch(&x);
+    switch (i) {
+      case 0: x.b.num_tokens = 5; break;         /* beyond max_tokens */
+      case 1: x.pos[1] = 7; break;               /* not where seq_lens puts it */
+      case 2: x.ids[3] = 320; break;             /* vocabulary is 320 */
+      case 3: x.slots[0] = 8; break;             /* not the block table's slot */
+      case 4: x.bt[2] = 3; break;                /* the pool has blocks 0..2 */
+      case 5: x.qsl[2] = 3; break;               /* must end at T */
+      case 6: x.seq_lens[1] = 9; break;          /* beyond 2 blocks of 4 */
+      case 7: x.rows[1] = 4; break;              /* rows are 0..3 */
+      case 8: x.b.num_seqs = 3; break;           /* beyond max_seqs */
+      case 9: x.b.max_blocks_per_seq = 3; break; /* beyond max_blocks_per_seq */
+    }
+    kiln_status_t st = kiln_model_forward(m, kv, &x.b);
+    if (!st) fail_msg("case %zu (%s): accepted", i, needles[i]);
+    if (getenv("KILN_TEST_VERBOSE")) printf("  %s\n", kiln_status_message(st));
+    assert_int_equal(kiln_status_code(st), KILN_ERR_INVALID_ARGUMENT);
+    if (!strstr(kiln_status_message(st), needles[i]))
+      fail_msg("case %zu: message lacks '%s': %s", i, needles[i], kiln_status_message(st));
+    kiln_status_free(st);
+  }
+  /* The model still works after refusing them. */
+  good_batch(&x);
+  assert_null(kiln_model_forward(m, kv, &x.b));
+  kiln_kv_cache_free(kv);
+  kiln_model_free(m);
+}
+
 /* ---- the commands ---------------------------------------------------------------------- */
 
 static const char *kiln_bin(void) {
@@ -416,7 +493,7 @@ int main(void) {
       cmocka_unit_test(test_wrong_dtype),           cmocka_unit_test(test_missing_tensor),
       cmocka_unit_test(test_unknown_model_type),    cmocka_unit_test(test_truncated_gguf),
       cmocka_unit_test(test_score_command),         cmocka_unit_test(test_generate_command),
-      cmocka_unit_test(test_generate_prompt),
+      cmocka_unit_test(test_generate_prompt),       cmocka_unit_test(test_bad_batches),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -36,6 +36,8 @@
  * lm_head turn into ~1% of the largest logit. 3% is 15 ulps of headroom, still far below what
  * a real bug (a wrong rope, a missing bias, a swapped head) produces: those give 30-100%. */
 #define BF16_TOL 3e-2
+/* f16 keeps 3 more bits than bf16 (unit roundoff 2^-12): an eighth of the bf16 bound. */
+#define F16_TOL 4e-3
 
 static const kiln_hal_plugin_t *g_plugin;
 static kiln_hal_registry_t *g_reg;
@@ -412,6 +414,24 @@ static void check_bf16(const char *name) {
   fixture_close(&f);
 }
 
+/* An fp32 checkpoint served in bf16 and f16, and the bf16 checkpoint served in f16: the
+ * weights are converted at load, and the results stay within the dtype's tolerance of the fp32
+ * reference (f16 keeps 11 significant bits, so its bound is tighter than bf16's). */
+static void check_serving_dtype(const char *name, int32_t dtype, double tol) {
+  if (!(g_caps & (dtype == KILN_HAL_BF16 ? KILN_HAL_CAP_BF16 : KILN_HAL_CAP_F16))) skip();
+  fixture_t f;
+  fixture_open(&f, name);
+  kiln_model_t *m = load(f.model, dtype, f.n, 1);
+  assert_int_equal(kiln_model_dtype(m), dtype);
+  float *all = score(m, &f, 0, 16);
+  char what[64];
+  snprintf(what, sizeof(what), "served in %s", kiln_hal_dtype_name(dtype));
+  expect_close(what, &f, all, f.logits, (size_t)f.n * (size_t)f.V, tol);
+  free(all);
+  kiln_model_free(m);
+  fixture_close(&f);
+}
+
 /* ---- the tests --------------------------------------------------------------------------- */
 
 #define FIXTURE_TESTS(name)                  \
@@ -451,6 +471,13 @@ static void test_bf16_qwen2(void **s) {
   check_bf16("qwen2_bf16");
 }
 
+static void test_serving_dtypes(void **s) {
+  (void)s;
+  check_serving_dtype("llama2", KILN_HAL_BF16, BF16_TOL);
+  check_serving_dtype("llama3_gguf", KILN_HAL_BF16, BF16_TOL);
+  check_serving_dtype("llama2", KILN_HAL_F16, F16_TOL);
+  check_serving_dtype("qwen2_bf16", KILN_HAL_F16, F16_TOL);
+}
 static void test_copy_blocks_llama2(void **s) {
   (void)s;
   check_copy_blocks("llama2");
@@ -493,8 +520,8 @@ int main(void) {
       cmocka_unit_test(test_llama_sharded),       cmocka_unit_test(test_llama3_gguf),
       cmocka_unit_test(test_qwen3_gguf),          cmocka_unit_test(test_mixed_llama3),
       cmocka_unit_test(test_mixed_mistral),       cmocka_unit_test(test_mixed_qwen3),
-      cmocka_unit_test(test_bf16_qwen2),          cmocka_unit_test(test_copy_blocks_llama2),
-      cmocka_unit_test(test_copy_blocks_qwen3),
+      cmocka_unit_test(test_bf16_qwen2),          cmocka_unit_test(test_serving_dtypes),
+      cmocka_unit_test(test_copy_blocks_llama2),  cmocka_unit_test(test_copy_blocks_qwen3),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
