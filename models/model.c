@@ -468,9 +468,15 @@ kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t 
   kv->block_size = block_size;
   kv->cache_bytes = align_up((uint64_t)num_blocks * (uint64_t)m->cfg.num_kv_heads *
                              (uint64_t)block_size * (uint64_t)m->cfg.head_dim * m->es);
-  kiln_status_t st =
-      alloc_buf(m, kv->cache_bytes * 2 * (uint64_t)m->cfg.num_layers, 0, "the KV cache", &kv->buf);
+  const uint64_t bytes = kv->cache_bytes * 2 * (uint64_t)m->cfg.num_layers;
+  kiln_status_t st = alloc_buf(m, bytes, 0, "the KV cache", &kv->buf);
+  /* Zeroed, so that a slot no forward has written reads as a zero key and value: a misused
+   * block table gives a wrong answer the tests can see, never uninitialised memory (and the
+   * pool's pages are committed now, not in the middle of serving). */
+  if (!st) st = hal_st(m->be->fill(m->stream, kv->buf, 0, bytes, 0), "zeroing the KV cache");
+  if (!st) st = hal_st(m->be->stream_sync(m->stream), "zeroing the KV cache");
   if (st) {
+    if (kv->buf) m->be->buffer_free(kv->buf);
     free(kv);
     return st;
   }
