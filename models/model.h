@@ -67,7 +67,8 @@ typedef struct kiln_kv_cache kiln_kv_cache_t;
 
 /* Bytes one block takes across all layers (K and V) for this model and block size. */
 uint64_t kiln_model_kv_block_bytes(const kiln_model_t *m, int32_t block_size);
-/* Allocates num_blocks blocks of block_size tokens for every layer (one device buffer).
+/* Allocates num_blocks blocks of block_size tokens for every layer (one device buffer),
+ * zeroed.
  * Errors: KILN_ERR_INVALID_ARGUMENT, KILN_ERR_OUT_OF_MEMORY (with the bytes). */
 kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t block_size,
                                    kiln_kv_cache_t **out_kv);
