@@ -178,39 +178,37 @@ static void test_truncated_safetensors(void **s) {
   remove_dir(dir);
 }
 
-static void test_wrong_shape(void **s) {
-  (void)s;
+/* Copies the llama2 fixture, replaces `from` by `to` in one of its files, and expects the load
+ * to fail with every needle in the message. */
+static void expect_patched_error(const char *file, const char *from, const char *to,
+                                 const char *const *needles) {
   char dir[256], path[512];
   copy_fixture("llama2", dir, sizeof(dir));
-  snprintf(path, sizeof(path), "%s/config.json", dir);
-  /* The config now says 192, the tensors hold 160. */
-  patch_file(path, "\"intermediate_size\": 160", "\"intermediate_size\": 192");
-  expect_load_error(dir, KILN_ERR_INVALID_ARGUMENT,
-                    (const char *const[]){"model.layers.0.mlp.", "[160, 64]", "[192, 64]", NULL});
+  snprintf(path, sizeof(path), "%s/%s", dir, file);
+  patch_file(path, from, to);
+  expect_load_error(dir, KILN_ERR_INVALID_ARGUMENT, needles);
   remove_dir(dir);
+}
+
+static void test_wrong_shape(void **s) {
+  (void)s;
+  /* The config now says 192, the tensors hold 160. */
+  expect_patched_error(
+      "config.json", "\"intermediate_size\": 160", "\"intermediate_size\": 192",
+      (const char *const[]){"model.layers.0.mlp.", "[160, 64]", "[192, 64]", NULL});
 }
 
 static void test_wrong_dtype(void **s) {
   (void)s;
-  char dir[256], path[512];
-  copy_fixture("llama2", dir, sizeof(dir));
-  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-  patch_file(path, "\"dtype\":\"F32\"", "\"dtype\":\"I32\"");
-  expect_load_error(dir, KILN_ERR_INVALID_ARGUMENT,
-                    (const char *const[]){"model.safetensors", "I32", NULL});
-  remove_dir(dir);
+  expect_patched_error("model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
+                       (const char *const[]){"model.safetensors", "I32", NULL});
 }
 
 static void test_missing_tensor(void **s) {
   (void)s;
-  char dir[256], path[512];
-  copy_fixture("llama2", dir, sizeof(dir));
-  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
-  patch_file(path, "\"model.norm.weight\"", "\"model.norX.weight\"");
-  expect_load_error(
-      dir, KILN_ERR_INVALID_ARGUMENT,
+  expect_patched_error(
+      "model.safetensors", "\"model.norm.weight\"", "\"model.norX.weight\"",
       (const char *const[]){"model.safetensors", "model.norm.weight", "missing", NULL});
-  remove_dir(dir);
 }
 
 static void test_unknown_model_type(void **s) {
