@@ -27,7 +27,8 @@ function(kiln_find_dep target pcname header)
     message(STATUS "${target}: ${_kd_${pcname}_LIB}")
   elseif(NOT D_OPTIONAL)
     message(FATAL_ERROR "${target}: ${pcname} not found. On Debian: apt-get install "
-      "libinih-dev libcmocka-dev libopenblas-dev libpcre2-dev libutf8proc-dev pkg-config "
+      "libinih-dev libcmocka-dev libopenblas-dev libpcre2-dev libutf8proc-dev libxxhash-dev "
+      "pkg-config "
       "(or run `make deps`).")
   endif()
 endfunction()
@@ -35,6 +36,7 @@ endfunction()
 kiln_find_dep(Kiln::inih inih ini.h NAMES inih)
 kiln_find_dep(Kiln::pcre2 libpcre2-8 pcre2.h NAMES pcre2-8)
 kiln_find_dep(Kiln::utf8proc libutf8proc utf8proc.h NAMES utf8proc)
+kiln_find_dep(Kiln::xxhash libxxhash xxhash.h NAMES xxhash)
 kiln_find_dep(Kiln::openblas openblas cblas.h NAMES openblas
   PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial)
 if(KILN_BUILD_TESTS)

@@ -4,10 +4,20 @@
 include(CMakePackageConfigHelpers)
 
 install(FILES hal/include/kiln/hal.h hal/include/kiln/hal_util.h hal/include/kiln/hal_check.h
+        include/kiln/kiln.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln)
 install(FILES hal/plugin.map DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln)
 install(TARGETS kiln LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(FILES etc/kiln.ini DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kiln)
+# The installed kiln.ini names the installed default model by its absolute path.
+file(READ ${PROJECT_SOURCE_DIR}/etc/kiln.ini _kiln_ini)
+string(REPLACE "path = ../share/models/kiln-tiny"
+  "path = ${CMAKE_INSTALL_FULL_DATADIR}/kiln/models/kiln-tiny" _kiln_ini "${_kiln_ini}")
+file(WRITE ${PROJECT_BINARY_DIR}/kiln.ini "${_kiln_ini}")
+install(FILES ${PROJECT_BINARY_DIR}/kiln.ini DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kiln)
+if(EXISTS ${PROJECT_SOURCE_DIR}/share/models/kiln-tiny/config.json)
+  install(DIRECTORY share/models/kiln-tiny DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln/models
+    PATTERN "*.py" EXCLUDE)
+endif()
 
 set(KILN_PC_PLUGINDIR "\${libdir}/kiln")
 # Relocatable: the prefix is found from the .pc file's own place (pkg-config's ${pcfiledir}).

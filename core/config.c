@@ -1244,3 +1244,61 @@ void kiln_config_write(const kiln_config_t *cfg, FILE *f) {
         config_write_key(f, cfg->extras[k].key, cfg->extras[k].raw, cfg->extras[k].origin);
   }
 }
+
+/* ---- paths -------------------------------------------------------------------------------- */
+
+kiln_status_t kiln_config_get_path(const kiln_config_t *cfg, const char *section, const char *key,
+                                   char *buf, size_t size) {
+  const char *v = kiln_config_get_string(cfg, section, key);
+  const char *origin = kiln_config_origin(cfg, section, key);
+  buf[0] = '\0';
+  if (!v || !v[0]) return NULL;
+  size_t dir_len = 0;
+  if (v[0] != '/' && origin) {
+    /* A file origin is "<path>:<line>": relative values are relative to that file's folder. */
+    const char *colon = strrchr(origin, ':');
+    bool digits = colon && colon[1];
+    for (const char *p = colon ? colon + 1 : ""; *p && digits; p++) digits = *p >= '0' && *p <= '9';
+    if (digits) {
+      const char *slash = NULL;
+      for (const char *p = origin; p < colon; p++)
+        if (*p == '/') slash = p;
+      dir_len = slash ? (size_t)(slash - origin) + 1 : 0;
+    }
+  }
+  int n = snprintf(buf, size, "%.*s%s", (int)dir_len, origin ? origin : "", v);
+  if (n < 0 || (size_t)n >= size)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "[%s] %s: the path is too long", section, key);
+  return NULL;
+}
+
+#ifndef KILN_DEFAULT_MODEL_DIRS
+#define KILN_DEFAULT_MODEL_DIRS ""
+#endif
+
+kiln_status_t kiln_config_model_path(const kiln_config_t *cfg, char *buf, size_t size) {
+  kiln_status_t st = kiln_config_get_path(cfg, "model", "path", buf, size);
+  if (st || buf[0]) return st;
+  /* Empty: the embedded default model, from the source tree or the install. */
+  const char *env = getenv("KILN_DEFAULT_MODEL");
+  const char *dirs = env && env[0] ? env : KILN_DEFAULT_MODEL_DIRS;
+  for (const char *p = dirs; *p;) {
+    const char *end = strchr(p, ':');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len && len < size) {
+      char cfgjson[4200];
+      snprintf(cfgjson, sizeof(cfgjson), "%.*s/config.json", (int)len, p);
+      FILE *f = fopen(cfgjson, "rb");
+      if (f) {
+        fclose(f);
+        snprintf(buf, size, "%.*s", (int)len, p);
+        return NULL;
+      }
+    }
+    p = end ? end + 1 : p + len;
+  }
+  return kiln_status_make(KILN_ERR_NOT_FOUND,
+                          "no model: [model] path is empty and the embedded default model is not "
+                          "in %s; set [model] path (a Hugging Face directory or a .gguf file)",
+                          dirs[0] ? dirs : "(no default model was built in)");
+}

@@ -130,6 +130,17 @@ const char *kiln_config_origin(const kiln_config_t *cfg, const char *section, co
  * allowed range or values, and a line of help; then a note on [plugin.<name>] sections. */
 void kiln_config_print_help(FILE *f);
 
+/* A path-valued key: a relative value set in a config file is taken relative to that file's
+ * folder (so etc/kiln.ini can name ../share/...), one set by --set or the API relative to the
+ * current directory. buf = "" when the key is empty. Errors: the path does not fit buf. */
+kiln_status_t kiln_config_get_path(const kiln_config_t *cfg, const char *section, const char *key,
+                                   char *buf, size_t size);
+/* [model] path, resolved as above; when empty, the embedded default model: the first of
+ * $KILN_DEFAULT_MODEL or the built-in list (the source tree's share/models/kiln-tiny, then
+ * the installed one) that holds a config.json. Errors: KILN_ERR_NOT_FOUND naming where it
+ * looked. */
+kiln_status_t kiln_config_model_path(const kiln_config_t *cfg, char *buf, size_t size);
+
 /* Writes the effective config as an INI file that kiln_config_load_*() read back into the same
  * values: every table key in table order (a comment names the origin of values that are not
  * defaults), then the plugin sections in the order they were first set. Write errors are left

@@ -77,6 +77,7 @@ const char *kiln_status_code_name(kiln_status_code_t code) {
     case KILN_ERR_INCOMPATIBLE: return "INCOMPATIBLE";
     case KILN_ERR_DEVICE: return "DEVICE";
     case KILN_ERR_INTERNAL: return "INTERNAL";
+    case KILN_ERR_UNAVAILABLE: return "UNAVAILABLE";
   }
   return "UNKNOWN";
 }

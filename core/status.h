@@ -25,6 +25,7 @@ typedef enum kiln_status_code {
   KILN_ERR_INCOMPATIBLE = 6,     /* ABI or format version mismatch */
   KILN_ERR_DEVICE = 7,           /* the device or its driver reported an error */
   KILN_ERR_INTERNAL = 8,         /* a bug: an invariant did not hold */
+  KILN_ERR_UNAVAILABLE = 9,      /* not now: a full queue, a shutting-down engine; try later */
 } kiln_status_code_t;
 
 typedef struct kiln_status *kiln_status_t;

@@ -30,12 +30,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/engine/engine_internal.h"
 #include "core/json.h"
 #include "core/status.h"
+#include "core/sched/scheduler.h"
 #include "core/strbuf.h"
 #include "hal/loader.h"
 #include "models/loader/gguf.h"
@@ -1323,6 +1327,523 @@ static void test_model(void **state) {
   oom_assert_clean();
 }
 
+/* ---- the block manager and the scheduler ---------------------------------------------------- */
+
+/* A few sequences through a small pool: a prompt with n = 2 (forked once computed, its shared
+ * last block copied on write), a prompt sharing its first blocks (prefix cache hits), another
+ * one, chunked prefill under a small budget, and preemption when the pool runs out. Tokens are
+ * a function of (sequence, position), so the final tokens do not depend on the path (the
+ * scheduler absorbs a failure to hash blocks for the prefix cache: fewer hits, same tokens).
+ * A failed kiln_scheduler_schedule is retried once (the state it leaves must stay usable: the
+ * engine schedules again at its next step); any other failure ends every sequence, after which
+ * every block must be free. */
+
+#define SCHED_NSEQ 4
+#define SCHED_NEW 6 /* tokens generated per sequence */
+
+typedef struct sched_ctx {
+  kiln_kv_manager_t *kv;
+  kiln_scheduler_t *s;
+  kiln_seq_t seqs[SCHED_NSEQ]; /* 0: n = 2, 1: its fork, 2: shares 0's prefix, 3: other */
+  bool added[SCHED_NSEQ];
+  int32_t steps;
+} sched_ctx_t;
+
+static int32_t sched_token(int32_t seq, int32_t pos) { return 1 + (seq * 7 + pos * 3) % 50; }
+
+static kiln_status_t sched_add_seq(sched_ctx_t *c, int32_t i, int32_t np, int32_t prefix_of0) {
+  kiln_seq_t *q = &c->seqs[i];
+  for (int32_t p = 0; p < np; p++) {
+    kiln_status_t st = kiln_seq_append(q, p < prefix_of0 ? sched_token(0, p) : sched_token(i, p));
+    if (st) return st;
+  }
+  q->num_prompt = np;
+  q->owner = c;
+  q->arrival = (uint64_t)i;
+  kiln_scheduler_add(c->s, q);
+  c->added[i] = true;
+  return NULL;
+}
+
+/* Ends every sequence still in a queue. */
+static void sched_end_all(sched_ctx_t *c) {
+  for (int32_t i = 0; i < SCHED_NSEQ; i++)
+    if (c->added[i] && c->seqs[i].state != KILN_SEQ_FINISHED) kiln_scheduler_finish(c->s, &c->seqs[i]);
+}
+
+static kiln_status_t sched_run(void *p) {
+  sched_ctx_t *c = p;
+  kiln_status_t st = kiln_kv_manager_create(10, 4, true, &c->kv);
+  if (st) return st;
+  kiln_sched_options_t o = {.max_num_seqs = 4, .max_num_batched_tokens = 12, .chunked_prefill = true};
+  if ((st = kiln_scheduler_create(c->kv, &o, &c->s))) return st;
+  if ((st = sched_add_seq(c, 0, 10, 0))) goto out;
+  c->seqs[0].fork_n = 2;
+  if ((st = sched_add_seq(c, 3, 6, 0))) goto out;
+  for (c->steps = 0; c->steps < 200; c->steps++) {
+    if (c->steps == 2 && (st = sched_add_seq(c, 2, 11, 8))) goto out;
+    kiln_sched_step_t *step;
+    st = kiln_scheduler_schedule(c->s, &step);
+    if (st) { /* once more, as the engine's next step would */
+      kiln_status_free(st);
+      if ((st = kiln_scheduler_schedule(c->s, &step))) goto out;
+    }
+    if (!step->num_items) break;
+    kiln_scheduler_update_computed(c->s, step);
+    for (int32_t k = 0; k < step->num_items; k++) {
+      const kiln_sched_item_t *it = &step->items[k];
+      kiln_seq_t *q = it->seq;
+      if (!it->sample) continue;
+      int32_t which[2] = {(int32_t)(q - c->seqs), -1};
+      if (q->fork_n > 1) { /* the prompt is computed: fork it, as the engine does */
+        kiln_seq_t *child = &c->seqs[1];
+        st = kiln_scheduler_fork(c->s, q, child);
+        if (!st) {
+          child->index = 1;
+          kiln_scheduler_add_running_after(c->s, q, child);
+          c->added[1] = true;
+          which[1] = 1;
+        }
+        kiln_scheduler_fork_done(c->s, q, st ? 0 : 1);
+        if (st) goto out;
+      }
+      for (int32_t j = 0; j < 2 && which[j] >= 0; j++) {
+        kiln_seq_t *s = &c->seqs[which[j]];
+        if ((st = kiln_seq_append(s, sched_token(which[j], s->num_tokens)))) goto out;
+        if (s->num_tokens - s->num_prompt >= SCHED_NEW) kiln_scheduler_finish(c->s, s);
+      }
+    }
+    kiln_status_t kst = kiln_kv_check(c->kv);
+    OOM_CHECK(!kst, "step %d: %s", c->steps, kiln_status_message(kst));
+    kiln_status_free(kst);
+  }
+out:
+  sched_end_all(c);
+  return st;
+}
+
+static char *sched_snapshot(void *p, bool ok) {
+  sched_ctx_t *c = p;
+  (void)ok;
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  if (c->kv) {
+    kiln_status_t st = kiln_kv_check(c->kv);
+    OOM_CHECK(!st, "after the run: %s", kiln_status_message(st));
+    kiln_status_free(st);
+    OOM_CHECK(kiln_kv_num_free(c->kv) == kiln_kv_num_blocks(c->kv),
+              "after the run %d of %d blocks are free", kiln_kv_num_free(c->kv),
+              kiln_kv_num_blocks(c->kv));
+    for (int32_t i = 0; i < kiln_kv_num_blocks(c->kv); i++)
+      OOM_CHECK(kiln_kv_refcount(c->kv, i) == 0, "block %d has ref %d after the run", i,
+                kiln_kv_refcount(c->kv, i));
+  }
+  if (c->s) {
+    OOM_CHECK(kiln_scheduler_num_running(c->s) == 0 && kiln_scheduler_num_waiting(c->s) == 0,
+              "%d running and %d waiting after the run", kiln_scheduler_num_running(c->s),
+              kiln_scheduler_num_waiting(c->s));
+  }
+  for (int32_t i = 0; i < SCHED_NSEQ; i++) {
+    const kiln_seq_t *q = &c->seqs[i];
+    kiln_strbuf_printf(&b, "seq %d: added %d, state %d, %d tokens (%d prompt):", i,
+                       (int)c->added[i], (int)q->state, q->num_tokens, q->num_prompt);
+    for (int32_t t = 0; t < q->num_tokens; t++) kiln_strbuf_printf(&b, " %d", q->tokens[t]);
+    kiln_strbuf_append_char(&b, '\n');
+  }
+  assert_true(kiln_strbuf_ok(&b));
+  char *s = kiln_strbuf_detach(&b, NULL);
+  assert_non_null(s);
+  return s;
+}
+
+static void sched_teardown(void *p) {
+  sched_ctx_t *c = p;
+  for (int32_t i = 0; i < SCHED_NSEQ; i++) kiln_seq_free(&c->seqs[i]);
+  kiln_scheduler_free(c->s);
+  kiln_kv_manager_free(c->kv);
+  memset(c, 0, sizeof(*c));
+}
+
+static void test_scheduler(void **state) {
+  (void)state;
+  sched_ctx_t c;
+  memset(&c, 0, sizeof(c));
+  oom_op_t op = {.name = "kv+scheduler",
+                 .ctx = &c,
+                 .run = sched_run,
+                 .snapshot = sched_snapshot,
+                 .teardown = sched_teardown,
+                 .transactional = false};
+  oom_walk(&op);
+  oom_assert_clean();
+}
+
+/* ---- the engine ------------------------------------------------------------------------------ */
+
+/* What a request delivered, recorded by its callback (which must not allocate: it runs armed). */
+#define EV_MAX_TOKENS 32
+typedef struct ev_log {
+  int32_t tokens[2][EV_MAX_TOKENS];
+  int32_t ntok[2];
+  int32_t with_logprobs[2], with_top[2]; /* tokens that came with a logprob / 2 alternatives */
+  int32_t finals[2];                     /* events with a finish reason, per sequence */
+  kiln_finish_reason_t fin[2];
+  int32_t events, request_finished, after_finished;
+  kiln_finish_reason_t last_fin;
+  char error[256];
+  int32_t completion_tokens;
+  bool bad_event;
+} ev_log_t;
+
+static void ev_log_record(ev_log_t *l, const kiln_output_t *o) {
+  l->events++;
+  if (l->request_finished) l->after_finished++;
+  int32_t i = o->index;
+  if (i < 0 || i > 1 || o->num_tokens < 0 || o->num_tokens > 1 || !o->text) {
+    l->bad_event = true;
+    return;
+  }
+  for (int32_t k = 0; k < o->num_tokens; k++) {
+    if (l->ntok[i] < EV_MAX_TOKENS) l->tokens[i][l->ntok[i]] = o->token_ids[k];
+    l->ntok[i]++;
+    if (o->logprobs) l->with_logprobs[i]++;
+    if (o->top_n == 2 && o->top_ids && o->top_logprobs) l->with_top[i]++;
+  }
+  if (o->finish_reason != KILN_FINISH_NONE) {
+    l->finals[i]++;
+    l->fin[i] = o->finish_reason;
+  }
+  if (o->request_finished) {
+    l->request_finished++;
+    l->last_fin = o->finish_reason;
+    l->completion_tokens = o->usage.completion_tokens;
+    if (o->error) snprintf(l->error, sizeof(l->error), "%s", o->error);
+  }
+}
+
+static void ev_log_append(kiln_strbuf_t *b, const ev_log_t *l) {
+  for (int32_t i = 0; i < 2; i++) {
+    kiln_strbuf_printf(b, "seq %d: %d tokens (%d with logprobs, %d with top 2), finish %s:", i,
+                       l->ntok[i], l->with_logprobs[i], l->with_top[i],
+                       kiln_finish_reason_name(l->fin[i]) ? kiln_finish_reason_name(l->fin[i]) : "none");
+    for (int32_t k = 0; k < l->ntok[i] && k < EV_MAX_TOKENS; k++)
+      kiln_strbuf_printf(b, " %d", l->tokens[i][k]);
+    kiln_strbuf_append_char(b, '\n');
+  }
+  kiln_strbuf_printf(b, "%d events, completion tokens %d\n", l->events, l->completion_tokens);
+}
+
+/* The promises every run keeps, whatever failed: one request_finished event, nothing after it,
+ * at most one final event per sequence, and a message with an error. */
+static void ev_log_check(const ev_log_t *l, bool submitted) {
+  OOM_CHECK(!l->bad_event, "a malformed event");
+  if (!submitted) {
+    OOM_CHECK(l->events == 0, "%d events for a request that was not accepted", l->events);
+    return;
+  }
+  OOM_CHECK(l->request_finished == 1, "%d request_finished events", l->request_finished);
+  OOM_CHECK(l->after_finished == 0, "%d events after the request_finished one", l->after_finished);
+  for (int32_t i = 0; i < 2; i++)
+    OOM_CHECK(l->finals[i] <= 1, "sequence %d got %d final events", i, l->finals[i]);
+  OOM_CHECK(l->last_fin != KILN_FINISH_ERROR || l->error[0], "an error event without a message");
+}
+
+/* The fake model of test_engine_sim.c, reduced: the key of token p hashes its token with the
+ * key of token p - 1 read back through the block table; logits are a function of the key. */
+#define FAKE_V 48
+#define FAKE_NB 8
+#define FAKE_BS 8
+#define FAKE_TOKENS 32
+#define FAKE_ROWS 8
+
+static uint64_t fake_mix(uint64_t a, uint64_t b) {
+  uint64_t z = a * 0x9e3779b97f4a7c15ull + b + 0x632be59bd9b4e019ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+typedef struct fake_model {
+  uint64_t cache[FAKE_NB * FAKE_BS];
+  uint64_t keys[FAKE_TOKENS];
+  float logits[FAKE_ROWS * FAKE_V];
+  int32_t destroyed;
+} fake_model_t;
+
+static kiln_status_t fake_forward(void *ctx, const kiln_batch_t *b) {
+  fake_model_t *f = ctx;
+  if (b->num_tokens > FAKE_TOKENS || b->num_logits > FAKE_ROWS)
+    return kiln_status_make(KILN_ERR_INTERNAL, "fake: batch too big");
+  for (int32_t s = 0; s < b->num_seqs; s++) {
+    const int32_t *bt = b->block_tables + (size_t)s * b->max_blocks_per_seq;
+    for (int32_t t = b->query_start_loc[s]; t < b->query_start_loc[s + 1]; t++) {
+      int32_t p = b->positions[t];
+      uint64_t prev = p > 0 ? f->cache[bt[(p - 1) / FAKE_BS] * FAKE_BS + (p - 1) % FAKE_BS] : 0x1234;
+      uint64_t h = fake_mix(prev, (uint64_t)b->token_ids[t]);
+      f->cache[b->slot_mapping[t]] = h;
+      f->keys[t] = h;
+    }
+  }
+  for (int32_t r = 0; r < b->num_logits; r++)
+    for (int32_t v = 0; v < FAKE_V; v++) {
+      uint64_t z = fake_mix(f->keys[b->logits_rows[r]], (uint64_t)v + 1000);
+      f->logits[r * FAKE_V + v] = (float)((double)(z >> 11) * (1.0 / 9007199254740992.0) * 8.0 - 4.0);
+    }
+  return NULL;
+}
+
+static kiln_status_t fake_copy(void *ctx, const int32_t *src, const int32_t *dst, int32_t n) {
+  fake_model_t *f = ctx;
+  for (int32_t i = 0; i < n; i++)
+    memcpy(f->cache + dst[i] * FAKE_BS, f->cache + src[i] * FAKE_BS, FAKE_BS * sizeof(uint64_t));
+  return NULL;
+}
+
+static void fake_logits(void *ctx, int32_t rows, kiln_sample_logits_t *out) {
+  fake_model_t *f = ctx;
+  memset(out, 0, sizeof(*out));
+  out->host = f->logits;
+  out->num_rows = rows;
+}
+
+static void fake_destroy(void *ctx) { ((fake_model_t *)ctx)->destroyed++; }
+
+typedef struct engine_ctx {
+  kiln_config_t *cfg;
+  const char *const *overrides; /* the config walk: kiln_engine_create's overrides */
+  int32_t num_overrides;
+  bool release_early; /* give up the request handle right after submitting */
+  int32_t cancel_after; /* cancel and release the request after this many steps (-1: never) */
+  int32_t stop_token; /* one that sequence 1 samples early, so that it ends first */
+  fake_model_t fake;
+  bool created, submitted;
+  ev_log_t log;
+  /* the config walk: events arrive on the engine thread */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool timed_out;
+} engine_ctx_t;
+
+static const int32_t k_eng_prompt[] = {3, 14, 15, 9, 26};
+static const int32_t k_eng_bias_ids[] = {5};
+static const float k_eng_bias_values[] = {1.5f};
+
+static void engine_params(kiln_sampling_params_t *sp, const int32_t *stop) {
+  kiln_sampling_params_init(sp);
+  sp->n = 2;
+  sp->max_tokens = 4;
+  sp->temperature = 0.8f;
+  sp->has_seed = true;
+  sp->seed = 12345;
+  sp->logprobs = 2;
+  sp->stop_token_ids = stop;
+  sp->num_stop_token_ids = 1;
+  /* A logit bias: every step's sampling rows then take scratch from the engine's arena. */
+  sp->logit_bias_ids = k_eng_bias_ids;
+  sp->logit_bias_values = k_eng_bias_values;
+  sp->num_logit_bias = 1;
+}
+
+static void engine_setup(void *p) {
+  engine_ctx_t *c = p;
+  memset(&c->fake, 0, sizeof(c->fake));
+  memset(&c->log, 0, sizeof(c->log));
+  c->created = c->submitted = c->timed_out = false;
+}
+
+static void engine_on_output(void *user, const kiln_output_t *o) {
+  engine_ctx_t *c = user;
+  ev_log_record(&c->log, o);
+}
+
+/* kiln_engine_create_setup around the fake model, manual stepping, one request, destroy. A
+ * request ending with an error becomes this run's OUT_OF_MEMORY. */
+static kiln_status_t engine_run_manual(void *p) {
+  engine_ctx_t *c = p;
+  kiln_engine_setup_t su;
+  memset(&su, 0, sizeof(su));
+  su.config = c->cfg;
+  su.runner = (kiln_runner_t){.ctx = &c->fake, .vocab_size = FAKE_V,
+                              .max_model_len = FAKE_NB * FAKE_BS, .max_logits = FAKE_ROWS,
+                              .forward = fake_forward, .copy_blocks = fake_copy,
+                              .logits = fake_logits, .destroy = fake_destroy};
+  su.num_blocks = FAKE_NB;
+  int32_t eos = 0;
+  su.eos_ids = &eos;
+  su.num_eos = 1;
+  su.manual = true;
+  kiln_engine_t *eng = (kiln_engine_t *)&su; /* must be reset */
+  kiln_status_t st = kiln_engine_create_setup(&su, &eng);
+  if (st) {
+    OOM_CHECK(!eng, "kiln_engine_create_setup failed and left *out set");
+    OOM_CHECK(c->fake.destroyed == 1, "kiln_engine_create_setup failed and destroyed the runner "
+              "%d times (it owns it: once)", c->fake.destroyed);
+    return st;
+  }
+  c->created = true;
+  kiln_sampling_params_t sp;
+  engine_params(&sp, &c->stop_token);
+  kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = k_eng_prompt,
+                           .num_prompt_ids = (int32_t)(sizeof(k_eng_prompt) / sizeof(int32_t)),
+                           .params = &sp, .on_output = engine_on_output, .user = c};
+  kiln_request_t *req = NULL;
+  st = kiln_engine_submit(eng, &d, &req);
+  OOM_CHECK(!st || !req, "kiln_engine_submit failed and left *out set");
+  if (!st) {
+    c->submitted = true;
+    if (c->release_early) {
+      kiln_request_release(req);
+      req = NULL;
+    }
+    for (int32_t i = 0; i < 100 && !c->log.request_finished && !st; i++) {
+      if (i == c->cancel_after && req) {
+        kiln_request_cancel(req);
+        kiln_request_release(req);
+        req = NULL;
+      }
+      bool idle = false;
+      st = kiln_engine_step(eng, &idle);
+    }
+    OOM_CHECK(st || c->log.request_finished, "the request did not finish in 100 steps");
+    if (c->log.request_finished) {
+      /* Finished (or failed): every block is back. */
+      kiln_kv_manager_t *kv = kiln_engine_kv(eng);
+      kiln_status_t kst = kiln_kv_check(kv);
+      OOM_CHECK(!kst, "after the request: %s", kiln_status_message(kst));
+      kiln_status_free(kst);
+      OOM_CHECK(kiln_kv_num_free(kv) == kiln_kv_num_blocks(kv),
+                "after the request %d of %d blocks are free", kiln_kv_num_free(kv),
+                kiln_kv_num_blocks(kv));
+    }
+  }
+  kiln_request_release(req);
+  kiln_engine_destroy(eng); /* ends a request a failed step left unfinished */
+  OOM_CHECK(c->fake.destroyed == 1, "the runner was destroyed %d times", c->fake.destroyed);
+  if (!st && c->log.last_fin == KILN_FINISH_ERROR)
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "the request ended with an error: %s",
+                          c->log.error);
+  return st;
+}
+
+static char *engine_snapshot(void *p, bool ok) {
+  engine_ctx_t *c = p;
+  ev_log_check(&c->log, c->submitted);
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  if (ok) ev_log_append(&b, &c->log);
+  else kiln_strbuf_append(&b, "(failed)", 8);
+  assert_true(kiln_strbuf_ok(&b));
+  char *s = kiln_strbuf_detach(&b, NULL);
+  assert_non_null(s);
+  return s;
+}
+
+static void engine_config(kiln_config_t **cfg) {
+  assert_null(kiln_config_create(cfg));
+  static const char *const sets[] = {"cache.block_size=8", "engine.max_num_seqs=4",
+                                     "engine.max_num_batched_tokens=32",
+                                     "cache.enable_prefix_caching=true"};
+  for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) assert_null(kiln_config_set(*cfg, sets[i]));
+}
+
+static void test_engine_manual(void **state) {
+  (void)state;
+  engine_ctx_t c;
+  memset(&c, 0, sizeof(c));
+  engine_config(&c.cfg);
+  c.stop_token = 33;
+  static const char *const names[] = {"engine(manual)", "engine(manual, released)",
+                                      "engine(manual, cancelled)"};
+  for (int i = 0; i < 3; i++) {
+    c.release_early = i == 1;
+    c.cancel_after = i == 2 ? 2 : -1;
+    oom_op_t op = {.name = names[i],
+                   .ctx = &c,
+                   .setup = engine_setup,
+                   .run = engine_run_manual,
+                   .snapshot = engine_snapshot,
+                   .transactional = false};
+    oom_walk(&op);
+  }
+  kiln_config_free(c.cfg);
+  oom_assert_clean();
+}
+
+static void engine_on_output_locked(void *user, const kiln_output_t *o) {
+  engine_ctx_t *c = user;
+  pthread_mutex_lock(&c->mu);
+  ev_log_record(&c->log, o);
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* kiln_engine_create from overrides on the cpu plugin with the fixture model (the engine
+ * thread runs the steps), one request, wait for its end, destroy. The engine thread allocates
+ * while this thread waits, so the allocation counter still sees one thread at a time. */
+static kiln_status_t engine_run_config(void *p) {
+  engine_ctx_t *c = p;
+  kiln_engine_t *eng = (kiln_engine_t *)c; /* must be reset */
+  kiln_status_t st = kiln_engine_create(NULL, c->overrides, c->num_overrides, &eng);
+  if (st) {
+    OOM_CHECK(!eng, "kiln_engine_create failed and left *out set");
+    return st;
+  }
+  c->created = true;
+  kiln_sampling_params_t sp;
+  engine_params(&sp, &c->stop_token);
+  sp.num_logit_bias = 0;
+  kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = k_eng_prompt,
+                           .num_prompt_ids = (int32_t)(sizeof(k_eng_prompt) / sizeof(int32_t)),
+                           .params = &sp, .on_output = engine_on_output_locked, .user = c};
+  kiln_request_t *req = NULL;
+  st = kiln_engine_submit(eng, &d, &req);
+  OOM_CHECK(!st || !req, "kiln_engine_submit failed and left *out set");
+  if (!st) {
+    c->submitted = true;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60;
+    pthread_mutex_lock(&c->mu);
+    while (!c->log.request_finished && !c->timed_out)
+      if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) != 0) c->timed_out = true;
+    pthread_mutex_unlock(&c->mu);
+    OOM_CHECK(!c->timed_out, "the request did not finish within 60 s");
+  }
+  kiln_request_release(req);
+  kiln_engine_destroy(eng);
+  if (!st && c->log.last_fin == KILN_FINISH_ERROR)
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "the request ended with an error: %s",
+                          c->log.error);
+  return st;
+}
+
+static void test_engine_config(void **state) {
+  (void)state;
+  char *path = fixture_path("llama2");
+  if (!path) skip();
+  char *model = kiln_strprintf("model.path=%s", path);
+  assert_non_null(model);
+  const char *const overrides[] = {model, "backend.name=cpu", "cache.num_blocks=64",
+                                   "engine.max_num_seqs=4", "engine.max_num_batched_tokens=64"};
+  engine_ctx_t c;
+  memset(&c, 0, sizeof(c));
+  c.overrides = overrides;
+  c.stop_token = 221;
+  c.num_overrides = (int32_t)(sizeof(overrides) / sizeof(overrides[0]));
+  pthread_mutex_init(&c.mu, NULL);
+  pthread_cond_init(&c.cv, NULL);
+  oom_op_t op = {.name = "engine(config, cpu)",
+                 .ctx = &c,
+                 .setup = engine_setup,
+                 .run = engine_run_config,
+                 .snapshot = engine_snapshot,
+                 .transactional = false};
+  oom_walk(&op);
+  pthread_mutex_destroy(&c.mu);
+  pthread_cond_destroy(&c.cv);
+  free(model);
+  free(path);
+  oom_assert_clean();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_create),
@@ -1340,6 +1861,9 @@ int main(void) {
       cmocka_unit_test(test_weights),
       cmocka_unit_test(test_gguf),
       cmocka_unit_test(test_model),
+      cmocka_unit_test(test_scheduler),
+      cmocka_unit_test(test_engine_manual),
+      cmocka_unit_test(test_engine_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,7 +85,10 @@ kiln_status_t kiln_cli_init(kiln_cli_t *cli, int argc, char **argv) {
                           : KILN_LOG_TEXT);
   cli->argc = nrest;
   cli->argv = rest;
+  cli->sets = sets;
+  cli->num_sets = nsets;
   rest = NULL;
+  sets = NULL;
 fail:
   free(sets);
   free(rest);
@@ -105,6 +108,7 @@ void kiln_cli_free(kiln_cli_t *cli) {
   kiln_hal_registry_free(cli->registry);
   kiln_config_free(cli->config);
   free(cli->argv);
+  free(cli->sets);
   memset(cli, 0, sizeof(*cli));
 }
 

@@ -15,6 +15,8 @@ typedef struct kiln_cli {
   const char *config_path; /* the file loaded, or NULL for built-in defaults */
   kiln_config_t *config;
   kiln_hal_registry_t *registry; /* created by kiln_cli_registry() */
+  const char **sets;   /* the --set overrides, in order (for kiln_engine_create) */
+  int num_sets;
 } kiln_cli_t;
 
 /* Parses --config FILE and --set section.key=value (repeatable) and --log-level out of argv,
@@ -41,5 +43,6 @@ int kiln_cmd_detokenize(kiln_cli_t *cli);
 int kiln_cmd_template(kiln_cli_t *cli);
 int kiln_cmd_score(kiln_cli_t *cli);
 int kiln_cmd_generate(kiln_cli_t *cli);
+int kiln_cmd_perplexity(kiln_cli_t *cli);
 
 #endif /* KILN_TOOLS_CLI_H */

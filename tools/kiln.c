@@ -29,6 +29,8 @@ static const kiln_command_t commands[] = {
      "logits of every position to a .npy file (--model DIR --ids 1,2,3 --out FILE.npy)"},
     {"generate", kiln_cmd_generate,
      "continue a prompt (--model DIR --ids 1,2,3 | --prompt TEXT [--max-tokens N] [--json])"},
+    {"perplexity", kiln_cmd_perplexity,
+     "perplexity of a text file (--model DIR --file TEXT [--ctx N] [--json])"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
 };
 

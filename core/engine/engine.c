@@ -1,0 +1,1458 @@
+/* engine.c - libkiln's public engine (include/kiln/kiln.h): requests in, one engine thread
+ * stepping the model over the scheduler's batches, outputs out.
+ *
+ * One step, on the engine thread:
+ *   1. intake: move submitted requests into the scheduler's waiting queue; finish cancelled
+ *      ones (their blocks go back now);
+ *   2. schedule: the scheduler picks sequences and token counts (core/sched);
+ *   3. build the flattened batch (ids, positions, slots, block tables, logits rows), run the
+ *      copy-on-write block copies, then the forward;
+ *   4. mark the tokens computed (full blocks enter the prefix cache); fork n > 1 prompts;
+ *   5. sample every sequence that completed its tokens (core/sample), score prompt rows;
+ *   6. append tokens, check stop conditions, turn new tokens into text (core/engine/textout),
+ *      and deliver one event per sequence that produced something.
+ * Requests reach the engine through a mutex-guarded inbox; events leave through callbacks or
+ * per-request queues. Every accepted request ends with exactly one request_finished event.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/arena.h"
+#include "core/engine/engine_internal.h"
+#include "core/engine/metrics.h"
+#include "core/engine/textout.h"
+#include "core/log.h"
+#include "core/sched/scheduler.h"
+#include "core/strbuf.h"
+#include "hal/loader.h"
+#include "models/rope.h"
+
+#define PROMPT_ROWS 512 /* logits rows per step for prompt logprobs */
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+typedef struct seq_state {
+  uint64_t rng;
+  int32_t num_out;
+  kiln_textout_t *text;
+  kiln_finish_reason_t finish;
+  int32_t stop_token, stop_index;
+  bool done; /* final event delivered */
+  /* this step's result */
+  bool has_token;
+  int32_t token;
+  float logprob;
+  int32_t *top_ids;
+  float *top_lps;
+} seq_state_t;
+
+struct kiln_request {
+  atomic_int refs;
+  atomic_bool cancel;
+  kiln_engine_t *eng;
+  uint64_t seqno;
+  kiln_sampling_params_t p; /* pointers below are owned copies */
+  int32_t *stop_ids;
+  char **stop;
+  int32_t *bias_ids;
+  float *bias_values;
+  int32_t *prompt;
+  int32_t num_prompt;
+  int32_t max_tokens; /* resolved */
+  uint64_t seed;
+  kiln_output_fn cb;
+  void *user;
+  /* engine thread */
+  kiln_seq_t *seqs;  /* [n] */
+  seq_state_t *ss;   /* [n] */
+  int32_t num_live;  /* sequences created (1 until the fork, then n) */
+  int32_t num_done;
+  bool started, plp_sent;
+  bool lost; /* a sequence's final event could not be made: the request ends with an error */
+  float *plp;       /* [P-1] prompt logprobs */
+  int32_t *plp_ids; /* [P-1, k] */
+  float *plp_top;
+  double t_arrival, t_sched, t_first, t_last;
+  kiln_request_t *next, *prev; /* inbox, then the active list */
+  /* poll queue */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  struct ev_node *q_head, *q_tail;
+  bool q_closed;
+};
+
+typedef struct ev_node {
+  kiln_output_t out;
+  struct ev_node *next;
+} ev_node_t;
+
+/* ---- the engine --------------------------------------------------------------------------- */
+
+struct kiln_engine {
+  kiln_config_t *own_config;
+  /* device + model (when loaded from the config) */
+  kiln_hal_registry_t *registry;
+  const kiln_hal_plugin_t *plugin;
+  kiln_hal_device_t *dev;
+  kiln_hal_stream_t *stream;
+  kiln_model_t *model;
+  kiln_kv_cache_t *kvc;
+  kiln_tokenizer_t *own_tok;
+  const kiln_tokenizer_t *tok;
+  char *model_path, *model_name, *device_name;
+  const char *backend_name;
+  int32_t *eos;
+  int32_t num_eos;
+  /* the engine proper */
+  kiln_runner_t runner;
+  kiln_kv_manager_t *kv;
+  kiln_scheduler_t *sched;
+  kiln_sampler_t *sampler;
+  int32_t bs, max_seqs, max_tokens, max_blocks, max_logits, vocab;
+  int64_t max_len;
+  bool chunked;
+  int32_t max_queued;
+  uint64_t seed;
+  bool manual;
+  /* per-step scratch */
+  kiln_arena_t arena;
+  int32_t *b_ids, *b_pos, *b_slots, *b_lens, *b_qsl, *b_tables, *b_rows;
+  kiln_sample_row_t *srows;
+  kiln_score_row_t *crows;
+  kiln_seq_t **sseqs; /* sequence of each sample row */
+  int32_t *c_pos;     /* prompt position of each score row */
+  int32_t *item_row;  /* [max_seqs] the logits row each sampling item samples from */
+  int32_t max_top;
+  kiln_seq_t **cseqs;
+  kiln_sample_out_t so;
+  /* shared with other threads */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  kiln_request_t *in_head, *in_tail;
+  bool stop;
+  pthread_t thread;
+  bool thread_started;
+  atomic_int num_queued;
+  atomic_uint_fast64_t next_seqno;
+  kiln_metrics_t metrics; /* under mu */
+  /* engine thread */
+  kiln_request_t *act_head, *act_tail;
+};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void kiln_sampling_params_init(kiln_sampling_params_t *p) {
+  memset(p, 0, sizeof(*p));
+  p->struct_size = sizeof(*p);
+  p->n = 1;
+  p->max_tokens = 16;
+  p->temperature = 1.0f;
+  p->top_p = 1.0f;
+  p->repetition_penalty = 1.0f;
+  p->skip_special_tokens = true;
+  p->detokenize = true;
+  p->logprobs = -1;
+  p->prompt_logprobs = -1;
+}
+
+const char *kiln_finish_reason_name(kiln_finish_reason_t r) {
+  switch (r) {
+    case KILN_FINISH_STOP: return "stop";
+    case KILN_FINISH_LENGTH: return "length";
+    case KILN_FINISH_ABORT: return "abort";
+    case KILN_FINISH_ERROR: return "error";
+    default: return NULL;
+  }
+}
+
+uint64_t kiln_engine_seq_seed(uint64_t seed, int32_t index) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+kiln_kv_manager_t *kiln_engine_kv(kiln_engine_t *eng) { return eng->kv; }
+
+/* ---- request lifetime --------------------------------------------------------------------- */
+
+static void ev_free_node(ev_node_t *n) { free(n); }
+
+static void req_free(kiln_request_t *r) {
+  int32_t n = r->p.n;
+  if (r->seqs)
+    for (int32_t i = 0; i < n; i++) kiln_seq_free(&r->seqs[i]);
+  if (r->ss)
+    for (int32_t i = 0; i < n; i++) {
+      kiln_textout_free(r->ss[i].text);
+      free(r->ss[i].top_ids);
+      free(r->ss[i].top_lps);
+    }
+  for (ev_node_t *e = r->q_head, *nx; e; e = nx) {
+    nx = e->next;
+    ev_free_node(e);
+  }
+  if (r->stop)
+    for (int32_t i = 0; i < r->p.num_stop; i++) free(r->stop[i]);
+  free(r->stop);
+  free(r->stop_ids);
+  free(r->bias_ids);
+  free(r->bias_values);
+  free(r->prompt);
+  free(r->seqs);
+  free(r->ss);
+  free(r->plp);
+  free(r->plp_ids);
+  free(r->plp_top);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+}
+
+static void req_unref(kiln_request_t *r) {
+  if (r && atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
+}
+
+void kiln_request_release(kiln_request_t *req) { req_unref(req); }
+
+void kiln_request_cancel(kiln_request_t *req) {
+  if (!req) return;
+  atomic_store(&req->cancel, true);
+  kiln_engine_t *e = req->eng;
+  pthread_mutex_lock(&e->mu);
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+void kiln_output_free(kiln_output_t *out) {
+  if (out) ev_free_node((ev_node_t *)out); /* out is the node's first member */
+}
+
+kiln_status_t kiln_request_poll(kiln_request_t *r, int64_t timeout_ms, kiln_output_t **out) {
+  *out = NULL;
+  if (r->cb)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "poll: the request delivers its outputs to a callback");
+  pthread_mutex_lock(&r->mu);
+  if (timeout_ms != 0 && !r->q_head && !r->q_closed) {
+    if (timeout_ms < 0) {
+      while (!r->q_head && !r->q_closed) pthread_cond_wait(&r->cv, &r->mu);
+    } else {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec += timeout_ms / 1000;
+      ts.tv_nsec += (timeout_ms % 1000) * 1000000L;
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      while (!r->q_head && !r->q_closed)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0) break;
+    }
+  }
+  ev_node_t *n = r->q_head;
+  if (n) {
+    r->q_head = n->next;
+    if (!r->q_head) r->q_tail = NULL;
+    n->next = NULL;
+    *out = &n->out;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+/* Builds one event in a single allocation (kiln_output_free frees it). */
+static ev_node_t *ev_make(kiln_request_t *r, int32_t index, const char *text, size_t text_len,
+                          bool with_plp, const char *error) {
+  seq_state_t *ss = &r->ss[index];
+  int32_t nt = ss->has_token ? 1 : 0;
+  int32_t k = r->p.logprobs > 0 ? r->p.logprobs : 0;
+  bool lp = r->p.logprobs >= 0 && nt;
+  int32_t np = with_plp ? r->num_prompt - 1 : 0;
+  int32_t pk = with_plp && r->p.prompt_logprobs > 0 ? r->p.prompt_logprobs : 0;
+  size_t elen = error ? strlen(error) + 1 : 0;
+  size_t sz = sizeof(ev_node_t) + (size_t)nt * 4 + (lp ? (size_t)nt * 4 * (1 + 2 * (size_t)k) : 0) +
+              (size_t)np * 4 * (1 + 2 * (size_t)pk) + text_len + 1 + elen + 16;
+  ev_node_t *n = calloc(1, sz);
+  if (!n) return NULL;
+  char *p = (char *)(n + 1);
+  kiln_output_t *o = &n->out;
+  o->request = r;
+  o->request_seq = r->seqno;
+  o->user = r->user;
+  o->index = index;
+  o->stop_token = -1;
+  if (nt) {
+    int32_t *ids = (int32_t *)p;
+    ids[0] = ss->token;
+    o->token_ids = ids;
+    o->num_tokens = 1;
+    p += 4;
+    if (lp) {
+      float *l = (float *)p;
+      l[0] = ss->logprob;
+      o->logprobs = l;
+      p += 4;
+      if (k) {
+        memcpy(p, ss->top_ids, (size_t)k * 4);
+        o->top_ids = (int32_t *)p;
+        p += (size_t)k * 4;
+        memcpy(p, ss->top_lps, (size_t)k * 4);
+        o->top_logprobs = (float *)p;
+        p += (size_t)k * 4;
+        o->top_n = k;
+      }
+    }
+  }
+  if (np > 0) {
+    memcpy(p, r->plp, (size_t)np * 4);
+    o->prompt_logprobs = (float *)p;
+    p += (size_t)np * 4;
+    if (pk) {
+      memcpy(p, r->plp_ids, (size_t)np * pk * 4);
+      o->prompt_top_ids = (int32_t *)p;
+      p += (size_t)np * pk * 4;
+      memcpy(p, r->plp_top, (size_t)np * pk * 4);
+      o->prompt_top_logprobs = (float *)p;
+      p += (size_t)np * pk * 4;
+      o->prompt_top_n = pk;
+    }
+    o->num_prompt_logprobs = np;
+  }
+  if (text_len) memcpy(p, text, text_len);
+  p[text_len] = '\0';
+  o->text = p;
+  o->text_len = text_len;
+  p += text_len + 1;
+  if (error) {
+    memcpy(p, error, elen);
+    o->error = p;
+  }
+  o->finish_reason = ss->finish;
+  if (ss->finish == KILN_FINISH_STOP) {
+    o->stop_token = ss->stop_index < 0 ? ss->stop_token : -1;
+    o->stop_str = ss->stop_index >= 0 ? r->stop[ss->stop_index] : NULL;
+  }
+  o->usage.prompt_tokens = r->num_prompt;
+  for (int32_t i = 0; i < r->num_live; i++) o->usage.completion_tokens += r->ss[i].num_out;
+  o->usage.cached_tokens = r->seqs[0].num_cached;
+  double now = now_s();
+  o->queue_time = r->t_sched > 0 ? r->t_sched - r->t_arrival : 0;
+  o->first_token_time = r->t_first > 0 ? r->t_first - r->t_arrival : 0;
+  o->time = now - r->t_arrival;
+  return n;
+}
+
+/* Hands an event to the request's callback or queue. The request_finished event closes it. */
+static void ev_deliver(kiln_request_t *r, ev_node_t *n) {
+  if (r->cb) {
+    r->cb(r->user, &n->out);
+    ev_free_node(n);
+    return;
+  }
+  pthread_mutex_lock(&r->mu);
+  if (r->q_tail) r->q_tail->next = n; else r->q_head = n;
+  r->q_tail = n;
+  if (n->out.request_finished) r->q_closed = true;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* The last resort when an event cannot be allocated: the request still gets closed. */
+static void ev_deliver_final_oom(kiln_request_t *r) {
+  static const char msg[] = "out of memory while delivering an output";
+  if (r->cb) {
+    kiln_output_t o;
+    memset(&o, 0, sizeof(o));
+    o.request = r;
+    o.request_seq = r->seqno;
+    o.user = r->user;
+    o.text = "";
+    o.finish_reason = KILN_FINISH_ERROR;
+    o.error = msg;
+    o.stop_token = -1;
+    o.request_finished = true;
+    r->cb(r->user, &o);
+    return;
+  }
+  pthread_mutex_lock(&r->mu);
+  r->q_closed = true; /* poll returns NULL from now on: the caller sees the end */
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- finishing ---------------------------------------------------------------------------- */
+
+static void metrics_finish(kiln_engine_t *e, kiln_request_t *r, kiln_finish_reason_t why) {
+  pthread_mutex_lock(&e->mu);
+  kiln_metrics_t *m = &e->metrics;
+  if (why >= 1 && why <= 4) m->requests_finished[why]++;
+  kiln_histogram_observe(&m->e2e_latency, now_s() - r->t_arrival);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void act_unlink(kiln_engine_t *e, kiln_request_t *r) {
+  if (r->prev) r->prev->next = r->next; else e->act_head = r->next;
+  if (r->next) r->next->prev = r->prev; else e->act_tail = r->prev;
+  r->next = r->prev = NULL;
+}
+
+/* Ends sequence i of r with `why` (its blocks go back) and delivers its final event with the
+ * text still held back; the request's last sequence also ends the request. */
+static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_reason_t why,
+                    const char *error, const char *text, size_t text_len) {
+  seq_state_t *ss = &r->ss[i];
+  if (ss->done) return;
+  kiln_strbuf_t rest = KILN_STRBUF_INIT;
+  if (ss->finish == KILN_FINISH_NONE) ss->finish = why;
+  if (text_len) kiln_strbuf_append(&rest, text, text_len);
+  if (ss->text && ss->stop_index < 0) {
+    kiln_status_t st = kiln_textout_finish(ss->text, &rest);
+    kiln_status_free(st);
+  }
+  if (r->seqs[i].state != KILN_SEQ_FINISHED) kiln_scheduler_finish(e->sched, &r->seqs[i]);
+  ss->done = true;
+  r->num_done++;
+  /* A request that never forked ends all n at once (its other sequences never existed). */
+  bool last = r->num_done == r->num_live;
+  if (last && r->num_live < r->p.n) {
+    for (int32_t j = r->num_live; j < r->p.n; j++) {
+      r->ss[j].finish = ss->finish;
+      r->ss[j].done = true;
+    }
+  }
+  if (last && r->lost) {
+    ss->finish = KILN_FINISH_ERROR;
+    if (!error) error = "out of memory while delivering an output";
+  }
+  bool with_plp = !r->plp_sent && r->plp && i == 0 && r->p.prompt_logprobs >= 0 &&
+                  r->seqs[0].num_computed >= r->num_prompt;
+  ev_node_t *n = ev_make(r, i, kiln_strbuf_ok(&rest) ? kiln_strbuf_cstr(&rest) : "",
+                         kiln_strbuf_ok(&rest) ? rest.len : 0, with_plp, error);
+  kiln_strbuf_free(&rest);
+  if (with_plp) r->plp_sent = true;
+  ss->has_token = false;
+  if (last) {
+    if (!r->started) atomic_fetch_sub(&e->num_queued, 1);
+    r->started = true;
+    metrics_finish(e, r, ss->finish);
+    act_unlink(e, r);
+  }
+  if (n) {
+    n->out.request_finished = last;
+    ev_deliver(r, n);
+  } else if (last) {
+    ev_deliver_final_oom(r);
+  } else {
+    r->lost = true;
+  }
+  if (last) req_unref(r); /* the engine's reference */
+}
+
+/* Ends every live sequence of a request. */
+static void req_end(kiln_engine_t *e, kiln_request_t *r, kiln_finish_reason_t why,
+                    const char *error) {
+  if (r->num_done == r->num_live) return;
+  atomic_fetch_add(&r->refs, 1); /* the last seq_end drops the engine's reference */
+  int32_t live = r->num_live;
+  for (int32_t i = 0; i < live; i++)
+    if (!r->ss[i].done) seq_end(e, r, i, why, error, NULL, 0);
+  req_unref(r);
+}
+
+/* ---- submission --------------------------------------------------------------------------- */
+
+static kiln_status_t bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static kiln_status_t bad(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kiln_status_t st = kiln_status_makev(KILN_ERR_INVALID_ARGUMENT, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_params_t *p) {
+  if (p->n < 1 || p->n > e->max_seqs)
+    return bad("n must be in [1, %d] (max_num_seqs), got %d", e->max_seqs, p->n);
+  if (p->max_tokens < -1 || p->max_tokens == 0)
+    return bad("max_tokens must be >= 1 (or -1 for the rest of the context), got %d", p->max_tokens);
+  if (p->min_tokens < 0) return bad("min_tokens must be >= 0, got %d", p->min_tokens);
+  if (!(p->temperature >= 0 && p->temperature <= 100))
+    return bad("temperature must be in [0, 100], got %g", (double)p->temperature);
+  if (!(p->top_p > 0 && p->top_p <= 1)) return bad("top_p must be in (0, 1], got %g", (double)p->top_p);
+  if (p->top_k < 0) return bad("top_k must be >= 0 (0 = off), got %d", p->top_k);
+  if (!(p->min_p >= 0 && p->min_p <= 1)) return bad("min_p must be in [0, 1], got %g", (double)p->min_p);
+  if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 100))
+    return bad("repetition_penalty must be in (0, 100], got %g", (double)p->repetition_penalty);
+  if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
+    return bad("presence_penalty must be in [-2, 2], got %g", (double)p->presence_penalty);
+  if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
+    return bad("frequency_penalty must be in [-2, 2], got %g", (double)p->frequency_penalty);
+  if (p->num_stop_token_ids < 0 || (p->num_stop_token_ids && !p->stop_token_ids))
+    return bad("stop_token_ids: bad list");
+  for (int32_t i = 0; i < p->num_stop_token_ids; i++)
+    if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= e->vocab)
+      return bad("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
+                 p->stop_token_ids[i], e->vocab);
+  if (p->num_stop < 0 || (p->num_stop && !p->stop)) return bad("stop: bad list");
+  for (int32_t i = 0; i < p->num_stop; i++)
+    if (!p->stop[i] || !p->stop[i][0]) return bad("stop[%d] is empty", i);
+  if (p->num_stop && !e->tok) return bad("stop strings need a tokenizer; the model has none");
+  if (p->num_logit_bias < 0 || (p->num_logit_bias && (!p->logit_bias_ids || !p->logit_bias_values)))
+    return bad("logit_bias: bad list");
+  for (int32_t i = 0; i < p->num_logit_bias; i++) {
+    if (p->logit_bias_ids[i] < 0 || p->logit_bias_ids[i] >= e->vocab)
+      return bad("logit_bias: token %d is outside the vocabulary [0, %d)", p->logit_bias_ids[i],
+                 e->vocab);
+    if (!(p->logit_bias_values[i] >= -100 && p->logit_bias_values[i] <= 100))
+      return bad("logit_bias: the value for token %d must be in [-100, 100], got %g",
+                 p->logit_bias_ids[i], (double)p->logit_bias_values[i]);
+  }
+  if (p->logprobs < -1 || p->logprobs > 20) return bad("logprobs must be in [0, 20], got %d", p->logprobs);
+  if (p->prompt_logprobs < -1 || p->prompt_logprobs > 20)
+    return bad("prompt_logprobs must be in [0, 20], got %d", p->prompt_logprobs);
+  return NULL;
+}
+
+static void *dup_mem(const void *src, size_t n) {
+  if (!n) return NULL;
+  void *d = malloc(n);
+  if (d) memcpy(d, src, n);
+  return d;
+}
+
+kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
+                                 kiln_request_t **out) {
+  *out = NULL;
+  kiln_sampling_params_t defaults;
+  kiln_sampling_params_init(&defaults);
+  const kiln_sampling_params_t *p = d->params ? d->params : &defaults;
+  kiln_status_t st = check_params(e, p);
+  if (st) goto rejected;
+  kiln_tokens_t ids = KILN_TOKENS_INIT;
+  if (d->prompt) {
+    if (!e->tok) {
+      st = bad("a text prompt needs a tokenizer; the model has none (give token ids)");
+      goto rejected;
+    }
+    if ((st = kiln_tokenizer_encode(e->tok, d->prompt, strlen(d->prompt), true, &ids)))
+      goto rejected;
+  } else if (d->prompt_ids && d->num_prompt_ids > 0) {
+    for (int32_t i = 0; i < d->num_prompt_ids; i++)
+      if (d->prompt_ids[i] < 0 || d->prompt_ids[i] >= e->vocab) {
+        st = bad("prompt token %d (position %d) is outside the vocabulary [0, %d)",
+                 d->prompt_ids[i], i, e->vocab);
+        goto rejected;
+      }
+  }
+  int32_t np = d->prompt ? (int32_t)ids.len : d->num_prompt_ids;
+  if (np <= 0 || (!d->prompt && !d->prompt_ids)) {
+    kiln_tokens_free(&ids);
+    st = bad("the prompt is empty");
+    goto rejected;
+  }
+  int64_t max_tokens = p->max_tokens < 0 ? e->max_len - np : p->max_tokens;
+  if ((int64_t)np >= e->max_len || np + max_tokens > e->max_len) {
+    kiln_tokens_free(&ids);
+    st = bad("the prompt has %d tokens and max_tokens is %lld: %lld in all, beyond the model's "
+             "context of %lld tokens",
+             np, (long long)(p->max_tokens < 0 ? 1 : max_tokens),
+             (long long)np + (p->max_tokens < 0 ? 1 : max_tokens), (long long)e->max_len);
+    goto rejected;
+  }
+  int64_t blocks = ((int64_t)np + max_tokens + e->bs - 1) / e->bs;
+  if (blocks > kiln_kv_num_blocks(e->kv)) {
+    kiln_tokens_free(&ids);
+    st = bad("the request needs %lld KV blocks (%lld tokens of %d) but the pool has %d",
+             (long long)blocks, (long long)np + max_tokens, e->bs, kiln_kv_num_blocks(e->kv));
+    goto rejected;
+  }
+  if (!e->chunked && np > e->max_tokens) {
+    kiln_tokens_free(&ids);
+    st = bad("the prompt has %d tokens, more than max_num_batched_tokens (%d), and chunked "
+             "prefill is off",
+             np, e->max_tokens);
+    goto rejected;
+  }
+  kiln_request_t *r = calloc(1, sizeof(*r));
+  if (!r) {
+    kiln_tokens_free(&ids);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "submit: out of memory");
+  }
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  atomic_init(&r->refs, 2);
+  atomic_init(&r->cancel, false);
+  r->eng = e;
+  r->p = *p;
+  r->p.stop_token_ids = NULL;
+  r->p.stop = NULL;
+  r->p.logit_bias_ids = NULL;
+  r->p.logit_bias_values = NULL;
+  r->cb = d->on_output;
+  r->user = d->user;
+  r->num_prompt = np;
+  r->max_tokens = (int32_t)max_tokens;
+  bool oom = false;
+  if (d->prompt) {
+    r->prompt = ids.ids; /* take the buffer */
+    ids.ids = NULL;
+  } else {
+    oom |= !(r->prompt = dup_mem(d->prompt_ids, (size_t)np * 4));
+  }
+  kiln_tokens_free(&ids);
+  if (p->num_stop_token_ids)
+    oom |= !(r->stop_ids = dup_mem(p->stop_token_ids, (size_t)p->num_stop_token_ids * 4));
+  if (p->num_logit_bias) {
+    oom |= !(r->bias_ids = dup_mem(p->logit_bias_ids, (size_t)p->num_logit_bias * 4));
+    oom |= !(r->bias_values = dup_mem(p->logit_bias_values, (size_t)p->num_logit_bias * 4));
+  }
+  if (p->num_stop) {
+    r->stop = calloc((size_t)p->num_stop, sizeof(char *));
+    oom |= !r->stop;
+    for (int32_t i = 0; r->stop && i < p->num_stop; i++) oom |= !(r->stop[i] = strdup(p->stop[i]));
+  }
+  r->p.num_stop = r->stop ? p->num_stop : 0;
+  r->seqs = calloc((size_t)p->n, sizeof(*r->seqs));
+  r->ss = calloc((size_t)p->n, sizeof(*r->ss));
+  oom |= !r->seqs || !r->ss;
+  int32_t topk = p->logprobs > 0 ? p->logprobs : 0;
+  for (int32_t i = 0; !oom && i < p->n; i++) {
+    seq_state_t *ss = &r->ss[i];
+    ss->stop_token = -1;
+    ss->stop_index = -1;
+    if (topk) {
+      oom |= !(ss->top_ids = calloc((size_t)topk, 4));
+      oom |= !(ss->top_lps = calloc((size_t)topk, 4));
+    }
+    if (!oom && e->tok && p->detokenize) {
+      st = kiln_textout_create(e->tok, p->skip_special_tokens, (const char *const *)r->stop,
+                               r->p.num_stop, p->include_stop_str_in_output, &ss->text);
+      if (st) {
+        kiln_status_free(st);
+        st = NULL;
+        oom = true;
+      }
+    }
+  }
+  if (!oom && p->prompt_logprobs >= 0 && np > 1) {
+    size_t k = (size_t)(p->prompt_logprobs > 0 ? p->prompt_logprobs : 0);
+    oom |= !(r->plp = calloc((size_t)np - 1, 4));
+    if (k) {
+      oom |= !(r->plp_ids = calloc(((size_t)np - 1) * k, 4));
+      oom |= !(r->plp_top = calloc(((size_t)np - 1) * k, 4));
+    }
+  }
+  kiln_seq_t *q = r->seqs ? &r->seqs[0] : NULL;
+  if (!oom) {
+    q->owner = r;
+    q->priority = p->priority;
+    q->fork_n = p->n;
+    q->no_prefix_cache = p->prompt_logprobs >= 0;
+    q->max_logits_rows = p->prompt_logprobs >= 0 ? PROMPT_ROWS : 0;
+    q->num_prompt = np;
+    for (int32_t i = 0; !oom && i < np; i++) {
+      kiln_status_t ast = kiln_seq_append(q, r->prompt[i]);
+      oom = ast != NULL;
+      kiln_status_free(ast);
+    }
+  }
+  if (oom) {
+    req_free(r);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "submit: out of memory");
+  }
+  r->seed = p->has_seed ? p->seed : kiln_engine_seq_seed(e->seed, (int32_t)atomic_load(&e->next_seqno));
+  for (int32_t i = 0; i < p->n; i++) r->ss[i].rng = kiln_engine_seq_seed(r->seed, i);
+  r->num_live = 1;
+  r->t_arrival = now_s();
+  pthread_mutex_lock(&e->mu);
+  if (e->stop) {
+    pthread_mutex_unlock(&e->mu);
+    req_free(r);
+    return kiln_status_make(KILN_ERR_UNAVAILABLE, "the engine is shutting down");
+  }
+  if (e->max_queued > 0 && atomic_load(&e->num_queued) >= e->max_queued) {
+    e->metrics.requests_rejected++;
+    pthread_mutex_unlock(&e->mu);
+    req_free(r);
+    return kiln_status_make(KILN_ERR_UNAVAILABLE,
+                            "the queue is full: %d requests are waiting (max_queued_requests)",
+                            e->max_queued);
+  }
+  r->seqno = atomic_fetch_add(&e->next_seqno, 1);
+  q->arrival = r->seqno;
+  atomic_fetch_add(&e->num_queued, 1);
+  e->metrics.requests_submitted++;
+  if (e->in_tail) e->in_tail->next = r; else e->in_head = r;
+  e->in_tail = r;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  *out = r;
+  return NULL;
+rejected:
+  pthread_mutex_lock(&e->mu);
+  e->metrics.requests_rejected++;
+  pthread_mutex_unlock(&e->mu);
+  return st;
+}
+
+/* ---- one step ----------------------------------------------------------------------------- */
+
+/* Moves the inbox into the scheduler and ends cancelled requests. */
+static void intake(kiln_engine_t *e, kiln_request_t *in) {
+  for (kiln_request_t *r = in, *nx; r; r = nx) {
+    nx = r->next;
+    r->next = NULL;
+    r->prev = e->act_tail;
+    if (e->act_tail) e->act_tail->next = r; else e->act_head = r;
+    e->act_tail = r;
+    kiln_scheduler_add(e->sched, &r->seqs[0]);
+  }
+  for (kiln_request_t *r = e->act_head, *nx; r; r = nx) {
+    nx = r->next;
+    if (atomic_load(&r->cancel)) req_end(e, r, KILN_FINISH_ABORT, NULL);
+  }
+}
+
+static bool is_eos(const kiln_engine_t *e, const kiln_request_t *r, int32_t t) {
+  for (int32_t i = 0; i < r->p.num_stop_token_ids; i++)
+    if (r->stop_ids[i] == t) return true;
+  if (r->p.ignore_eos) return false;
+  for (int32_t i = 0; i < e->num_eos; i++)
+    if (e->eos[i] == t) return true;
+  return false;
+}
+
+/* Fills a sample row for sequence q (index i of r): penalties over its tokens, the request's
+ * logit bias plus -inf bans on stop tokens before min_tokens. */
+static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, int32_t row,
+                              kiln_sample_row_t *sr) {
+  kiln_seq_t *q = &r->seqs[i];
+  seq_state_t *ss = &r->ss[i];
+  memset(sr, 0, sizeof(*sr));
+  sr->logits_row = row;
+  sr->temperature = r->p.temperature;
+  sr->top_k = r->p.top_k;
+  sr->top_p = r->p.top_p;
+  sr->min_p = r->p.min_p;
+  sr->repetition = r->p.repetition_penalty;
+  sr->presence = r->p.presence_penalty;
+  sr->frequency = r->p.frequency_penalty;
+  sr->uniform = kiln_sample_uniform(&ss->rng);
+  sr->num_top = r->p.logprobs;
+  if (sr->repetition != 1.0f || sr->presence != 0 || sr->frequency != 0) {
+    sr->prompt_ids = q->tokens;
+    sr->num_prompt = q->num_prompt;
+    sr->output_ids = q->tokens + q->num_prompt;
+    sr->num_output = q->num_tokens - q->num_prompt;
+  }
+  bool ban = ss->num_out < r->p.min_tokens;
+  int32_t nb = r->p.num_logit_bias + (ban ? r->p.num_stop_token_ids + (r->p.ignore_eos ? 0 : e->num_eos) : 0);
+  if (nb) {
+    int32_t *ids = kiln_arena_alloc(&e->arena, (size_t)nb * 4, 4);
+    float *vals = kiln_arena_alloc(&e->arena, (size_t)nb * 4, 4);
+    if (!ids || !vals) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "sampling: out of memory");
+    int32_t k = 0;
+    for (int32_t j = 0; j < r->p.num_logit_bias; j++, k++) {
+      ids[k] = r->bias_ids[j];
+      vals[k] = r->bias_values[j];
+    }
+    if (ban) {
+      for (int32_t j = 0; j < r->p.num_stop_token_ids; j++, k++) {
+        ids[k] = r->stop_ids[j];
+        vals[k] = -INFINITY;
+      }
+      for (int32_t j = 0; !r->p.ignore_eos && j < e->num_eos; j++, k++) {
+        ids[k] = e->eos[j];
+        vals[k] = -INFINITY;
+      }
+    }
+    sr->bias_ids = ids;
+    sr->bias_values = vals;
+    sr->num_bias = k;
+  }
+  return NULL;
+}
+
+/* Refreshes the gauges and the scheduler's counters in the shared metrics. */
+static void update_gauges(kiln_engine_t *e) {
+  int64_t running = 0, waiting = 0;
+  for (kiln_request_t *r = e->act_head; r; r = r->next) {
+    bool run = false;
+    for (int32_t i = 0; i < r->num_live; i++) run |= r->seqs[i].state == KILN_SEQ_RUNNING;
+    if (run) running++; else waiting++;
+  }
+  uint64_t q = 0, h = 0;
+  kiln_scheduler_prefix_stats(e->sched, &q, &h);
+  int32_t nb = kiln_kv_num_blocks(e->kv), nf = kiln_kv_num_free(e->kv);
+  pthread_mutex_lock(&e->mu);
+  kiln_metrics_t *m = &e->metrics;
+  m->requests_running = running;
+  m->requests_waiting = waiting;
+  m->prefix_cache_queries = q;
+  m->prefix_cache_hits = h;
+  m->kv_blocks_total = nb;
+  m->kv_blocks_used = nb - nf;
+  m->kv_usage = nb ? (double)(nb - nf) / (double)nb : 0.0;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Ends every request with a sequence in the step (a forward or sampling failure). */
+/* The step's requests stay alive while it delivers (a request whose handle is released is
+ * freed by its final event, and a step can list it more than once). */
+static void step_hold(const kiln_sched_step_t *step, int delta) {
+  for (int32_t i = 0; i < step->num_items; i++) {
+    kiln_request_t *r = step->items[i].seq->owner;
+    if (delta > 0)
+      atomic_fetch_add(&r->refs, 1);
+    else
+      req_unref(r);
+  }
+}
+
+static void fail_step(kiln_engine_t *e, const kiln_sched_step_t *step, kiln_status_t st) {
+  char msg[512];
+  snprintf(msg, sizeof(msg), "%s", kiln_status_message(st));
+  kiln_log(KILN_LOG_ERROR, "engine step failed: %s", msg);
+  kiln_status_free(st);
+  step_hold(step, +1);
+  for (int32_t i = 0; i < step->num_items; i++) {
+    kiln_request_t *r = step->items[i].seq->owner;
+    if (r->num_done < r->num_live) req_end(e, r, KILN_FINISH_ERROR, msg);
+  }
+  step_hold(step, -1);
+}
+
+static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
+  kiln_sched_step_t *step;
+  kiln_status_t st = kiln_scheduler_schedule(e->sched, &step);
+  if (st) return st;
+  *idle = step->num_items == 0;
+  if (step->num_preempted) {
+    pthread_mutex_lock(&e->mu);
+    e->metrics.preemptions += (uint64_t)step->num_preempted;
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (!step->num_items) return NULL;
+  kiln_arena_free(&e->arena);
+  double t0 = now_s();
+  /* Build the batch. */
+  int32_t T = 0, R = 0, nsamp = 0, nscore = 0;
+  e->b_qsl[0] = 0;
+  for (int32_t s = 0; s < step->num_items; s++) {
+    const kiln_sched_item_t *it = &step->items[s];
+    kiln_seq_t *q = it->seq;
+    kiln_request_t *r = q->owner;
+    if (!r->started) {
+      r->started = true;
+      r->t_sched = t0;
+      atomic_fetch_sub(&e->num_queued, 1);
+      pthread_mutex_lock(&e->mu);
+      kiln_histogram_observe(&e->metrics.queue_time, t0 - r->t_arrival);
+      pthread_mutex_unlock(&e->mu);
+    }
+    bool plp = q->index == 0 && r->plp && !r->plp_sent;
+    for (int32_t j = 0; j < it->count; j++) {
+      int32_t pos = it->start + j;
+      e->b_ids[T] = q->tokens[pos];
+      e->b_pos[T] = pos;
+      e->b_slots[T] = q->blocks[pos / e->bs] * e->bs + pos % e->bs;
+      if (plp && pos + 1 < r->num_prompt) {
+        e->crows[nscore] = (kiln_score_row_t){.logits_row = R, .token = q->tokens[pos + 1],
+                                              .num_top = r->p.prompt_logprobs};
+        e->cseqs[nscore] = q;
+        e->c_pos[nscore++] = pos;
+        e->b_rows[R++] = T;
+      } else if (it->sample && j == it->count - 1) {
+        e->b_rows[R++] = T;
+      }
+      if (it->sample && j == it->count - 1) e->item_row[s] = R - 1;
+      T++;
+    }
+    e->b_lens[s] = it->start + it->count;
+    e->b_qsl[s + 1] = T;
+    memcpy(e->b_tables + (size_t)s * e->max_blocks, q->blocks, (size_t)q->num_blocks * 4);
+  }
+  if (step->num_cow && (st = e->runner.copy_blocks(e->runner.ctx, step->cow_src, step->cow_dst,
+                                                   step->num_cow))) {
+    fail_step(e, step, st);
+    return NULL;
+  }
+  kiln_batch_t b = {.num_tokens = T, .num_seqs = step->num_items, .token_ids = e->b_ids,
+                    .positions = e->b_pos, .slot_mapping = e->b_slots, .seq_lens = e->b_lens,
+                    .query_start_loc = e->b_qsl, .block_tables = e->b_tables,
+                    .max_blocks_per_seq = e->max_blocks, .num_logits = R, .logits_rows = e->b_rows};
+  if ((st = e->runner.forward(e->runner.ctx, &b))) {
+    fail_step(e, step, st);
+    return NULL;
+  }
+  kiln_scheduler_update_computed(e->sched, step);
+  /* Sample rows (forking n > 1 prompts first: the children share the parent's row). */
+  for (int32_t s = 0; s < step->num_items && !st; s++) {
+    const kiln_sched_item_t *it = &step->items[s];
+    kiln_seq_t *q = it->seq;
+    kiln_request_t *r = q->owner;
+    if (!it->sample || q->state != KILN_SEQ_RUNNING) continue;
+    int32_t first = q->index, last = q->index;
+    if (q->fork_n > 1) {
+      kiln_seq_t *after = q;
+      for (int32_t c = 1; c < q->fork_n && !st; c++) {
+        if ((st = kiln_scheduler_fork(e->sched, q, &r->seqs[c]))) break;
+        r->seqs[c].index = c;
+        kiln_scheduler_add_running_after(e->sched, after, &r->seqs[c]);
+        after = &r->seqs[c];
+        r->num_live = c + 1;
+      }
+      kiln_scheduler_fork_done(e->sched, q, r->num_live - 1);
+      last = r->num_live - 1;
+    }
+    for (int32_t i = first; i <= last && !st; i++) {
+      st = fill_row(e, r, i, e->item_row[s], &e->srows[nsamp]);
+      e->sseqs[nsamp++] = &r->seqs[i];
+    }
+  }
+  if (st) {
+    fail_step(e, step, st);
+    return NULL;
+  }
+  kiln_sample_logits_t lg;
+  e->runner.logits(e->runner.ctx, R, &lg);
+  if ((nsamp || nscore) &&
+      (st = kiln_sampler_run(e->sampler, &lg, e->srows, nsamp, e->crows, nscore, &e->so))) {
+    fail_step(e, step, st);
+    return NULL;
+  }
+  /* Prompt logprobs. */
+  for (int32_t c = 0; c < nscore; c++) {
+    kiln_request_t *r = e->cseqs[c]->owner;
+    int32_t pos = e->c_pos[c], k = r->p.prompt_logprobs;
+    r->plp[pos] = e->so.score_logprobs[c];
+    if (k > 0) {
+      memcpy(r->plp_ids + (size_t)pos * k, e->so.score_top_ids + (size_t)c * e->max_top, (size_t)k * 4);
+      memcpy(r->plp_top + (size_t)pos * k, e->so.score_top_logprobs + (size_t)c * e->max_top,
+             (size_t)k * 4);
+    }
+  }
+  /* Tokens: append, check the stop conditions, deliver. */
+  step_hold(step, +1);
+  double t1 = now_s();
+  kiln_strbuf_t text = KILN_STRBUF_INIT;
+  uint64_t gen = 0;
+  for (int32_t j = 0; j < nsamp; j++) {
+    kiln_seq_t *q = e->sseqs[j];
+    kiln_request_t *r = q->owner;
+    int32_t i = q->index;
+    seq_state_t *ss = &r->ss[i];
+    if (ss->done) continue; /* its request ended earlier in this loop */
+    int32_t tok = e->so.tokens[j];
+    ss->has_token = true;
+    ss->token = tok;
+    ss->logprob = e->so.logprobs[j];
+    if (r->p.logprobs > 0) {
+      memcpy(ss->top_ids, e->so.top_ids + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
+      memcpy(ss->top_lps, e->so.top_logprobs + (size_t)j * e->max_top,
+             (size_t)r->p.logprobs * 4);
+    }
+    kiln_status_t ast = kiln_seq_append(q, tok);
+    if (ast) {
+      ss->has_token = false;
+      req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(ast));
+      kiln_status_free(ast);
+      continue;
+    }
+    ss->num_out++;
+    gen++;
+    pthread_mutex_lock(&e->mu);
+    if (r->t_first == 0) {
+      r->t_first = t1;
+      kiln_histogram_observe(&e->metrics.time_to_first_token, t1 - r->t_arrival);
+    } else if (i == 0) {
+      kiln_histogram_observe(&e->metrics.inter_token_latency, t1 - r->t_last);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (i == 0) r->t_last = t1;
+    kiln_finish_reason_t fin = KILN_FINISH_NONE;
+    text.len = 0;
+    if (text.data) text.data[0] = '\0';
+    if (ss->num_out > r->p.min_tokens && is_eos(e, r, tok)) {
+      fin = KILN_FINISH_STOP;
+      ss->stop_token = tok;
+    } else if (ss->text) {
+      int32_t stopped = -1;
+      kiln_status_t tst = kiln_textout_push(ss->text, tok, ss->num_out >= r->p.min_tokens, &text,
+                                            &stopped);
+      if (tst) {
+        req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(tst));
+        kiln_status_free(tst);
+        continue;
+      }
+      if (stopped >= 0) {
+        fin = KILN_FINISH_STOP;
+        ss->stop_index = stopped;
+      }
+    }
+    if (fin == KILN_FINISH_NONE && (ss->num_out >= r->max_tokens || q->num_tokens >= e->max_len))
+      fin = KILN_FINISH_LENGTH;
+    const char *tx = kiln_strbuf_ok(&text) && text.len ? kiln_strbuf_cstr(&text) : "";
+    size_t tl = kiln_strbuf_ok(&text) ? text.len : 0;
+    if (fin != KILN_FINISH_NONE) {
+      ss->finish = fin;
+      seq_end(e, r, i, fin, NULL, tx, tl);
+      continue;
+    }
+    bool with_plp = !r->plp_sent && r->plp && i == 0;
+    ev_node_t *n = ev_make(r, i, tx, tl, with_plp, NULL);
+    if (with_plp) r->plp_sent = true;
+    if (n)
+      ev_deliver(r, n);
+    else
+      req_end(e, r, KILN_FINISH_ERROR, "out of memory while delivering an output");
+    ss->has_token = false;
+  }
+  kiln_strbuf_free(&text);
+  /* A prompt-logprobs sequence that finished its prompt rows no longer needs them. */
+  for (int32_t s = 0; s < step->num_items; s++) {
+    kiln_seq_t *q = step->items[s].seq;
+    if (q->state == KILN_SEQ_RUNNING && q->num_computed >= q->num_prompt) q->max_logits_rows = 0;
+  }
+  int64_t alloc = 0, used = 0;
+  kiln_scheduler_slot_usage(e->sched, &alloc, &used);
+  pthread_mutex_lock(&e->mu);
+  kiln_metrics_t *m = &e->metrics;
+  m->steps++;
+  m->generation_tokens += gen;
+  for (int32_t s = 0; s < step->num_items; s++) {
+    const kiln_sched_item_t *it = &step->items[s];
+    int32_t np = it->seq->num_prompt;
+    if (it->start < np) m->prompt_tokens += (uint64_t)((it->start + it->count < np ? it->start + it->count : np) - it->start);
+  }
+  kiln_histogram_observe(&m->tokens_per_step, (double)T);
+  m->kv_waste = alloc ? (double)(alloc - used) / (double)alloc : 0.0;
+  pthread_mutex_unlock(&e->mu);
+  step_hold(step, -1);
+  update_gauges(e);
+  return NULL;
+}
+
+kiln_status_t kiln_engine_step(kiln_engine_t *e, bool *idle) {
+  pthread_mutex_lock(&e->mu);
+  kiln_request_t *in = e->in_head;
+  e->in_head = e->in_tail = NULL;
+  pthread_mutex_unlock(&e->mu);
+  intake(e, in);
+  kiln_status_t st = run_step(e, idle);
+  if (*idle) update_gauges(e);
+  return st;
+}
+
+static void *engine_main(void *arg) {
+  kiln_engine_t *e = arg;
+  for (;;) {
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop && !e->in_head && !e->act_head) pthread_cond_wait(&e->cv, &e->mu);
+    bool stop = e->stop;
+    kiln_request_t *in = e->in_head;
+    e->in_head = e->in_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    intake(e, in);
+    if (stop) break;
+    bool idle = false;
+    kiln_status_t st = run_step(e, &idle);
+    if (idle) update_gauges(e);
+    if (st) { /* host out-of-memory in the scheduler: end what runs, keep serving */
+      kiln_log(KILN_LOG_ERROR, "engine: %s", kiln_status_message(st));
+      char msg[256];
+      snprintf(msg, sizeof(msg), "%s", kiln_status_message(st));
+      kiln_status_free(st);
+      bool ended = false;
+      for (kiln_request_t *r = e->act_head, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->seqs[0].state == KILN_SEQ_RUNNING) {
+          req_end(e, r, KILN_FINISH_ERROR, msg);
+          ended = true;
+        }
+      }
+      /* Nothing ran: admitting the first waiting request failed. It fails too, or the engine
+       * would retry it forever while memory stays short. */
+      kiln_seq_t *w = kiln_scheduler_waiting_head(e->sched);
+      if (!ended && w) req_end(e, w->owner, KILN_FINISH_ERROR, msg);
+    } else if (idle && e->act_head) {
+      /* Requests wait but none fits now (cannot happen with a sound scheduler: every request
+       * fits the pool alone). Wait for news rather than spin. */
+      pthread_mutex_lock(&e->mu);
+      if (!e->stop && !e->in_head) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+          ts.tv_sec++;
+          ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+      }
+      pthread_mutex_unlock(&e->mu);
+    }
+  }
+  return NULL;
+}
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+static kiln_status_t alloc_scratch(kiln_engine_t *e) {
+  size_t S = (size_t)e->max_seqs, T = (size_t)e->max_tokens, L = (size_t)e->max_logits;
+  size_t rows = S + PROMPT_ROWS;
+  e->b_ids = malloc(T * 4);
+  e->b_pos = malloc(T * 4);
+  e->b_slots = malloc(T * 4);
+  e->b_lens = malloc(S * 4);
+  e->b_qsl = malloc((S + 1) * 4);
+  e->b_tables = calloc(S * (size_t)e->max_blocks, 4);
+  e->b_rows = malloc(L * 4);
+  e->item_row = malloc(S * 4);
+  e->srows = malloc(S * sizeof(*e->srows));
+  e->sseqs = malloc(S * sizeof(*e->sseqs));
+  e->crows = malloc(PROMPT_ROWS * sizeof(*e->crows));
+  e->cseqs = malloc(PROMPT_ROWS * sizeof(*e->cseqs));
+  e->c_pos = malloc(PROMPT_ROWS * 4);
+  e->so.tokens = malloc(S * 4);
+  e->so.logprobs = malloc(S * 4);
+  e->so.top_ids = malloc(S * (size_t)e->max_top * 4);
+  e->so.top_logprobs = malloc(S * (size_t)e->max_top * 4);
+  e->so.score_logprobs = malloc(PROMPT_ROWS * 4);
+  e->so.score_top_ids = malloc(PROMPT_ROWS * (size_t)e->max_top * 4);
+  e->so.score_top_logprobs = malloc(PROMPT_ROWS * (size_t)e->max_top * 4);
+  (void)rows;
+  if (!e->b_ids || !e->b_pos || !e->b_slots || !e->b_lens || !e->b_qsl || !e->b_tables ||
+      !e->b_rows || !e->item_row || !e->srows || !e->sseqs || !e->crows || !e->cseqs ||
+      !e->c_pos || !e->so.tokens || !e->so.logprobs || !e->so.top_ids || !e->so.top_logprobs ||
+      !e->so.score_logprobs || !e->so.score_top_ids || !e->so.score_top_logprobs)
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
+  return NULL;
+}
+
+static int32_t dtype_of(const char *name) {
+  if (!strcmp(name, "float32")) return KILN_HAL_F32;
+  if (!strcmp(name, "float16")) return KILN_HAL_F16;
+  if (!strcmp(name, "bfloat16")) return KILN_HAL_BF16;
+  return -1;
+}
+
+static const char *engine_config_get(void *ctx, const char *plugin, const char *key) {
+  char section[160];
+  snprintf(section, sizeof(section), "plugin.%s", plugin);
+  return kiln_config_get_raw((const kiln_config_t *)ctx, section, key);
+}
+
+/* Opens the backend and loads the model, tokenizer and KV pool named by the config. */
+static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int32_t *num_blocks) {
+  char pathbuf[4096];
+  kiln_status_t st = kiln_config_model_path(cfg, pathbuf, sizeof(pathbuf));
+  if (st) return st;
+  const char *path = pathbuf;
+  if (!(e->model_path = strdup(path)))
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_hal_registry_options_t ro = {0};
+  ro.config_path = kiln_config_get_string(cfg, "backend", "path");
+  ro.num_threads = (int32_t)kiln_config_get_int(cfg, "backend", "threads");
+  ro.config_get = engine_config_get;
+  ro.config_ctx = (void *)cfg;
+  st = kiln_hal_registry_create(&ro, &e->registry);
+  if (!st) st = kiln_hal_registry_open(e->registry, kiln_config_get_string(cfg, "backend", "name"),
+                                       &e->plugin);
+  if (st) return st;
+  const kiln_hal_backend_t *be = &e->plugin->table;
+  e->backend_name = be->name;
+  int32_t di = (int32_t)kiln_config_get_int(cfg, "backend", "device");
+  kiln_hal_device_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  kiln_hal_error_t *he = be->device_info(di, &info);
+  if (!he) he = be->device_open(di, &e->dev);
+  if (!he) he = be->stream_create(e->dev, &e->stream);
+  if (he) return kiln_hal_status_from_error(he, "opening the device");
+  if (!(e->device_name = strdup(info.name))) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_model_options_t mo = {0};
+  mo.dtype = dtype_of(kiln_config_get_string(cfg, "model", "dtype"));
+  mo.max_tokens = e->max_tokens;
+  mo.max_seqs = e->max_seqs;
+  mo.max_logits = e->max_logits;
+  mo.max_model_len = kiln_config_get_int(cfg, "model", "max_model_len");
+  mo.device_index = di;
+  /* The block-table width depends on the context, known only after loading: size it for the
+   * rope table's rows, capped by max_model_len. */
+  kiln_model_config_t mc;
+  if (!(st = kiln_model_config_load(path, &mc))) {
+    int64_t len = kiln_rope_max_positions(&mc);
+    if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
+    mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
+  } else {
+    kiln_status_free(st); /* a .gguf file, or a config error the model load will report */
+    st = NULL;
+    mo.max_blocks_per_seq = (int32_t)((mo.max_model_len > 0 ? mo.max_model_len : 1 << 20) / e->bs + 1);
+  }
+  if ((st = kiln_model_load(path, be, e->dev, e->stream, &mo, &e->model))) return st;
+  const kiln_model_config_t *c = kiln_model_get_config(e->model);
+  e->max_len = kiln_model_max_len(e->model);
+  e->max_blocks = (int32_t)((e->max_len + e->bs - 1) / e->bs);
+  if (!(e->model_name = strdup(c->architecture[0] ? c->architecture : c->model_type)))
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  /* Tokenizer: tokenizer.json beside the model (a directory, or a .gguf file's folder). */
+  char dir[4096];
+  size_t n = strlen(path);
+  if (n > 5 && !strcmp(path + n - 5, ".gguf")) {
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  } else {
+    snprintf(dir, sizeof(dir), "%s", path);
+  }
+  char tj[4200];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", dir);
+  FILE *f = fopen(tj, "rb");
+  if (f) {
+    fclose(f);
+    if ((st = kiln_tokenizer_load(dir, &e->own_tok))) return st;
+    e->tok = e->own_tok;
+  }
+  if (c->num_eos > 0) {
+    if (!(e->eos = dup_mem(c->eos_token_ids, (size_t)c->num_eos * 4)))
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    e->num_eos = c->num_eos;
+  }
+  /* The KV pool: [cache] num_blocks, or what the memory budget leaves after the weights and
+   * the activations (both already allocated by the load), capped at what max_num_seqs
+   * sequences of the full context could ever use. */
+  uint64_t block_bytes = kiln_model_kv_block_bytes(e->model, e->bs);
+  int64_t nb = kiln_config_get_int(cfg, "cache", "num_blocks");
+  int64_t cap = (int64_t)e->max_seqs * e->max_blocks + 1;
+  if (nb <= 0) {
+    uint64_t free_b = 0, total_b = 0;
+    if ((he = be->device_memory(e->dev, &free_b, &total_b)))
+      return kiln_hal_status_from_error(he, "reading the device's free memory");
+    double util = kiln_config_get_float(cfg, "cache", "gpu_memory_utilization");
+    double reserve = (1.0 - util) * (double)total_b;
+    double budget = (double)free_b - reserve;
+    if (info.caps & KILN_HAL_CAP_HOST_MEMORY) {
+      /* Host memory is shared with everything else on the machine: at most 2 GiB unless
+       * [cache] num_blocks asks for more. */
+      if (budget > 2.0 * 1073741824.0) budget = 2.0 * 1073741824.0;
+    }
+    nb = budget > 0 ? (int64_t)(budget / (double)block_bytes) : 0;
+    if (nb > cap) nb = cap;
+    if (nb < 1)
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY,
+                              "no memory left for the KV cache: %.1f MiB free of %.1f MiB, "
+                              "gpu_memory_utilization %.2f keeps %.1f MiB back, and one block "
+                              "takes %.2f MiB; lower max_num_batched_tokens or raise "
+                              "gpu_memory_utilization",
+                              (double)free_b / 1048576.0, (double)total_b / 1048576.0, util,
+                              reserve / 1048576.0, (double)block_bytes / 1048576.0);
+  }
+  if (nb > (1 << 30)) nb = 1 << 30;
+  if ((st = kiln_model_kv_create(e->model, (int32_t)nb, e->bs, &e->kvc))) return st;
+  *num_blocks = (int32_t)nb;
+  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens (%.1f MiB)", (long long)nb, e->bs,
+           (double)nb * (double)block_bytes / 1048576.0);
+  return kiln_runner_model_init(&e->runner, e->model, e->kvc, be, e->dev, e->stream, e->max_logits);
+}
+
+kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engine_t **out) {
+  *out = NULL;
+  kiln_engine_t *e = calloc(1, sizeof(*e));
+  if (!e) {
+    if (su->runner.forward && su->runner.destroy) su->runner.destroy(su->runner.ctx); /* ours */
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory");
+  }
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  kiln_metrics_init(&e->metrics);
+    const kiln_config_t *cfg = su->config;
+  e->bs = atoi(kiln_config_get_string(cfg, "cache", "block_size"));
+  e->max_seqs = (int32_t)kiln_config_get_int(cfg, "engine", "max_num_seqs");
+  e->max_tokens = (int32_t)kiln_config_get_int(cfg, "engine", "max_num_batched_tokens");
+  e->seed = (uint64_t)kiln_config_get_int(cfg, "engine", "seed");
+  e->chunked = kiln_config_get_bool(cfg, "scheduler", "enable_chunked_prefill");
+  e->max_queued = (int32_t)kiln_config_get_int(cfg, "server", "max_queued_requests");
+  e->max_logits = e->max_seqs + PROMPT_ROWS;
+  e->max_top = 20;
+  e->manual = su->manual;
+  int32_t num_blocks = su->num_blocks;
+  kiln_status_t st = NULL;
+  if (su->runner.forward) {
+    e->runner = su->runner;
+    e->tok = su->tokenizer;
+    e->max_len = su->runner.max_model_len;
+    e->max_blocks = (int32_t)((e->max_len + e->bs - 1) / e->bs);
+    e->backend_name = "custom";
+    if (su->num_eos > 0 && !(e->eos = dup_mem(su->eos_ids, (size_t)su->num_eos * 4)))
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    e->num_eos = su->num_eos;
+    if (e->runner.max_logits < e->max_logits) e->max_logits = e->runner.max_logits;
+  } else {
+    st = load_model(e, cfg, &num_blocks);
+  }
+  e->vocab = e->runner.vocab_size;
+  if (!st) st = kiln_kv_manager_create(num_blocks, e->bs,
+                                       kiln_config_get_bool(cfg, "cache", "enable_prefix_caching"),
+                                       &e->kv);
+  if (!st) {
+    kiln_sched_options_t so = {.max_num_seqs = e->max_seqs,
+                               .max_num_batched_tokens = e->max_tokens,
+                               .chunked_prefill = e->chunked,
+                               .priority_policy = !strcmp(kiln_config_get_string(cfg, "scheduler", "policy"), "priority")};
+    st = kiln_scheduler_create(e->kv, &so, &e->sched);
+  }
+  if (!st) st = kiln_sampler_create(e->runner.backend, e->runner.device, e->runner.stream,
+                                    su->force_host_sampling, e->max_seqs + PROMPT_ROWS, e->max_top,
+                                    e->vocab, &e->sampler);
+  if (!st) st = alloc_scratch(e);
+  if (!st) {
+    e->metrics.kv_blocks_total = kiln_kv_num_blocks(e->kv);
+    if (!e->manual) {
+      if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: cannot start the engine thread");
+      else
+        e->thread_started = true;
+    }
+  }
+  if (st) {
+    kiln_engine_destroy(e);
+    return st;
+  }
+  *out = e;
+  return NULL;
+}
+
+kiln_status_t kiln_engine_create(const char *config_path, const char *const *overrides,
+                                 int32_t num_overrides, kiln_engine_t **out) {
+  *out = NULL;
+  kiln_config_t *cfg = NULL;
+  kiln_status_t st = kiln_config_create(&cfg);
+  if (!st && config_path) st = kiln_config_load_file(cfg, config_path);
+  for (int32_t i = 0; !st && i < num_overrides; i++) st = kiln_config_set(cfg, overrides[i]);
+  kiln_engine_setup_t su;
+  memset(&su, 0, sizeof(su));
+  su.config = cfg;
+  if (!st) st = kiln_engine_create_setup(&su, out);
+  if (st) {
+    kiln_config_free(cfg);
+    return st;
+  }
+  (*out)->own_config = cfg;
+  return NULL;
+}
+
+void kiln_engine_destroy(kiln_engine_t *e) {
+  if (!e) return;
+  pthread_mutex_lock(&e->mu);
+  e->stop = true;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  if (e->thread_started) pthread_join(e->thread, NULL);
+  /* Whatever is still queued or running ends now, with its final event. */
+  if (e->sched) {
+    pthread_mutex_lock(&e->mu);
+    kiln_request_t *in = e->in_head;
+    e->in_head = e->in_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    intake(e, in);
+    while (e->act_head) req_end(e, e->act_head, KILN_FINISH_ABORT, NULL);
+  }
+  kiln_sampler_free(e->sampler);
+  kiln_scheduler_free(e->sched);
+  kiln_kv_manager_free(e->kv);
+  if (e->runner.destroy) e->runner.destroy(e->runner.ctx);
+  kiln_kv_cache_free(e->kvc);
+  kiln_model_free(e->model);
+  kiln_tokenizer_free(e->own_tok);
+  if (e->plugin) {
+    if (e->stream) e->plugin->table.stream_destroy(e->stream);
+    if (e->dev) e->plugin->table.device_close(e->dev);
+  }
+  kiln_hal_registry_free(e->registry);
+  kiln_config_free(e->own_config);
+  free(e->model_path);
+  free(e->model_name);
+  free(e->device_name);
+  free(e->eos);
+  free(e->b_ids);
+  free(e->b_pos);
+  free(e->b_slots);
+  free(e->b_lens);
+  free(e->b_qsl);
+  free(e->b_tables);
+  free(e->b_rows);
+  free(e->item_row);
+  free(e->srows);
+  free(e->sseqs);
+  free(e->crows);
+  free(e->cseqs);
+  free(e->c_pos);
+  free(e->so.tokens);
+  free(e->so.logprobs);
+  free(e->so.top_ids);
+  free(e->so.top_logprobs);
+  free(e->so.score_logprobs);
+  free(e->so.score_top_ids);
+  free(e->so.score_top_logprobs);
+  kiln_arena_free(&e->arena);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e);
+}
+
+void kiln_engine_get_info(const kiln_engine_t *e, kiln_engine_info_t *out) {
+  memset(out, 0, sizeof(*out));
+  out->model_path = e->model_path ? e->model_path : "";
+  out->model_name = e->model_name ? e->model_name : "";
+  out->backend = e->backend_name ? e->backend_name : "";
+  out->device = e->device_name ? e->device_name : "";
+  out->vocab_size = e->vocab;
+  out->max_model_len = e->max_len;
+  out->block_size = e->bs;
+  out->num_blocks = e->kv ? kiln_kv_num_blocks(e->kv) : 0;
+  out->max_num_seqs = e->max_seqs;
+  out->max_num_batched_tokens = e->max_tokens;
+  out->has_tokenizer = e->tok != NULL;
+}
+
+kiln_status_t kiln_engine_tokenize(const kiln_engine_t *e, const char *text, size_t len,
+                                   bool add_special, int32_t **out_ids, int32_t *out_n) {
+  *out_ids = NULL;
+  *out_n = 0;
+  if (!e->tok) return bad("the model has no tokenizer (no tokenizer.json beside it)");
+  kiln_tokens_t ids = KILN_TOKENS_INIT;
+  kiln_status_t st = kiln_tokenizer_encode(e->tok, text, len, add_special, &ids);
+  if (st) return st;
+  *out_ids = ids.ids;
+  *out_n = (int32_t)ids.len;
+  return NULL;
+}
+
+kiln_status_t kiln_engine_detokenize(const kiln_engine_t *e, const int32_t *ids, size_t n,
+                                     bool skip_special, char **out_text) {
+  *out_text = NULL;
+  if (!e->tok) return bad("the model has no tokenizer (no tokenizer.json beside it)");
+  kiln_strbuf_t sb = KILN_STRBUF_INIT;
+  kiln_status_t st = kiln_tokenizer_decode(e->tok, ids, n, skip_special, &sb);
+  if (!st && !(*out_text = strdup(kiln_strbuf_ok(&sb) ? kiln_strbuf_cstr(&sb) : "")))
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "detokenize: out of memory");
+  kiln_strbuf_free(&sb);
+  return st;
+}
+
+void kiln_engine_get_metrics(kiln_engine_t *e, kiln_metrics_t *out) {
+  pthread_mutex_lock(&e->mu);
+  *out = e->metrics;
+  pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,279 @@
+/* kiln.h - libkiln's public API: an engine that serves many generation requests at once on one
+ * device.
+ *
+ *     kiln_engine_t *eng;
+ *     kiln_status_t st = kiln_engine_create("etc/kiln.ini", NULL, 0, &eng);
+ *     kiln_sampling_params_t sp;
+ *     kiln_sampling_params_init(&sp);
+ *     sp.max_tokens = 32;
+ *     kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt = "Once upon a time",
+ *                              .params = &sp};
+ *     kiln_request_t *req;
+ *     st = kiln_engine_submit(eng, &d, &req);
+ *     kiln_output_t *out;
+ *     while (!(st = kiln_request_poll(req, -1, &out))) {   // -1: wait as long as it takes
+ *       fwrite(out->text, 1, out->text_len, stdout);
+ *       bool last = out->request_finished;
+ *       kiln_output_free(out);
+ *       if (last) break;
+ *     }
+ *     kiln_request_release(req);
+ *     kiln_engine_destroy(eng);
+ *
+ * Threads. One engine thread drives the device: it admits submitted requests, runs one model
+ * step at a time over every running sequence (continuous batching), samples, and delivers
+ * outputs. kiln_engine_submit, kiln_request_poll, kiln_request_cancel, kiln_request_release
+ * and kiln_engine_get_metrics may be called from any thread, concurrently.
+ *
+ * Outputs. Each request delivers a stream of kiln_output_t events, one per sequence per
+ * engine step that produced something (n > 1 gives n sequences, told apart by `index`), in
+ * order; the last event of a request has request_finished set. Every accepted request gets
+ * exactly one such last event, whatever happens (stop, length, cancel, an error, engine
+ * shutdown). Events go either to the request's callback (called on the engine thread; the
+ * event is borrowed for the call; the callback must not block and must not call
+ * kiln_engine_destroy) or, without a callback, into the request's queue for
+ * kiln_request_poll.
+ *
+ * Errors are kiln_status_t values: NULL on success, otherwise an owned object with a code and
+ * a message naming what was wrong (free it with kiln_status_free).
+ *
+ * Lifetimes. A kiln_request_t handle belongs to the caller until kiln_request_release (the
+ * engine keeps its own reference while the request runs). Release every handle before
+ * kiln_engine_destroy; destroy cancels the requests still running (each gets its final event
+ * with KILN_FINISH_ABORT) and joins the engine thread.
+ */
+#ifndef KILN_KILN_H
+#define KILN_KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status (also declared by libkiln's internal core/status.h) ------------------------- */
+
+typedef struct kiln_status *kiln_status_t;
+/* 0 = OK; then INVALID_ARGUMENT 1, NOT_FOUND 2, OUT_OF_MEMORY 3, UNSUPPORTED 4, IO 5,
+ * INCOMPATIBLE 6, DEVICE 7, INTERNAL 8, and KILN_ERR_UNAVAILABLE 9 (try again later: a full
+ * queue, a shutting-down engine). */
+#define KILN_ERR_UNAVAILABLE_CODE 9
+const char *kiln_status_message(const kiln_status_t st);
+void kiln_status_free(kiln_status_t st);
+
+/* ---- sampling ---------------------------------------------------------------------------- */
+
+/* Per-request generation settings, with vLLM / OpenAI semantics. Initialise with
+ * kiln_sampling_params_init, then set what differs. Pointers are copied at submission. */
+typedef struct kiln_sampling_params {
+  uint32_t struct_size;
+  int32_t n;              /* sequences sampled from the prompt (>= 1); they share its KV blocks */
+  int32_t max_tokens;     /* new tokens per sequence; -1 = up to the model's context */
+  int32_t min_tokens;     /* stop tokens and stop strings are ignored before this many */
+  float temperature;      /* 0 = greedy (argmax) */
+  float top_p;            /* (0, 1]; 1 = off */
+  int32_t top_k;          /* 0 = off */
+  float min_p;            /* [0, 1]; 0 = off */
+  float repetition_penalty; /* > 0; 1 = off (prompt and output tokens) */
+  float presence_penalty;   /* [-2, 2]; output tokens */
+  float frequency_penalty;  /* [-2, 2]; output tokens */
+  bool has_seed;
+  uint64_t seed;           /* with has_seed: the same tokens whatever else is in the batch */
+  bool ignore_eos;         /* keep going past the model's end-of-sequence tokens */
+  bool skip_special_tokens; /* in the text (default true) */
+  bool detokenize;          /* produce text (default true; needs a tokenizer) */
+  const int32_t *stop_token_ids; /* finish with "stop" on any of these */
+  int32_t num_stop_token_ids;
+  const char *const *stop; /* finish with "stop" when the text contains one of these */
+  int32_t num_stop;
+  bool include_stop_str_in_output;
+  const int32_t *logit_bias_ids; /* added to the logits before sampling */
+  const float *logit_bias_values;
+  int32_t num_logit_bias;
+  int32_t logprobs;        /* -1 = none; 0 = the sampled token's; k > 0 = and the top k */
+  int32_t prompt_logprobs; /* -1 = none; 0 = each prompt token's; k > 0 = and the top k */
+  int32_t priority;        /* with [scheduler] policy = priority: lower runs first */
+} kiln_sampling_params_t;
+
+void kiln_sampling_params_init(kiln_sampling_params_t *p);
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+typedef struct kiln_engine kiln_engine_t;
+typedef struct kiln_request kiln_request_t;
+
+typedef enum kiln_finish_reason {
+  KILN_FINISH_NONE = 0,   /* still running */
+  KILN_FINISH_STOP = 1,   /* an end-of-sequence token, a stop token or a stop string */
+  KILN_FINISH_LENGTH = 2, /* max_tokens, or the model's context */
+  KILN_FINISH_ABORT = 3,  /* cancelled, or the engine shut down */
+  KILN_FINISH_ERROR = 4,  /* the request failed; see error */
+} kiln_finish_reason_t;
+
+/* "stop", "length", "abort", "error", or NULL for KILN_FINISH_NONE. */
+const char *kiln_finish_reason_name(kiln_finish_reason_t r);
+
+typedef struct kiln_usage {
+  int32_t prompt_tokens;
+  int32_t completion_tokens; /* over all n sequences */
+  int32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+} kiln_usage_t;
+
+/* One event: what one sequence of a request produced in one engine step. Arrays are owned by
+ * the event. */
+typedef struct kiln_output {
+  kiln_request_t *request;
+  uint64_t request_seq;     /* the engine's number for the request (submission order) */
+  void *user;               /* kiln_request_desc_t.user */
+  int32_t index;            /* which sequence, 0 .. n-1 */
+  const int32_t *token_ids; /* new tokens */
+  int32_t num_tokens;
+  const char *text;         /* new text, NUL-terminated (may hold back a partial stop string) */
+  size_t text_len;
+  const float *logprobs;    /* [num_tokens] with logprobs >= 0, else NULL */
+  const int32_t *top_ids;   /* [num_tokens, top_n] with logprobs > 0 */
+  const float *top_logprobs;
+  int32_t top_n;
+  /* Prompt logprobs (first event of sequence 0 only, when asked): for prompt positions
+   * 1 .. P-1, the logprob of the prompt token and [P-1, prompt_top_n] alternatives. */
+  const float *prompt_logprobs;
+  const int32_t *prompt_top_ids;
+  const float *prompt_top_logprobs;
+  int32_t num_prompt_logprobs;
+  int32_t prompt_top_n;
+  kiln_finish_reason_t finish_reason; /* of this sequence; NONE while it runs */
+  const char *stop_str;  /* the stop string matched, or NULL */
+  int32_t stop_token;    /* the stop or eos token that ended it, or -1 */
+  bool request_finished; /* the request's last event: every sequence has finished */
+  kiln_usage_t usage;    /* the request's, so far */
+  const char *error;     /* with KILN_FINISH_ERROR: why */
+  /* Timings in seconds since the request arrived (0 = not yet): */
+  double queue_time;  /* until first scheduled */
+  double first_token_time;
+  double time;        /* when this event was made */
+} kiln_output_t;
+
+typedef void (*kiln_output_fn)(void *user, const kiln_output_t *out);
+
+typedef struct kiln_request_desc {
+  uint32_t struct_size;
+  const char *prompt;          /* text (tokenized with the model's tokenizer, adding BOS as
+                                  the tokenizer does), or NULL */
+  const int32_t *prompt_ids;   /* token ids, when prompt is NULL */
+  int32_t num_prompt_ids;
+  const kiln_sampling_params_t *params; /* NULL = defaults */
+  kiln_output_fn on_output;    /* NULL = queue events for kiln_request_poll */
+  void *user;
+} kiln_request_desc_t;
+
+/* Validates and queues a request. Errors (nothing is queued): KILN_ERR_INVALID_ARGUMENT for a
+ * bad parameter (named), an empty prompt, token ids outside the vocabulary, or a request
+ * that can never fit (prompt + max_tokens beyond the context, or n sequences beyond the KV
+ * pool; the message gives the numbers); code 9 (unavailable) when the engine is shutting down
+ * or the waiting queue is full ([server] max_queued_requests). */
+kiln_status_t kiln_engine_submit(kiln_engine_t *eng, const kiln_request_desc_t *desc,
+                                 kiln_request_t **out_request);
+
+/* Takes the next event of a request without a callback: waits up to timeout_ms
+ * (-1 = forever, 0 = do not wait). *out is NULL on timeout. The event is owned by the caller
+ * (kiln_output_free). After the event with request_finished, *out stays NULL. */
+kiln_status_t kiln_request_poll(kiln_request_t *req, int64_t timeout_ms, kiln_output_t **out);
+void kiln_output_free(kiln_output_t *out);
+
+/* Asks the engine to stop the request; its blocks are freed at the next step and it ends
+ * with KILN_FINISH_ABORT (unless it finished first). Idempotent. */
+void kiln_request_cancel(kiln_request_t *req);
+/* Gives up the caller's handle. A running request keeps running (cancel it first if its
+ * outputs are no longer wanted). */
+void kiln_request_release(kiln_request_t *req);
+
+/* ---- the engine -------------------------------------------------------------------------- */
+
+/* Creates an engine from an INI file (NULL = built-in defaults) plus "section.key=value"
+ * overrides: opens the backend, loads the model and tokenizer, sizes the KV pool and starts
+ * the engine thread. Errors name the key, file or device that failed. */
+kiln_status_t kiln_engine_create(const char *config_path, const char *const *overrides,
+                                 int32_t num_overrides, kiln_engine_t **out_engine);
+/* Cancels what is running, delivers every final event, joins the engine thread, frees. */
+void kiln_engine_destroy(kiln_engine_t *eng);
+
+typedef struct kiln_engine_info {
+  const char *model_path;  /* as configured */
+  const char *model_name;  /* architecture, e.g. "LlamaForCausalLM" */
+  const char *backend;     /* "cpu", "cuda", ... */
+  const char *device;      /* the device's name */
+  int32_t vocab_size;
+  int64_t max_model_len;
+  int32_t block_size;
+  int32_t num_blocks;
+  int32_t max_num_seqs;
+  int32_t max_num_batched_tokens;
+  bool has_tokenizer;
+} kiln_engine_info_t;
+
+/* Borrowed strings, valid until kiln_engine_destroy. */
+void kiln_engine_get_info(const kiln_engine_t *eng, kiln_engine_info_t *out);
+
+/* Tokenizes text with the model's tokenizer exactly as a text prompt is (add_special: the
+ * tokenizer's BOS/template tokens). *out_ids is malloc'ed (free()). Errors:
+ * KILN_ERR_INVALID_ARGUMENT when the model has no tokenizer, OUT_OF_MEMORY. Thread-safe. */
+kiln_status_t kiln_engine_tokenize(const kiln_engine_t *eng, const char *text, size_t len,
+                                   bool add_special, int32_t **out_ids, int32_t *out_n);
+/* Decodes ids to text (malloc'ed, NUL-terminated; free()). Errors: no tokenizer, an id
+ * outside the tokenizer's vocabulary, OUT_OF_MEMORY. Thread-safe. */
+kiln_status_t kiln_engine_detokenize(const kiln_engine_t *eng, const int32_t *ids, size_t n,
+                                     bool skip_special, char **out_text);
+
+/* ---- metrics ----------------------------------------------------------------------------- */
+
+#define KILN_HIST_MAX_BUCKETS 24
+
+/* A histogram: counts[i] = observations <= bounds[i] and > bounds[i-1]; counts[num_bounds]
+ * holds the ones above the last bound (Prometheus's +Inf bucket, not cumulative here). */
+typedef struct kiln_histogram {
+  int32_t num_bounds;
+  double bounds[KILN_HIST_MAX_BUCKETS];
+  uint64_t counts[KILN_HIST_MAX_BUCKETS + 1];
+  uint64_t count;
+  double sum;
+} kiln_histogram_t;
+
+typedef struct kiln_metrics {
+  /* gauges */
+  int64_t requests_running; /* requests with a sequence in the running set */
+  int64_t requests_waiting; /* queued, or preempted and waiting to resume */
+  int64_t kv_blocks_total;
+  int64_t kv_blocks_used;   /* referenced by a sequence */
+  double kv_usage;          /* used / total */
+  double kv_waste;          /* allocated-but-unused token slots / allocated slots, now */
+  /* counters, since start */
+  uint64_t requests_submitted;
+  uint64_t requests_rejected; /* refused at submission */
+  uint64_t requests_finished[5]; /* by kiln_finish_reason_t (STOP, LENGTH, ABORT, ERROR) */
+  uint64_t prompt_tokens;      /* prompt tokens of finished-or-running requests */
+  uint64_t generation_tokens;
+  uint64_t prefix_cache_queries; /* prompt tokens looked up in the prefix cache */
+  uint64_t prefix_cache_hits;    /* of which served from it */
+  uint64_t preemptions;
+  uint64_t steps;                /* engine steps (model forwards) */
+  /* histograms (seconds, or tokens) */
+  kiln_histogram_t time_to_first_token;
+  kiln_histogram_t inter_token_latency;
+  kiln_histogram_t e2e_latency;
+  kiln_histogram_t queue_time;
+  kiln_histogram_t tokens_per_step;
+} kiln_metrics_t;
+
+void kiln_engine_get_metrics(kiln_engine_t *eng, kiln_metrics_t *out);
+
+/* The metrics in Prometheus's text exposition format, names prefixed "kiln:". Returns a
+ * malloc'ed string (free()), or NULL when out of memory. */
+char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_KILN_H */

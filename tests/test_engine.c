@@ -1,0 +1,384 @@
+/* test_engine.c - the engine's public API (include/kiln/kiln.h) on the real CPU backend with a
+ * fixture model (tests/fixtures/models/llama2, float32): many requests at once give the same
+ * tokens as each one alone, under KV pressure (preemption), with and without chunked prefill,
+ * with prefix-cache hits, with seeded sampling in any batch; cancellation frees the blocks;
+ * bad requests are refused with the numbers; every request gets exactly one final event. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "core/engine/engine_internal.h"
+#include "kiln/kiln.h"
+
+#define MAXTOK 128
+
+static char g_model[1024];
+
+typedef struct result {
+  int32_t ids[4][MAXTOK];
+  int32_t n[4];
+  float lp[4][MAXTOK];
+  int32_t top_ids[8];
+  float top_lps[8];
+  int32_t top_n;
+  kiln_finish_reason_t fin[4];
+  int32_t finished_events;
+  int32_t final_events[4];
+  int32_t cached;
+  int32_t completion;
+} result_t;
+
+/* Creates an engine on the cpu backend with the fixture and extra overrides. */
+static kiln_engine_t *make_engine(const char *const *extra, int32_t nextra) {
+  const char *ov[16];
+  char mp[1100];
+  snprintf(mp, sizeof(mp), "model.path=%s", g_model);
+  int32_t n = 0;
+  ov[n++] = mp;
+  ov[n++] = "backend.name=cpu";
+  ov[n++] = "backend.threads=2";
+  ov[n++] = "model.dtype=float32";
+  for (int32_t i = 0; i < nextra; i++) ov[n++] = extra[i];
+  kiln_engine_t *e = NULL;
+  kiln_status_t st = kiln_engine_create(NULL, ov, n, &e);
+  if (st) fprintf(stderr, "engine: %s\n", kiln_status_message(st));
+  assert_null(st);
+  return e;
+}
+
+/* Collects a request's events by polling until its final event. */
+static void drain(kiln_request_t *r, result_t *res) {
+  for (;;) {
+    kiln_output_t *o;
+    assert_null(kiln_request_poll(r, -1, &o));
+    assert_non_null(o);
+    int32_t i = o->index;
+    assert_true(i >= 0 && i < 4);
+    for (int32_t k = 0; k < o->num_tokens; k++) {
+      assert_true(res->n[i] < MAXTOK);
+      if (o->logprobs) res->lp[i][res->n[i]] = o->logprobs[k];
+      if (o->top_n && i == 0 && res->n[0] == 0) {
+        res->top_n = o->top_n;
+        memcpy(res->top_ids, o->top_ids, (size_t)o->top_n * 4);
+        memcpy(res->top_lps, o->top_logprobs, (size_t)o->top_n * 4);
+      }
+      res->ids[i][res->n[i]++] = o->token_ids[k];
+    }
+    if (o->finish_reason != KILN_FINISH_NONE) {
+      res->fin[i] = o->finish_reason;
+      res->final_events[i]++;
+    }
+    res->cached = o->usage.cached_tokens;
+    res->completion = o->usage.completion_tokens;
+    bool last = o->request_finished;
+    kiln_output_free(o);
+    if (last) break;
+  }
+  kiln_output_t *o = (kiln_output_t *)1;
+  assert_null(kiln_request_poll(r, 0, &o));
+  assert_null(o); /* nothing after the final event */
+}
+
+typedef struct job {
+  int32_t prompt[MAXTOK];
+  int32_t np;
+  kiln_sampling_params_t p;
+} job_t;
+
+static void make_jobs(job_t *jobs, int32_t n, uint64_t seed) {
+  for (int32_t j = 0; j < n; j++) {
+    job_t *b = &jobs[j];
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    b->np = 3 + (int32_t)((seed >> 33) % 60);
+    for (int32_t i = 0; i < b->np; i++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      b->prompt[i] = 3 + (int32_t)((seed >> 33) % 300);
+    }
+    kiln_sampling_params_init(&b->p);
+    b->p.max_tokens = 8 + j % 9;
+    b->p.ignore_eos = true;
+    b->p.temperature = j % 3 == 2 ? 0.9f : 0.0f;
+    b->p.has_seed = true;
+    b->p.seed = 1000 + (uint64_t)j;
+    b->p.logprobs = 0;
+  }
+}
+
+/* Runs the jobs all at once (submitted together) or one at a time. */
+static void run_jobs(kiln_engine_t *e, const job_t *jobs, int32_t n, bool together, result_t *res) {
+  kiln_request_t *reqs[32];
+  memset(res, 0, (size_t)n * sizeof(*res));
+  for (int32_t j = 0; j < n; j++) {
+    kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = jobs[j].prompt,
+                             .num_prompt_ids = jobs[j].np, .params = &jobs[j].p};
+    kiln_status_t st = kiln_engine_submit(e, &d, &reqs[j]);
+    if (st) fprintf(stderr, "submit: %s\n", kiln_status_message(st));
+    assert_null(st);
+    if (!together) {
+      drain(reqs[j], &res[j]);
+      kiln_request_release(reqs[j]);
+    }
+  }
+  if (together)
+    for (int32_t j = 0; j < n; j++) {
+      drain(reqs[j], &res[j]);
+      kiln_request_release(reqs[j]);
+    }
+}
+
+static void expect_same(const result_t *a, const result_t *b, int32_t n, const char *what) {
+  for (int32_t j = 0; j < n; j++) {
+    if (a[j].n[0] != b[j].n[0] || memcmp(a[j].ids[0], b[j].ids[0], (size_t)a[j].n[0] * 4) != 0) {
+      fprintf(stderr, "%s: request %d differs (%d vs %d tokens)\n", what, j, a[j].n[0], b[j].n[0]);
+      fail();
+    }
+    assert_int_equal(a[j].fin[0], b[j].fin[0]);
+    assert_int_equal(a[j].final_events[0], 1);
+  }
+}
+
+static void expect_all_free(kiln_engine_t *e) {
+  kiln_kv_manager_t *kv = kiln_engine_kv(e);
+  assert_int_equal(kiln_kv_num_free(kv), kiln_kv_num_blocks(kv));
+  assert_null(kiln_kv_check(kv));
+}
+
+#define NJOBS 12
+
+/* Together vs alone; pressured pool (preemption); chunked vs not; seeded sampling in any
+ * batch. */
+static void test_batching_is_invisible(void **state) {
+  (void)state;
+  job_t jobs[NJOBS];
+  make_jobs(jobs, NJOBS, 7);
+  static result_t alone[NJOBS], together[NJOBS], pressured[NJOBS], unchunked[NJOBS];
+  kiln_engine_t *e = make_engine(NULL, 0);
+  run_jobs(e, jobs, NJOBS, false, alone);
+  run_jobs(e, jobs, NJOBS, true, together);
+  expect_same(alone, together, NJOBS, "together");
+  expect_all_free(e);
+  kiln_metrics_t m;
+  kiln_engine_get_metrics(e, &m);
+  assert_int_equal(m.requests_finished[KILN_FINISH_LENGTH], 2 * NJOBS);
+  kiln_engine_destroy(e);
+
+  /* 10 blocks of 16 tokens: a fraction of what 12 requests of up to 80 tokens need. Chunks of
+   * 8 tokens, so prefills share steps with decodes. */
+  const char *small[] = {"cache.num_blocks=10", "engine.max_num_batched_tokens=8"};
+  e = make_engine(small, 2);
+  run_jobs(e, jobs, NJOBS, true, pressured);
+  kiln_engine_get_metrics(e, &m);
+  fprintf(stderr, "pressured run: %llu preemptions, %llu steps\n",
+          (unsigned long long)m.preemptions, (unsigned long long)m.steps);
+  assert_true(m.preemptions > 0);
+  expect_same(alone, pressured, NJOBS, "pressured");
+  expect_all_free(e);
+  kiln_engine_destroy(e);
+
+  const char *noch[] = {"scheduler.enable_chunked_prefill=false", "cache.enable_prefix_caching=false"};
+  e = make_engine(noch, 2);
+  run_jobs(e, jobs, NJOBS, true, unchunked);
+  expect_same(alone, unchunked, NJOBS, "unchunked");
+  expect_all_free(e);
+  kiln_engine_destroy(e);
+}
+
+/* A prompt served from the prefix cache gives the logprobs of a cold run. */
+static void test_prefix_cache(void **state) {
+  (void)state;
+  kiln_engine_t *e = make_engine(NULL, 0);
+  job_t j;
+  make_jobs(&j, 1, 99);
+  j.np = 50;
+  for (int32_t i = 0; i < j.np; i++) j.prompt[i] = 10 + (i * 37) % 290;
+  j.p.logprobs = 5;
+  j.p.max_tokens = 4;
+  result_t cold, warm;
+  run_jobs(e, &j, 1, false, &cold);
+  run_jobs(e, &j, 1, false, &warm);
+  assert_int_equal(cold.cached, 0);
+  assert_int_equal(warm.cached, 48); /* 3 full blocks of 16; the last token is recomputed */
+  expect_same(&cold, &warm, 1, "prefix cache");
+  assert_int_equal(cold.top_n, 5);
+  for (int32_t k = 0; k < 5; k++) {
+    assert_int_equal(cold.top_ids[k], warm.top_ids[k]);
+    assert_true(fabsf(cold.top_lps[k] - warm.top_lps[k]) < 1e-4f);
+  }
+  for (int32_t t = 0; t < cold.n[0]; t++) assert_true(fabsf(cold.lp[0][t] - warm.lp[0][t]) < 1e-4f);
+  /* The logprobs are log-probabilities: the top one is the greedy token's. */
+  assert_int_equal(cold.top_ids[0], cold.ids[0][0]);
+  assert_true(cold.top_lps[0] <= 0 && cold.top_lps[0] >= cold.top_lps[1]);
+  kiln_metrics_t m;
+  kiln_engine_get_metrics(e, &m);
+  assert_true(m.prefix_cache_hits >= 48);
+  kiln_engine_destroy(e);
+}
+
+/* n > 1: forked sequences share the prompt, each follows its own generator. */
+static void test_n_sequences(void **state) {
+  (void)state;
+  kiln_engine_t *e = make_engine(NULL, 0);
+  job_t j;
+  make_jobs(&j, 1, 5);
+  j.p.n = 3;
+  j.p.temperature = 1.0f;
+  j.p.max_tokens = 12;
+  result_t a, b;
+  run_jobs(e, &j, 1, false, &a);
+  run_jobs(e, &j, 1, false, &b);
+  assert_int_equal(a.completion, 36);
+  for (int32_t i = 0; i < 3; i++) {
+    assert_int_equal(a.n[i], 12);
+    assert_int_equal(a.final_events[i], 1);
+    assert_memory_equal(a.ids[i], b.ids[i], 12 * 4); /* seeded: reproducible */
+  }
+  assert_true(memcmp(a.ids[0], a.ids[1], 48) != 0 || memcmp(a.ids[1], a.ids[2], 48) != 0);
+  expect_all_free(e);
+  kiln_engine_destroy(e);
+}
+
+typedef struct cb_state {
+  pthread_mutex_t mu;
+  int32_t events, finals, tokens;
+  kiln_finish_reason_t fin;
+  bool cancel_at_first;
+} cb_state_t;
+
+static void on_out(void *user, const kiln_output_t *o) {
+  cb_state_t *c = user;
+  pthread_mutex_lock(&c->mu);
+  c->events++;
+  c->tokens += o->num_tokens;
+  if (c->cancel_at_first && c->events == 1) kiln_request_cancel(o->request);
+  if (o->request_finished) {
+    c->finals++;
+    c->fin = o->finish_reason;
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Cancel frees the blocks; callbacks see exactly one final event; destroy ends the rest. */
+static void test_cancel_and_shutdown(void **state) {
+  (void)state;
+  kiln_engine_t *e = make_engine(NULL, 0);
+  job_t j;
+  make_jobs(&j, 1, 3);
+  j.p.max_tokens = 100;
+  kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = j.prompt, .num_prompt_ids = 10,
+                           .params = &j.p};
+  kiln_request_t *r;
+  /* Cancelled from its first event's callback: it ends at the next step with ABORT. */
+  cb_state_t cs;
+  memset(&cs, 0, sizeof(cs));
+  pthread_mutex_init(&cs.mu, NULL);
+  cs.cancel_at_first = true;
+  d.on_output = on_out;
+  d.user = &cs;
+  assert_null(kiln_engine_submit(e, &d, &r));
+  kiln_output_t *o = NULL;
+  kiln_status_t pst = kiln_request_poll(r, 0, &o); /* callback requests cannot be polled */
+  assert_non_null(pst);
+  kiln_status_free(pst);
+  for (int i = 0; i < 2000; i++) {
+    pthread_mutex_lock(&cs.mu);
+    int32_t f = cs.finals;
+    pthread_mutex_unlock(&cs.mu);
+    if (f) break;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  assert_int_equal(cs.finals, 1);
+  assert_int_equal(cs.fin, KILN_FINISH_ABORT);
+  assert_true(cs.tokens <= 2);
+  kiln_request_release(r);
+  expect_all_free(e);
+  /* Callback requests left running when the engine is destroyed end with ABORT. */
+  memset(&cs.events, 0, sizeof(cs) - offsetof(cb_state_t, events));
+  for (int32_t i = 0; i < 4; i++) {
+    assert_null(kiln_engine_submit(e, &d, &r));
+    kiln_request_release(r);
+  }
+  kiln_engine_destroy(e);
+  assert_int_equal(cs.finals, 4);
+  pthread_mutex_destroy(&cs.mu);
+}
+
+static void expect_refused(kiln_engine_t *e, const int32_t *ids, int32_t n,
+                           const kiln_sampling_params_t *p, const char *text, const char *needle) {
+  kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = ids, .num_prompt_ids = n,
+                           .params = p, .prompt = text};
+  kiln_request_t *r = NULL;
+  kiln_status_t st = kiln_engine_submit(e, &d, &r);
+  assert_non_null(st);
+  assert_null(r);
+  if (!strstr(kiln_status_message(st), needle)) {
+    fprintf(stderr, "expected '%s' in: %s\n", needle, kiln_status_message(st));
+    fail();
+  }
+  kiln_status_free(st);
+}
+
+static void test_refusals(void **state) {
+  (void)state;
+  const char *ov[] = {"cache.num_blocks=4", "engine.max_num_seqs=4"};
+  kiln_engine_t *e = make_engine(ov, 2);
+  int32_t ids[200];
+  for (int32_t i = 0; i < 200; i++) ids[i] = 5 + i;
+  kiln_sampling_params_t p;
+  kiln_sampling_params_init(&p);
+  expect_refused(e, ids, 0, &p, NULL, "empty");
+  expect_refused(e, ids, 130, &p, NULL, "context of 128");
+  p.max_tokens = 100;
+  expect_refused(e, ids, 40, &p, NULL, "140 in all");
+  p.max_tokens = 60;
+  expect_refused(e, ids, 10, &p, NULL, "the pool has 4"); /* 70 tokens = 5 blocks of 16 */
+  kiln_sampling_params_init(&p);
+  int32_t bad[2] = {5, 320};
+  expect_refused(e, bad, 2, &p, NULL, "outside the vocabulary");
+  p.top_p = 0;
+  expect_refused(e, ids, 3, &p, NULL, "top_p");
+  kiln_sampling_params_init(&p);
+  p.n = 5;
+  expect_refused(e, ids, 3, &p, NULL, "n must be in [1, 4]");
+  kiln_sampling_params_init(&p);
+  p.temperature = -1;
+  expect_refused(e, ids, 3, &p, NULL, "temperature");
+  kiln_sampling_params_init(&p);
+  expect_refused(e, NULL, 0, &p, "hello", "needs a tokenizer");
+  kiln_metrics_t m;
+  kiln_engine_get_metrics(e, &m);
+  assert_int_equal(m.requests_rejected, 9);
+  char *text = kiln_metrics_prometheus(&m, "llama2");
+  assert_non_null(text);
+  assert_non_null(strstr(text, "kiln:requests_rejected_total"));
+  free(text);
+  kiln_engine_destroy(e);
+  /* Engine creation errors. */
+  const char *nomodel[] = {"model.path=/nonexistent/model"};
+  kiln_engine_t *e2 = NULL;
+  kiln_status_t st = kiln_engine_create(NULL, nomodel, 1, &e2);
+  assert_non_null(st);
+  assert_null(e2);
+  kiln_status_free(st);
+}
+
+int main(void) {
+  const char *src = getenv("KILN_SOURCE_DIR");
+  snprintf(g_model, sizeof(g_model), "%s/tests/fixtures/models/llama2", src ? src : "..");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_batching_is_invisible), cmocka_unit_test(test_prefix_cache),
+      cmocka_unit_test(test_n_sequences),           cmocka_unit_test(test_cancel_and_shutdown),
+      cmocka_unit_test(test_refusals),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
