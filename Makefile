@@ -1,5 +1,6 @@
 # Kiln's two set-up commands (see README.md), each idempotent on a fresh Debian 12 machine:
-#   make run    install build deps, build, and run the main job (`kiln info` + `kiln selftest`)
+#   make run    install build deps, build, and run the main job (`kiln info`, `kiln selftest`,
+#               and `kiln generate` on the embedded default model)
 #   make test   install build deps, build twice (release, then ASan+UBSan) and run every test
 # Anything else is plain CMake: cmake -B build && cmake --build build.
 
@@ -34,6 +35,7 @@ build: deps $(BUILD)/CMakeCache.txt
 run: build
 	./$(BUILD)/bin/kiln info
 	./$(BUILD)/bin/kiln selftest
+	./$(BUILD)/bin/kiln generate --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -51,7 +53,7 @@ test-asan: deps
 # selftest are left to the sanitizer build), for leaks and uninitialised reads. The engine
 # simulation runs 2,000 requests there instead of 100,000.
 test-memcheck: build
-	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_cli|test_sdk|test_generate_batch|kiln_selftest|fetch_|test_ops_cpu_' --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_cli|test_sdk|test_generate_batch|test_default_model|kiln_selftest|fetch_|test_ops_cpu_' --output-on-failure -j $(JOBS)
 
 test: test-release test-asan test-memcheck
 

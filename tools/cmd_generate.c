@@ -570,7 +570,10 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
   }
   t2 = gen_now();
   if (t1 == 0) t1 = t2;
-  if (stream) printf("\n");
+  if (stream) {
+    printf("\n");
+    fflush(stdout);
+  }
   if (!st && j->error) st = kiln_status_make(KILN_ERR_INTERNAL, "%s: %s", cmd, j->error);
   double ttft = t1 - t0, all = t2 - t0;
   if (!st) st = gen_single_print(a, &info, &pids, j, ttft, all);

@@ -14,6 +14,7 @@
 #include "models/tokenizer/tokenizer.h"
 
 typedef struct mc_args {
+  char model_buf[4096];
   const char *model; /* --model, else [model] path */
   const char *ids;   /* --ids 1,2,3 */
   const char *out;
@@ -69,11 +70,12 @@ static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a) {
 #undef TAKES
   }
   if (st) return st;
-  if (!a->model || !a->model[0]) a->model = kiln_config_get_string(cli->config, "model", "path");
-  if (!a->model || !a->model[0])
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: no model: give --model DIR (or a .gguf file) or set [model] path",
-                            cmd);
+  if (!a->model || !a->model[0]) {
+    /* [model] path (relative to its INI file), or the embedded default model. */
+    kiln_status_t pst = kiln_config_model_path(cli->config, a->model_buf, sizeof(a->model_buf));
+    if (pst) return kiln_status_annotate(pst, "%s", cmd);
+    a->model = a->model_buf;
+  }
   if (!a->out)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --out FILE.npy is required", cmd);
   if (!a->ids) return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: give --ids 1,2,3", cmd);

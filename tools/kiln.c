@@ -28,7 +28,7 @@ static const kiln_command_t commands[] = {
     {"score", kiln_cmd_score,
      "logits of every position to a .npy file (--model DIR --ids 1,2,3 --out FILE.npy)"},
     {"generate", kiln_cmd_generate,
-     "continue a prompt (--model DIR --ids 1,2,3 | --prompt TEXT [--max-tokens N] [--json])"},
+     "continue a prompt (--prompt TEXT | --ids 1,2,3) or a JSONL batch (--input FILE)"},
     {"perplexity", kiln_cmd_perplexity,
      "perplexity of a text file (--model DIR --file TEXT [--ctx N] [--json])"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
