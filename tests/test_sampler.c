@@ -129,8 +129,8 @@ typedef struct batch {
   float *logits; /* [R, V] */
   kiln_sample_row_t rows[MAX_ROWS];
   kiln_score_row_t scores[MAX_ROWS];
-  int32_t *ids;  /* storage for every row's token lists */
-  float *bvals;  /* storage for bias values */
+  int32_t *ids; /* storage for every row's token lists */
+  float *bvals; /* storage for bias values */
 } batch_t;
 
 typedef struct results {
@@ -145,9 +145,8 @@ typedef struct results {
 
 static kiln_sample_out_t out_of(results_t *r) {
   memset(r, 0, sizeof(*r));
-  kiln_sample_out_t o = {r->tokens,         r->logprobs,     r->top_ids,
-                         r->top_logprobs,   r->score_logprobs, r->score_top_ids,
-                         r->score_top_logprobs};
+  kiln_sample_out_t o = {r->tokens,         r->logprobs,      r->top_ids,           r->top_logprobs,
+                         r->score_logprobs, r->score_top_ids, r->score_top_logprobs};
   return o;
 }
 
@@ -269,8 +268,8 @@ static void ref_sample_row(const batch_t *b, const kiln_sample_row_t *r, ref_row
                        r->frequency != 0.0f || r->presence != 0.0f, r->frequency, r->presence,
                        r->bias_ids, bv, r->num_bias);
   free(bv);
-  o->token = ops_ref_sample(V, o->x, r->temperature, r->top_k, r->top_p, r->min_p, r->uniform,
-                            &o->margin);
+  o->token =
+      ops_ref_sample(V, o->x, r->temperature, r->top_k, r->top_p, r->min_p, r->uniform, &o->margin);
   o->lse = ops_ref_logsumexp(V, o->x);
   if (r->num_top > 0) ops_ref_topk(V, o->x, r->num_top, o->top_ids, o->top_values);
 }
@@ -340,28 +339,33 @@ static void check_results(const char *label, const batch_t *b, const results_t *
       print_error("%s: row %d: token %d outside [0, %d)\n", label, (int)i, (int)g, (int)b->V);
       fail();
     }
-    if (ref[i].margin >= margin_tol) t->exact++;
-    else t->loose++;
+    if (ref[i].margin >= margin_tol)
+      t->exact++;
+    else
+      t->loose++;
     if (g != w) {
       if (ref[i].margin >= margin_tol) {
-        print_error("%s: row %d (t %g, top_k %d, top_p %g, min_p %g, rep %g, freq %g, pres %g, "
-                    "bias %d, uniform %.9g): got token %d, want %d, reference margin %.3g "
-                    "(seed %llu)\n",
-                    label, (int)i, (double)r->temperature, (int)r->top_k, (double)r->top_p,
-                    (double)r->min_p, (double)r->repetition, (double)r->frequency,
-                    (double)r->presence, (int)r->num_bias, (double)r->uniform, (int)g, (int)w,
-                    ref[i].margin, (unsigned long long)g_seed);
+        print_error(
+            "%s: row %d (t %g, top_k %d, top_p %g, min_p %g, rep %g, freq %g, pres %g, "
+            "bias %d, uniform %.9g): got token %d, want %d, reference margin %.3g "
+            "(seed %llu)\n",
+            label, (int)i, (double)r->temperature, (int)r->top_k, (double)r->top_p,
+            (double)r->min_p, (double)r->repetition, (double)r->frequency, (double)r->presence,
+            (int)r->num_bias, (double)r->uniform, (int)g, (int)w, ref[i].margin,
+            (unsigned long long)g_seed);
         fail();
       }
       t->mismatches++;
-      printf("test_sampler: %s: row %d: token %d vs %d where the reference margin is %.3g "
-             "(allowed)\n",
-             label, (int)i, (int)g, (int)w, ref[i].margin);
+      printf(
+          "test_sampler: %s: row %d: token %d vs %d where the reference margin is %.3g "
+          "(allowed)\n",
+          label, (int)i, (int)g, (int)w, ref[i].margin);
     }
     if (r->num_top >= 0)
       check_lp(label, "logprob", i, got->logprobs[i], ref[i].x[g] - ref[i].lse,
                fabs(ref[i].x[g]) + fabs(ref[i].lse));
-    else if (got->logprobs[i] != 0.0f) fail_msg("%s: row %d: logprob of a num_top -1 row", label, (int)i);
+    else if (got->logprobs[i] != 0.0f)
+      fail_msg("%s: row %d: logprob of a num_top -1 row", label, (int)i);
     if (r->num_top > 0)
       check_top(label, i, r->num_top, got->top_ids + i * MAX_TOP, got->top_logprobs + i * MAX_TOP,
                 &ref[i]);
@@ -418,8 +422,8 @@ static kiln_hal_tensor_t upload(const batch_t *b, int32_t pad, kiln_hal_buffer_t
   return t;
 }
 
-static void run(kiln_sampler_t *s, const kiln_sample_logits_t *lg, const batch_t *b,
-                results_t *res, const char *what) {
+static void run(kiln_sampler_t *s, const kiln_sample_logits_t *lg, const batch_t *b, results_t *res,
+                const char *what) {
   kiln_sample_out_t o = out_of(res);
   die_status(kiln_sampler_run(s, lg, b->rows, b->ns, b->scores, b->nc, &o), what);
 }
@@ -472,9 +476,10 @@ static void test_random_batches(void **state) {
   const tally_t *ts[3] = {&th, &td, &tf};
   const char *names[3] = {"host vs reference", "device vs host", "force_host vs host"};
   for (int i = 0; i < 3; i++) {
-    printf("test_sampler: %s: %d rows (%d sampled), %d checked exactly, %d near a threshold, "
-           "%d allowed mismatches\n",
-           names[i], ts[i]->rows, ts[i]->sampled, ts[i]->exact, ts[i]->loose, ts[i]->mismatches);
+    printf(
+        "test_sampler: %s: %d rows (%d sampled), %d checked exactly, %d near a threshold, "
+        "%d allowed mismatches\n",
+        names[i], ts[i]->rows, ts[i]->sampled, ts[i]->exact, ts[i]->loose, ts[i]->mismatches);
     /* A test that checks nothing exactly proves nothing. */
     assert_true(ts[i]->exact * 10 >= ts[i]->rows * 7);
   }
@@ -491,14 +496,17 @@ static void test_filters(void **state) {
     const int32_t V = vocab[vi];
     samplers_t sm;
     samplers_make(&sm, V);
-    for (int32_t bi = 0; bi < (V > 1000 ? 2 : 6); bi++) {
+    for (int32_t bi = 0; bi < (V > 1000 ? 2 : 12); bi++) {
       batch_t b;
       batch_make(&b, V, 4, MAX_ROWS, 0, &gen);
-      const bool extreme = bi % 2 == 1;
+      const bool extreme = bi % 3 == 1, flat = bi % 3 == 2;
       for (int32_t r = 0; r < b.R; r++) {
         float *x = b.logits + (int64_t)r * V;
-        if (!extreme) { /* flatter rows: hundreds of candidates */
-          double scale = r == 0 ? 0.05 : r == 1 ? 0.5 : 1.0;
+        if (flat) { /* nearly uniform: top_p cuts deep inside a few mass buckets */
+          double scale = 0.002 * (1 + r);
+          for (int32_t v = 0; v < V; v++) x[v] = (float)(x[v] * scale);
+        } else if (!extreme) { /* flatter rows: hundreds of candidates */
+          double scale = r == 0 ? 0.005 : r == 1 ? 0.5 : 1.0;
           for (int32_t v = 0; v < V; v++) x[v] = (float)(x[v] * scale);
         } else { /* many exact ties (quantized), or a spread where most masses underflow */
           for (int32_t v = 0; v < V; v++)
@@ -513,6 +521,11 @@ static void test_filters(void **state) {
           r->top_k = i % 4 == 0 ? 1 + rng_int(V) : 0;
           r->top_p = i % 2 == 0 ? (float)(0.05 + 0.9 * rng_uniform()) : 1.0f;
           r->min_p = i % 3 == 0 ? (float)(0.3 * rng_uniform()) : 0.0f;
+          if (i % 4 == 2) r->logits_row = 0; /* top_p over the flat row: deep quickselects */
+          if (flat) {
+            r->top_p = (float)(0.02 + 0.96 * rng_uniform());
+            r->top_k = i % 3 == 0 ? 1 + rng_int(V) : 0;
+          }
         } else {
           static const double temps[] = {0.01, 0.3, 1.0, 5.0, 100.0};
           static const double topps[] = {-0.5, 0.0, 1e-6, 0.5, 0.9999, 1.0, 1.0};
@@ -522,6 +535,17 @@ static void test_filters(void **state) {
           r->top_k = ks[rng_int((int32_t)ARRAY_LEN(ks))];
           r->top_p = (float)pick(topps, ARRAY_LEN(topps));
           r->min_p = (float)pick(minps, ARRAY_LEN(minps));
+          /* Penalties on the quantized rows' grid, where f32 and f64 arithmetic are both
+           * exact: off the grid an f32 penalty can round onto a tie that f64 misses (hal.h
+           * allows either), and the tie-break by index then differs legitimately. */
+          static const double reps[] = {1.0, 2.0, 0.5};
+          static const double pens[] = {0.0, 0.5, -0.5, 1.0};
+          r->repetition = (float)pick(reps, ARRAY_LEN(reps));
+          r->frequency = (float)pick(pens, ARRAY_LEN(pens));
+          r->presence = (float)pick(pens, ARRAY_LEN(pens));
+          float *bv = b.bvals + (r->bias_values - b.bvals); /* the batch's own storage */
+          for (int32_t q = 0; q < r->num_bias; q++)
+            if (isfinite(bv[q])) bv[q] = (float)(0.5 * rng_int(9) - 2.0);
         }
       }
       ref_row_t ref[MAX_ROWS];
@@ -541,9 +565,10 @@ static void test_filters(void **state) {
     }
     samplers_free(&sm);
   }
-  printf("test_sampler: filters: host %d rows, %d exact, %d allowed mismatches; device %d exact, "
-         "%d allowed mismatches\n",
-         th.rows, th.exact, th.mismatches, td.exact, td.mismatches);
+  printf(
+      "test_sampler: filters: host %d rows, %d exact, %d allowed mismatches; device %d exact, "
+      "%d allowed mismatches\n",
+      th.rows, th.exact, th.mismatches, td.exact, td.mismatches);
   assert_true(th.exact * 10 >= th.rows * 7);
   assert_true(td.exact * 10 >= td.rows * 5);
 }
@@ -646,6 +671,56 @@ static void test_reproducible(void **state) {
   batch_free(&a);
   batch_free(&b);
   batch_free(&c);
+  samplers_free(&sm);
+}
+
+/* Penalty lists longer than the device staging's first capacity (it grows), repeated rows. */
+static void test_long_lists(void **state) {
+  (void)state;
+  const int32_t V = 1000, N = 30000;
+  uint64_t gen = rng_u64();
+  samplers_t sm;
+  samplers_make(&sm, V);
+  batch_t b;
+  batch_make(&b, V, 2, 4, 1, &gen);
+  int32_t *prompt = malloc(sizeof(int32_t) * N), *output = malloc(sizeof(int32_t) * N);
+  assert_non_null(prompt);
+  assert_non_null(output);
+  for (int32_t i = 0; i < N; i++) {
+    prompt[i] = rng_int(V + 10) - 5;
+    output[i] = rng_int(V / 4);
+  }
+  for (int32_t i = 0; i < b.ns; i++) {
+    kiln_sample_row_t *r = &b.rows[i];
+    r->logits_row = i % 2;
+    r->prompt_ids = prompt + i * 100; /* overlapping windows */
+    r->num_prompt = N - i * 100;
+    r->output_ids = output;
+    r->num_output = N / (i + 1);
+    r->repetition = 1.2f;
+    r->frequency = i % 2 ? 0.01f : 0.0f;
+    r->presence = 0.3f;
+  }
+  ref_row_t ref[MAX_ROWS];
+  memset(ref, 0, sizeof(ref));
+  for (int32_t i = 0; i < b.ns; i++) ref_sample_row(&b, &b.rows[i], &ref[i]);
+  for (int32_t j = 0; j < b.nc; j++) ref_score_row(&b, &b.scores[j], &ref[b.ns + j]);
+  tally_t t = {0};
+  results_t rh, rd;
+  kiln_sample_logits_t lh = {{0}, b.logits, b.R};
+  run(sm.host, &lh, &b, &rh, "run (host)");
+  check_results("long lists host", &b, &rh, ref, NULL, HOST_MARGIN, &t);
+  kiln_hal_buffer_t *buf = NULL;
+  kiln_sample_logits_t ld = {upload(&b, 0, &buf), NULL, b.R};
+  for (int rep = 0; rep < 2; rep++) { /* the grown staging is reused */
+    run(sm.dev, &ld, &b, &rd, "run (device)");
+    check_results("long lists device", &b, &rd, ref, rh.tokens, DEVICE_MARGIN, &t);
+  }
+  g_be->buffer_free(buf);
+  for (int32_t i = 0; i < b.ns + b.nc; i++) free(ref[i].x);
+  free(prompt);
+  free(output);
+  batch_free(&b);
   samplers_free(&sm);
 }
 
@@ -794,11 +869,9 @@ static void test_uniform(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_uniform),
-      cmocka_unit_test(test_random_batches),
-      cmocka_unit_test(test_filters),
-      cmocka_unit_test(test_reproducible),
-      cmocka_unit_test(test_degenerate_rows),
+      cmocka_unit_test(test_uniform),    cmocka_unit_test(test_random_batches),
+      cmocka_unit_test(test_filters),    cmocka_unit_test(test_reproducible),
+      cmocka_unit_test(test_long_lists), cmocka_unit_test(test_degenerate_rows),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

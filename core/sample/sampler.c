@@ -54,16 +54,16 @@ struct kiln_sampler {
   int32_t ktop; /* max(max_top, 1): top-k width the device result area is sized for */
 
   /* Host path scratch. */
-  float *x;        /* [V] a penalized copy of one row */
-  double *e;       /* [V] exp((x - max) / t) */
-  int32_t *cand;   /* [V] candidate tokens */
-  int32_t *count;  /* [V] output counts; zero between rows */
-  uint8_t *mark;   /* [V] repetition marks, kept flags; zero between rows */
-  int32_t *heap;   /* [max_top + 1] top-N selection */
-  int64_t *order;  /* [max_rows] (logits row << 32 | request row), for de-duplication */
-  int32_t *slot;   /* [max_rows] request row -> slot (host rows read, device G row) */
+  float *x;           /* [V] a penalized copy of one row */
+  double *e;          /* [V] exp((x - max) / t) */
+  int32_t *cand;      /* [V] candidate tokens */
+  int32_t *count;     /* [V] output counts; zero between rows */
+  uint8_t *mark;      /* [V] repetition marks, kept flags; zero between rows */
+  int32_t *heap;      /* [max_top + 1] top-N selection */
+  int64_t *order;     /* [max_rows] (logits row << 32 | request row), for de-duplication */
+  int32_t *slot;      /* [max_rows] request row -> slot (host rows read, device G row) */
   const float **rowp; /* [max_rows] request row -> its logits on the host */
-  float *rows;     /* [max_rows, V] rows read from a device tensor; NULL when never needed */
+  float *rows;        /* [max_rows, V] rows read from a device tensor; NULL when never needed */
 
   /* Device path. */
   kiln_hal_buffer_t *d_work; /* G [max_rows, V] F32, then the result area */
@@ -71,8 +71,8 @@ struct kiln_sampler {
   uint64_t out_bytes;        /* size of the result area */
   kiln_hal_buffer_t *d_in;   /* inputs of a run: in_cap bytes */
   uint64_t in_cap;
-  kiln_hal_buffer_t *h_pin;  /* pinned staging (out_bytes + in_cap), or NULL */
-  void *h_stage;             /* host staging: results, then inputs */
+  kiln_hal_buffer_t *h_pin; /* pinned staging (out_bytes + in_cap), or NULL */
+  void *h_stage;            /* host staging: results, then inputs */
   bool h_stage_malloced;
 };
 
@@ -116,7 +116,7 @@ static double row_lse(const float *x, int32_t V) {
   double sum = 0.0;
   for (int32_t v = 0; v < V; v++)
     if (x[v] == x[v]) sum += exp((double)x[v] - mx);
-  return mx + log(sum);
+  return sum > 0.0 ? mx + log(sum) : mx; /* sum >= 1: the maximum adds exp(0) */
 }
 
 /* ============================================================================================
@@ -215,7 +215,8 @@ static void host_penalize(kiln_sampler_t *s, float *x, const kiln_sample_row_t *
 
 /* True when token a ranks before token b by probability (e), ties by lower index. */
 static inline bool ranks_before(const double *e, int32_t a, int32_t b) {
-  return e[a] > e[b] || (e[a] == e[b] && a < b);
+  const double ea = e[a], eb = e[b];
+  return ea > eb || (ea == eb && a < b);
 }
 
 static inline void swap32(int32_t *c, int32_t i, int32_t j) {
@@ -288,8 +289,10 @@ static void select_rank(const double *e, int32_t *c, int32_t n, int32_t k) {
     }
     int32_t p = partition_rank(e, c, lo, hi);
     if (p == k || p + 1 == k) return;
-    if (p > k) hi = p;
-    else lo = p + 1;
+    if (p > k)
+      hi = p;
+    else
+      lo = p + 1;
   }
   insertion_sort_rank(e, c + lo, hi - lo);
 }
@@ -315,8 +318,10 @@ static int32_t top_p_cut(const double *e, int32_t *c, int32_t n, double before, 
       lo = p + 1;
     }
   }
-  if (hi - lo > 16) heap_sort_rank(e, c + lo, hi - lo);
-  else insertion_sort_rank(e, c + lo, hi - lo);
+  if (hi - lo > 16)
+    heap_sort_rank(e, c + lo, hi - lo);
+  else
+    insertion_sort_rank(e, c + lo, hi - lo);
   for (int32_t i = lo; i < hi; i++) {
     before += e[c[i]];
     if (before >= tpz) return i + 1;
@@ -464,7 +469,8 @@ static kiln_status_t bad(const char *fmt, ...) {
 static kiln_status_t check_list(int32_t i, const char *name, const void *ids, int32_t n,
                                 const char *vname, const void *values) {
   if (n < 0) return bad("samples[%d].num_%s = %d, want >= 0", (int)i, name, (int)n);
-  if (n > 0 && !ids) return bad("samples[%d].%s_ids is NULL with num_%s = %d", (int)i, name, name, (int)n);
+  if (n > 0 && !ids)
+    return bad("samples[%d].%s_ids is NULL with num_%s = %d", (int)i, name, name, (int)n);
   if (vname && n > 0 && !values)
     return bad("samples[%d].%s is NULL with num_%s = %d", (int)i, vname, name, (int)n);
   return NULL;
@@ -475,7 +481,8 @@ static kiln_status_t validate(const kiln_sampler_t *s, const kiln_sample_logits_
                               const kiln_score_row_t *scores, int32_t nc,
                               const kiln_sample_out_t *out) {
   if (!lg || !out) return bad("logits and out must not be NULL");
-  if (ns < 0 || nc < 0) return bad("num_samples = %d, num_scores = %d, want >= 0", (int)ns, (int)nc);
+  if (ns < 0 || nc < 0)
+    return bad("num_samples = %d, num_scores = %d, want >= 0", (int)ns, (int)nc);
   if ((int64_t)ns + nc > s->max_rows)
     return bad("%d sample rows + %d score rows exceed max_rows = %d", (int)ns, (int)nc,
                (int)s->max_rows);
@@ -489,27 +496,29 @@ static kiln_status_t validate(const kiln_sampler_t *s, const kiln_sample_logits_
     if (!s->be) return bad("logits is a device tensor but the sampler has no backend");
     if (t->dtype != KILN_HAL_F32 || t->ndim != 2 || t->shape[1] != V ||
         (V > 1 && t->stride[1] != 1) || t->shape[0] < R || t->stride[0] < 0)
-      return bad("logits tensor is %s [%lld, %lld] with strides [%lld, %lld], want f32 "
-                 "[>= %d, %d] contiguous in its last dimension",
-                 kiln_hal_dtype_name(t->dtype), (long long)t->shape[0], (long long)t->shape[1],
-                 (long long)t->stride[0], (long long)t->stride[1], (int)R, (int)V);
+      return bad(
+          "logits tensor is %s [%lld, %lld] with strides [%lld, %lld], want f32 "
+          "[>= %d, %d] contiguous in its last dimension",
+          kiln_hal_dtype_name(t->dtype), (long long)t->shape[0], (long long)t->shape[1],
+          (long long)t->stride[0], (long long)t->stride[1], (int)R, (int)V);
   }
   bool want_lp = false, want_top = false;
   for (int32_t i = 0; i < ns; i++) {
     const kiln_sample_row_t *r = &samples[i];
     kiln_status_t st;
     if (r->logits_row < 0 || r->logits_row >= R)
-      return bad("samples[%d].logits_row = %d is outside [0, %d)", (int)i, (int)r->logits_row, (int)R);
+      return bad("samples[%d].logits_row = %d is outside [0, %d)", (int)i, (int)r->logits_row,
+                 (int)R);
     if (r->num_top < -1 || r->num_top > s->max_top || r->num_top > V)
       return bad("samples[%d].num_top = %d, want -1..%d (max_top %d, vocabulary %d)", (int)i,
                  (int)r->num_top, (int)(s->max_top < V ? s->max_top : V), (int)s->max_top, (int)V);
-    if (r->temperature != r->temperature)
-      return bad("samples[%d].temperature is NaN", (int)i);
+    if (r->temperature != r->temperature) return bad("samples[%d].temperature is NaN", (int)i);
     if (r->top_k < 0) return bad("samples[%d].top_k = %d, want >= 0", (int)i, (int)r->top_k);
     if (r->top_p != r->top_p) return bad("samples[%d].top_p is NaN", (int)i);
     if (r->min_p != r->min_p) return bad("samples[%d].min_p is NaN", (int)i);
     if (!(r->repetition > 0.0f && r->repetition <= 3.4e38f))
-      return bad("samples[%d].repetition = %g, want a finite value > 0", (int)i, (double)r->repetition);
+      return bad("samples[%d].repetition = %g, want a finite value > 0", (int)i,
+                 (double)r->repetition);
     if (!isfinite(r->frequency) || !isfinite(r->presence))
       return bad("samples[%d].frequency = %g, presence = %g, want finite values", (int)i,
                  (double)r->frequency, (double)r->presence);
@@ -529,22 +538,26 @@ static kiln_status_t validate(const kiln_sampler_t *s, const kiln_sample_logits_
   for (int32_t j = 0; j < nc; j++) {
     const kiln_score_row_t *c = &scores[j];
     if (c->logits_row < 0 || c->logits_row >= R)
-      return bad("scores[%d].logits_row = %d is outside [0, %d)", (int)j, (int)c->logits_row, (int)R);
+      return bad("scores[%d].logits_row = %d is outside [0, %d)", (int)j, (int)c->logits_row,
+                 (int)R);
     if (c->token < 0 || c->token >= V)
-      return bad("scores[%d].token = %d is outside the vocabulary [0, %d)", (int)j, (int)c->token, (int)V);
+      return bad("scores[%d].token = %d is outside the vocabulary [0, %d)", (int)j, (int)c->token,
+                 (int)V);
     if (c->num_top < 0 || c->num_top > s->max_top || c->num_top > V)
       return bad("scores[%d].num_top = %d, want 0..%d (max_top %d, vocabulary %d)", (int)j,
                  (int)c->num_top, (int)(s->max_top < V ? s->max_top : V), (int)s->max_top, (int)V);
     want_stop |= c->num_top > 0;
   }
   if (ns > 0 && !out->tokens) return bad("out->tokens is NULL");
-  if (want_lp && !out->logprobs) return bad("out->logprobs is NULL but a sample row wants logprobs");
+  if (want_lp && !out->logprobs)
+    return bad("out->logprobs is NULL but a sample row wants logprobs");
   if (want_top && (!out->top_ids || !out->top_logprobs))
     return bad("out->top_ids / out->top_logprobs is NULL but a sample row has num_top > 0");
   if (nc > 0 && !out->score_logprobs) return bad("out->score_logprobs is NULL");
   if (want_stop && (!out->score_top_ids || !out->score_top_logprobs))
-    return bad("out->score_top_ids / out->score_top_logprobs is NULL but a score row has "
-               "num_top > 0");
+    return bad(
+        "out->score_top_ids / out->score_top_logprobs is NULL but a score row has "
+        "num_top > 0");
   return NULL;
 }
 
@@ -571,14 +584,16 @@ static kiln_status_t host_rows(kiln_sampler_t *s, const kiln_sample_logits_t *lg
     const kiln_hal_tensor_t *t = &lg->tensor;
     char *hp = s->be->buffer_host_ptr ? s->be->buffer_host_ptr(t->buffer) : NULL;
     /* Ops enqueued before us may still be writing the logits on an asynchronous device. */
-    if ((e = s->be->stream_sync(s->stream))) return kiln_hal_status_from_error(e, "sampler: stream_sync");
+    if ((e = s->be->stream_sync(s->stream)))
+      return kiln_hal_status_from_error(e, "sampler: stream_sync");
     stride = t->stride[0];
     if (hp) {
-      base = (const float *)(hp + t->offset);
+      base = (const float *)(const void *)(hp + t->offset);
     } else {
       if (!s->rows)
-        return kiln_status_make(KILN_ERR_INTERNAL, "sampler: logits buffer is not host-visible "
-                                                   "but the backend reported host memory");
+        return kiln_status_make(KILN_ERR_INTERNAL,
+                                "sampler: logits buffer is not host-visible "
+                                "but the backend reported host memory");
       for (int32_t i = 0; i < n; i++) {
         int32_t row = i < ns ? samples[i].logits_row : scores[i - ns].logits_row;
         s->order[i] = (int64_t)row << 32 | i;
@@ -716,18 +731,30 @@ static kiln_status_t stage_alloc(kiln_sampler_t *s, uint64_t in_cap) {
     }
     s->h_stage_malloced = true;
   }
+  memset(s->h_stage, 0, (size_t)host_bytes); /* section padding is uploaded too */
   s->in_cap = in_cap;
   return NULL;
 }
 
-/* A bump allocator over the staging: 4-byte words, each section 16-byte aligned. */
-typedef struct dev_layout {
-  uint64_t at;
-} dev_layout_t;
+/* One device run: the slots of G, which op groups run, and where every input and result
+ * lives. Input offsets are bytes into d_in (and into the staging after the result area);
+ * result offsets are bytes after G in d_work (and from the start of the staging). */
+typedef struct dev_plan {
+  int32_t ns, nc;
+  int32_t n0, n1; /* sample rows without / with top-N: G rows [0, n0), [n0, ns) */
+  int32_t nt, k;  /* topk over G rows [n0, ns + nc): nt rows, k wide */
+  int32_t chunk;  /* score rows per token-logit gather (the flat index must fit in I32) */
+  bool any_rep, any_freq, any_bias, any_lp, any_k, any_p, any_m;
+  int64_t np, no, nb; /* token-list lengths (each list holds at least one entry) */
+  uint64_t gather, tok, temp, uni, topk, topp, minp, rep, freq, pres;
+  uint64_t poff, ooff, boff, pids, oids, bids, bval, in_bytes;
+  uint64_t ids, lp, lse, toklogit, vals, tids, out_bytes;
+} dev_plan_t;
 
-static uint64_t lay(dev_layout_t *l, int64_t words) {
-  uint64_t o = l->at;
-  l->at += ((uint64_t)words * 4 + 15) & ~(uint64_t)15;
+/* A bump allocator of 4-byte words, each section 16-byte aligned. */
+static uint64_t lay(uint64_t *at, int64_t words) {
+  uint64_t o = *at;
+  *at += ((uint64_t)words * 4 + 15) & ~(uint64_t)15;
   return o;
 }
 
@@ -741,259 +768,293 @@ static kiln_hal_tensor_t mat(kiln_hal_buffer_t *b, uint64_t off, int32_t dtype, 
   return kiln_hal_tensor_make(b, off, dtype, 2, shape);
 }
 
-static kiln_status_t dev_run(kiln_sampler_t *s, const kiln_sample_logits_t *lg,
-                             const kiln_sample_row_t *samples, int32_t ns,
-                             const kiln_score_row_t *scores, int32_t nc, kiln_sample_out_t *out) {
-  const kiln_hal_backend_t *be = s->be;
-  const int32_t V = s->vocab, n = ns + nc;
-  kiln_hal_error_t *e = NULL;
-  const char *what = "";
+static bool row_rep(const kiln_sample_row_t *r) {
+  return r->repetition != 1.0f && r->num_prompt + r->num_output > 0;
+}
+static bool row_freq(const kiln_sample_row_t *r) {
+  return (r->frequency != 0.0f || r->presence != 0.0f) && r->num_output > 0;
+}
 
-  /* Slots: sample rows without top-N, then those with it, then score rows. */
-  int32_t n0 = 0, n1 = 0, k = 1;
-  for (int32_t i = 0; i < ns; i++) n0 += samples[i].num_top <= 0;
-  for (int32_t i = 0, a = 0, b = n0; i < ns; i++) {
-    if (samples[i].num_top <= 0) {
-      s->slot[i] = a++;
-    } else {
-      s->slot[i] = b++;
-      n1++;
-      if (samples[i].num_top > k) k = samples[i].num_top;
-    }
+/* Assigns slots (s->slot: request row -> G row; s->order: G row -> sample row) and lays out
+ * the run. Errors: token lists too long for I32 offsets. */
+static kiln_status_t dev_plan(kiln_sampler_t *s, const kiln_sample_row_t *samples, int32_t ns,
+                              const kiln_score_row_t *scores, int32_t nc, dev_plan_t *p) {
+  memset(p, 0, sizeof(*p));
+  p->ns = ns;
+  p->nc = nc;
+  p->k = 1;
+  for (int32_t i = 0; i < ns; i++) p->n0 += samples[i].num_top <= 0;
+  for (int32_t i = 0, a = 0, b = p->n0; i < ns; i++) {
+    const kiln_sample_row_t *r = &samples[i];
+    s->slot[i] = r->num_top <= 0 ? a++ : b++;
+    s->order[s->slot[i]] = i;
+    if (r->num_top > p->k) p->k = r->num_top;
+    p->any_rep |= row_rep(r);
+    p->any_freq |= row_freq(r);
+    p->any_bias |= r->num_bias > 0;
+    p->any_lp |= r->num_top >= 0;
+    p->any_k |= r->top_k > 0;
+    p->any_p |= r->top_p < 1.0f;
+    p->any_m |= r->min_p > 0.0f;
+    if (row_rep(r)) p->np += r->num_prompt;
+    if (row_rep(r) || row_freq(r)) p->no += r->num_output;
+    p->nb += r->num_bias;
   }
+  p->n1 = ns - p->n0;
   for (int32_t j = 0; j < nc; j++) {
     s->slot[ns + j] = ns + j;
-    if (scores[j].num_top > k) k = scores[j].num_top;
+    if (scores[j].num_top > p->k) p->k = scores[j].num_top;
   }
-  const int32_t nt = n1 + nc; /* rows of the topk call */
+  p->nt = p->n1 + nc;
+  p->chunk = INT32_MAX / s->vocab;
+  if (p->np > INT32_MAX || p->no > INT32_MAX || p->nb > INT32_MAX)
+    return bad(
+        "the batch's penalty token lists hold %lld prompt, %lld output and %lld bias ids; "
+        "at most %d each",
+        (long long)p->np, (long long)p->no, (long long)p->nb, INT32_MAX);
+  /* Each list holds at least one entry (an ignored -1), so no tensor is empty. */
+  p->np = p->np ? p->np : 1;
+  p->no = p->no ? p->no : 1;
+  p->nb = p->nb ? p->nb : 1;
+  const bool pen = p->any_rep || p->any_freq || p->any_bias;
+  uint64_t at = 0;
+  p->gather = lay(&at, ns + nc);
+  p->tok = lay(&at, nc);
+  p->temp = lay(&at, ns);
+  p->uni = lay(&at, ns);
+  p->topk = lay(&at, ns);
+  p->topp = lay(&at, ns);
+  p->minp = lay(&at, ns);
+  p->rep = lay(&at, ns);
+  p->freq = lay(&at, ns);
+  p->pres = lay(&at, ns);
+  p->poff = lay(&at, ns + 1);
+  p->ooff = lay(&at, ns + 1);
+  p->boff = lay(&at, ns + 1);
+  p->pids = lay(&at, pen ? p->np : 0);
+  p->oids = lay(&at, pen ? p->no : 0);
+  p->bids = lay(&at, pen ? p->nb : 0);
+  p->bval = lay(&at, pen ? p->nb : 0);
+  p->in_bytes = at;
+  at = 0;
+  p->ids = lay(&at, ns);
+  p->lp = lay(&at, ns);
+  p->lse = lay(&at, p->nt);
+  p->toklogit = lay(&at, nc);
+  p->vals = lay(&at, (int64_t)p->nt * p->k);
+  p->tids = lay(&at, (int64_t)p->nt * p->k);
+  p->out_bytes = at;
+  return NULL;
+}
 
-  /* What the penalize call needs. */
-  bool any_rep = false, any_freq = false, any_bias = false, any_lp = false;
-  bool any_k = false, any_p = false, any_m = false;
-  int64_t np = 0, no = 0, nb = 0;
-  for (int32_t i = 0; i < ns; i++) {
-    const kiln_sample_row_t *r = &samples[i];
-    bool rep = r->repetition != 1.0f && r->num_prompt + r->num_output > 0;
-    bool freq = (r->frequency != 0.0f || r->presence != 0.0f) && r->num_output > 0;
-    any_rep |= rep;
-    any_freq |= freq;
-    any_bias |= r->num_bias > 0;
-    any_lp |= r->num_top >= 0;
-    any_k |= r->top_k > 0;
-    any_p |= r->top_p < 1.0f;
-    any_m |= r->min_p > 0.0f;
-    if (rep) np += r->num_prompt;
-    if (rep || freq) no += r->num_output;
-    nb += r->num_bias;
-  }
-  if (np > INT32_MAX || no > INT32_MAX || nb > INT32_MAX)
-    return bad("the batch's penalty token lists hold %lld prompt, %lld output and %lld bias ids; "
-               "at most %d each",
-               (long long)np, (long long)no, (long long)nb, INT32_MAX);
-  const bool any_pen = any_rep || any_freq || any_bias;
-
-  /* Input layout (offsets into d_in and into the staging after the result area). */
-  dev_layout_t L = {0};
-  uint64_t o_gather = lay(&L, n), o_tok = lay(&L, nc);
-  uint64_t o_temp = lay(&L, ns), o_uni = lay(&L, ns), o_topk = lay(&L, ns), o_topp = lay(&L, ns),
-           o_minp = lay(&L, ns), o_rep = lay(&L, ns), o_freq = lay(&L, ns), o_pres = lay(&L, ns);
-  uint64_t o_poff = lay(&L, ns + 1), o_ooff = lay(&L, ns + 1), o_boff = lay(&L, ns + 1);
-  /* Lists hold at least one entry (an ignored -1) so no tensor is empty. */
-  int64_t lp_n = np ? np : 1, lo_n = no ? no : 1, lb_n = nb ? nb : 1;
-  uint64_t o_pids = lay(&L, any_pen ? lp_n : 0), o_oids = lay(&L, any_pen ? lo_n : 0),
-           o_bids = lay(&L, any_pen ? lb_n : 0), o_bval = lay(&L, any_pen ? lb_n : 0);
-  if (L.at > s->in_cap) {
-    uint64_t cap = s->in_cap * 2 > L.at ? s->in_cap * 2 : L.at;
-    kiln_status_t st = stage_alloc(s, cap);
-    if (st) return st;
-  }
-  char *in = (char *)s->h_stage + s->out_bytes;
-#define IN(T, off) ((T *)(in + (off)))
-  for (int32_t i = 0; i < ns; i++) IN(int32_t, o_gather)[s->slot[i]] = samples[i].logits_row;
-  /* Score tokens are read from G's score rows seen as one column [rows * V, 1], indexed by
-   * row * V + token, in chunks of `chunk` rows so the flat index fits in I32. */
-  const int32_t chunk = INT32_MAX / V;
-  for (int32_t j = 0; j < nc; j++) {
-    IN(int32_t, o_gather)[ns + j] = scores[j].logits_row;
-    IN(int32_t, o_tok)[j] = (j % chunk) * V + scores[j].token;
-  }
-  if (any_pen) {
-    IN(int32_t, o_pids)[0] = IN(int32_t, o_oids)[0] = IN(int32_t, o_bids)[0] = -1;
-    IN(float, o_bval)[0] = 0.0f;
+/* Writes the run's inputs into the staging (in = its input part). */
+static void dev_stage(const kiln_sampler_t *s, const dev_plan_t *p,
+                      const kiln_sample_row_t *samples, const kiln_score_row_t *scores, char *in) {
+  const int32_t ns = p->ns, V = s->vocab;
+#define IN(T, off) ((T *)(void *)(in + (off)))
+  for (int32_t j = 0; j < p->nc; j++) {
+    IN(int32_t, p->gather)[ns + j] = scores[j].logits_row;
+    /* The token's flat index in its chunk of G's score rows (see dev_score_tokens). */
+    IN(int32_t, p->tok)[j] = (j % p->chunk) * V + scores[j].token;
   }
   int32_t cp = 0, co = 0, cb = 0;
-  for (int32_t i = 0; i < ns; i++) {
-    const kiln_sample_row_t *r = &samples[i];
-    int32_t t = s->slot[i];
-    IN(float, o_temp)[t] = r->temperature;
-    IN(float, o_uni)[t] = r->uniform;
-    IN(int32_t, o_topk)[t] = r->top_k;
-    IN(float, o_topp)[t] = r->top_p;
-    IN(float, o_minp)[t] = r->min_p;
-    IN(float, o_rep)[t] = r->repetition;
-    IN(float, o_freq)[t] = r->frequency;
-    IN(float, o_pres)[t] = r->presence;
-  }
-  if (any_pen) {
-    /* Offsets run in slot order, so walk the rows by slot. */
-    for (int32_t i = 0; i < ns; i++) s->order[s->slot[i]] = i;
-    for (int32_t t = 0; t < ns; t++) {
-      const kiln_sample_row_t *r = &samples[s->order[t]];
-      bool rep = r->repetition != 1.0f && r->num_prompt + r->num_output > 0;
-      bool freq = (r->frequency != 0.0f || r->presence != 0.0f) && r->num_output > 0;
-      IN(int32_t, o_poff)[t] = cp;
-      IN(int32_t, o_ooff)[t] = co;
-      IN(int32_t, o_boff)[t] = cb;
-      if (rep && r->num_prompt > 0) {
-        memcpy(IN(int32_t, o_pids) + cp, r->prompt_ids, (size_t)r->num_prompt * 4);
-        cp += r->num_prompt;
-      }
-      if ((rep || freq) && r->num_output > 0) {
-        memcpy(IN(int32_t, o_oids) + co, r->output_ids, (size_t)r->num_output * 4);
-        co += r->num_output;
-      }
-      if (r->num_bias > 0) {
-        memcpy(IN(int32_t, o_bids) + cb, r->bias_ids, (size_t)r->num_bias * 4);
-        memcpy(IN(float, o_bval) + cb, r->bias_values, (size_t)r->num_bias * 4);
-        cb += r->num_bias;
-      }
+  for (int32_t t = 0; t < ns; t++) { /* in slot order: the offsets must be */
+    const kiln_sample_row_t *r = &samples[s->order[t]];
+    IN(int32_t, p->gather)[t] = r->logits_row;
+    IN(float, p->temp)[t] = r->temperature;
+    IN(float, p->uni)[t] = r->uniform;
+    IN(int32_t, p->topk)[t] = r->top_k;
+    IN(float, p->topp)[t] = r->top_p;
+    IN(float, p->minp)[t] = r->min_p;
+    IN(float, p->rep)[t] = r->repetition;
+    IN(float, p->freq)[t] = r->frequency;
+    IN(float, p->pres)[t] = r->presence;
+    if (!(p->any_rep || p->any_freq || p->any_bias)) continue;
+    IN(int32_t, p->poff)[t] = cp;
+    IN(int32_t, p->ooff)[t] = co;
+    IN(int32_t, p->boff)[t] = cb;
+    if (row_rep(r) && r->num_prompt > 0) {
+      memcpy(IN(int32_t, p->pids) + cp, r->prompt_ids, (size_t)r->num_prompt * 4);
+      cp += r->num_prompt;
     }
-    IN(int32_t, o_poff)[ns] = cp;
-    IN(int32_t, o_ooff)[ns] = co;
-    IN(int32_t, o_boff)[ns] = cb;
+    if ((row_rep(r) || row_freq(r)) && r->num_output > 0) {
+      memcpy(IN(int32_t, p->oids) + co, r->output_ids, (size_t)r->num_output * 4);
+      co += r->num_output;
+    }
+    if (r->num_bias > 0) {
+      memcpy(IN(int32_t, p->bids) + cb, r->bias_ids, (size_t)r->num_bias * 4);
+      memcpy(IN(float, p->bval) + cb, r->bias_values, (size_t)r->num_bias * 4);
+      cb += r->num_bias;
+    }
+  }
+  if (p->any_rep || p->any_freq || p->any_bias) {
+    IN(int32_t, p->poff)[ns] = cp;
+    IN(int32_t, p->ooff)[ns] = co;
+    IN(int32_t, p->boff)[ns] = cb;
+    if (!cp) IN(int32_t, p->pids)[0] = -1;
+    if (!co) IN(int32_t, p->oids)[0] = -1;
+    if (!cb) {
+      IN(int32_t, p->bids)[0] = -1;
+      IN(float, p->bval)[0] = 0.0f;
+    }
   }
 #undef IN
+}
 
-  /* Result layout (in d_work after G, and at the start of the staging). */
-  dev_layout_t R = {0};
-  uint64_t r_ids = lay(&R, ns), r_lp = lay(&R, ns), r_lse = lay(&R, nt), r_tok = lay(&R, nc),
-           r_vals = lay(&R, (int64_t)nt * k), r_tids = lay(&R, (int64_t)nt * k);
-  const uint64_t G = s->g_bytes, row_bytes = (uint64_t)V * sizeof(float);
+/* G[t] = logits[gather[t]]: every row the run reads, into the sampler's own buffer. */
+static kiln_status_t dev_gather(const kiln_sampler_t *s, const dev_plan_t *p,
+                                const kiln_sample_logits_t *lg) {
+  kiln_hal_embedding_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.table = lg->tensor;
+  a.table.shape[0] = lg->num_rows;
+  a.ids = vec(s->d_in, p->gather, KILN_HAL_I32, p->ns + p->nc);
+  a.out = mat(s->d_work, 0, KILN_HAL_F32, p->ns + p->nc, s->vocab);
+  return kiln_hal_status_from_error(s->be->embedding(s->stream, &a), "embedding (gather)");
+}
+
+static kiln_status_t dev_penalize(const kiln_sampler_t *s, const dev_plan_t *p) {
+  kiln_hal_buffer_t *di = s->d_in;
+  const int32_t ns = p->ns;
+  kiln_hal_penalize_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.logits = mat(s->d_work, 0, KILN_HAL_F32, ns, s->vocab);
+  if (p->any_rep) {
+    a.repetition = vec(di, p->rep, KILN_HAL_F32, ns);
+    a.prompt_ids = vec(di, p->pids, KILN_HAL_I32, p->np);
+    a.prompt_offsets = vec(di, p->poff, KILN_HAL_I32, ns + 1);
+  }
+  if (p->any_rep || p->any_freq) {
+    a.output_ids = vec(di, p->oids, KILN_HAL_I32, p->no);
+    a.output_offsets = vec(di, p->ooff, KILN_HAL_I32, ns + 1);
+  }
+  if (p->any_freq) {
+    a.frequency = vec(di, p->freq, KILN_HAL_F32, ns);
+    a.presence = vec(di, p->pres, KILN_HAL_F32, ns);
+  }
+  if (p->any_bias) {
+    a.bias_ids = vec(di, p->bids, KILN_HAL_I32, p->nb);
+    a.bias_values = vec(di, p->bval, KILN_HAL_F32, p->nb);
+    a.bias_offsets = vec(di, p->boff, KILN_HAL_I32, ns + 1);
+  }
+  return kiln_hal_status_from_error(s->be->penalize(s->stream, &a), "penalize");
+}
+
+/* Top-N and logsumexp of the sample rows that want alternatives and of the score rows. */
+static kiln_status_t dev_topk(const kiln_sampler_t *s, const dev_plan_t *p) {
+  kiln_hal_buffer_t *dw = s->d_work;
+  const uint64_t G = s->g_bytes;
+  kiln_hal_topk_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.logits = mat(dw, (uint64_t)p->n0 * (uint64_t)s->vocab * 4, KILN_HAL_F32, p->nt, s->vocab);
+  a.out_values = mat(dw, G + p->vals, KILN_HAL_F32, p->nt, p->k);
+  a.out_ids = mat(dw, G + p->tids, KILN_HAL_I32, p->nt, p->k);
+  a.out_lse = vec(dw, G + p->lse, KILN_HAL_F32, p->nt);
+  return kiln_hal_status_from_error(s->be->topk(s->stream, &a), "topk");
+}
+
+static kiln_status_t dev_sample(const kiln_sampler_t *s, const dev_plan_t *p) {
   kiln_hal_buffer_t *dw = s->d_work, *di = s->d_in;
+  const uint64_t G = s->g_bytes;
+  const int32_t ns = p->ns;
+  kiln_hal_sample_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.logits = mat(dw, 0, KILN_HAL_F32, ns, s->vocab);
+  a.temperature = vec(di, p->temp, KILN_HAL_F32, ns);
+  a.uniform = vec(di, p->uni, KILN_HAL_F32, ns);
+  if (p->any_k) a.top_k = vec(di, p->topk, KILN_HAL_I32, ns);
+  if (p->any_p) a.top_p = vec(di, p->topp, KILN_HAL_F32, ns);
+  if (p->any_m) a.min_p = vec(di, p->minp, KILN_HAL_F32, ns);
+  a.out_ids = vec(dw, G + p->ids, KILN_HAL_I32, ns);
+  if (p->any_lp) a.out_logprob = vec(dw, G + p->lp, KILN_HAL_F32, ns);
+  return kiln_hal_status_from_error(s->be->sample(s->stream, &a), "sample");
+}
 
-  what = "copy_h2d";
-  e = be->copy_h2d(s->stream, di, 0, in, L.at);
-  if (!e) {
-    what = "embedding (gather)";
+/* Each score token's logit: G's score rows seen as one column [rows * V, 1], indexed by
+ * row * V + token, in chunks of p->chunk rows so that the index fits in I32. */
+static kiln_status_t dev_score_tokens(const kiln_sampler_t *s, const dev_plan_t *p) {
+  const int64_t V = s->vocab;
+  kiln_status_t st = NULL;
+  for (int32_t j0 = 0; !st && j0 < p->nc; j0 += p->chunk) {
+    int32_t cnt = p->nc - j0 < p->chunk ? p->nc - j0 : p->chunk;
     kiln_hal_embedding_args_t a;
     memset(&a, 0, sizeof(a));
     a.struct_size = sizeof(a);
-    a.table = lg->tensor;
-    a.table.shape[0] = lg->num_rows;
-    a.ids = vec(di, o_gather, KILN_HAL_I32, n);
-    a.out = mat(dw, 0, KILN_HAL_F32, n, V);
-    e = be->embedding(s->stream, &a);
+    a.table = mat(s->d_work, (uint64_t)(p->ns + j0) * (uint64_t)V * 4, KILN_HAL_F32, cnt * V, 1);
+    a.ids = vec(s->d_in, p->tok + 4 * (uint64_t)j0, KILN_HAL_I32, cnt);
+    a.out = mat(s->d_work, s->g_bytes + p->toklogit + 4 * (uint64_t)j0, KILN_HAL_F32, cnt, 1);
+    st = kiln_hal_status_from_error(s->be->embedding(s->stream, &a), "embedding (score tokens)");
   }
-  if (!e && any_pen) {
-    what = "penalize";
-    kiln_hal_penalize_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.struct_size = sizeof(a);
-    a.logits = mat(dw, 0, KILN_HAL_F32, ns, V);
-    if (any_rep) {
-      a.repetition = vec(di, o_rep, KILN_HAL_F32, ns);
-      a.prompt_ids = vec(di, o_pids, KILN_HAL_I32, lp_n);
-      a.prompt_offsets = vec(di, o_poff, KILN_HAL_I32, ns + 1);
-    }
-    if (any_rep || any_freq) {
-      a.output_ids = vec(di, o_oids, KILN_HAL_I32, lo_n);
-      a.output_offsets = vec(di, o_ooff, KILN_HAL_I32, ns + 1);
-    }
-    if (any_freq) {
-      a.frequency = vec(di, o_freq, KILN_HAL_F32, ns);
-      a.presence = vec(di, o_pres, KILN_HAL_F32, ns);
-    }
-    if (any_bias) {
-      a.bias_ids = vec(di, o_bids, KILN_HAL_I32, lb_n);
-      a.bias_values = vec(di, o_bval, KILN_HAL_F32, lb_n);
-      a.bias_offsets = vec(di, o_boff, KILN_HAL_I32, ns + 1);
-    }
-    e = be->penalize(s->stream, &a);
-  }
-  if (!e && nt > 0) {
-    what = "topk";
-    kiln_hal_topk_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.struct_size = sizeof(a);
-    a.logits = mat(dw, (uint64_t)n0 * row_bytes, KILN_HAL_F32, nt, V);
-    a.out_values = mat(dw, G + r_vals, KILN_HAL_F32, nt, k);
-    a.out_ids = mat(dw, G + r_tids, KILN_HAL_I32, nt, k);
-    a.out_lse = vec(dw, G + r_lse, KILN_HAL_F32, nt);
-    e = be->topk(s->stream, &a);
-  }
-  if (!e && ns > 0) {
-    what = "sample";
-    kiln_hal_sample_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.struct_size = sizeof(a);
-    a.logits = mat(dw, 0, KILN_HAL_F32, ns, V);
-    a.temperature = vec(di, o_temp, KILN_HAL_F32, ns);
-    a.uniform = vec(di, o_uni, KILN_HAL_F32, ns);
-    if (any_k) a.top_k = vec(di, o_topk, KILN_HAL_I32, ns);
-    if (any_p) a.top_p = vec(di, o_topp, KILN_HAL_F32, ns);
-    if (any_m) a.min_p = vec(di, o_minp, KILN_HAL_F32, ns);
-    a.out_ids = vec(dw, G + r_ids, KILN_HAL_I32, ns);
-    if (any_lp) a.out_logprob = vec(dw, G + r_lp, KILN_HAL_F32, ns);
-    e = be->sample(s->stream, &a);
-  }
-  for (int32_t j0 = 0; !e && j0 < nc; j0 += chunk) {
-    what = "embedding (score tokens)";
-    int32_t cnt = nc - j0 < chunk ? nc - j0 : chunk;
-    kiln_hal_embedding_args_t a;
-    memset(&a, 0, sizeof(a));
-    a.struct_size = sizeof(a);
-    a.table = mat(dw, (uint64_t)(ns + j0) * row_bytes, KILN_HAL_F32, (int64_t)cnt * V, 1);
-    a.ids = vec(di, o_tok + 4 * (uint64_t)j0, KILN_HAL_I32, cnt);
-    a.out = mat(dw, G + r_tok + 4 * (uint64_t)j0, KILN_HAL_F32, cnt, 1);
-    e = be->embedding(s->stream, &a);
-  }
-  if (!e) {
-    what = "copy_d2h";
-    e = be->copy_d2h(s->stream, s->h_stage, dw, G, R.at);
-  }
-  if (!e) {
-    what = "stream_sync";
-    e = be->stream_sync(s->stream);
-  }
-  if (e) {
-    kiln_status_t st = kiln_hal_status_from_error(e, what);
-    kiln_hal_error_free(be->stream_sync(s->stream)); /* nothing may still use the staging */
-    return kiln_status_annotate(st, "sampler");
-  }
+  return st;
+}
 
-  /* Unpack. */
-  const char *res = (const char *)s->h_stage;
-#define RES(T, off) ((const T *)(res + (off)))
-  for (int32_t i = 0; i < ns; i++) {
+/* Results from the staging (res) into the caller's arrays. */
+static void dev_unpack(const kiln_sampler_t *s, const dev_plan_t *p,
+                       const kiln_sample_row_t *samples, const kiln_score_row_t *scores,
+                       const char *res, kiln_sample_out_t *out) {
+#define RES(T, off) ((const T *)(const void *)(res + (off)))
+  const int64_t mt = s->max_top, k = p->k;
+  for (int32_t i = 0; i < p->ns; i++) {
     const kiln_sample_row_t *r = &samples[i];
     int32_t t = s->slot[i];
-    out->tokens[i] = RES(int32_t, r_ids)[t];
+    out->tokens[i] = RES(int32_t, p->ids)[t];
     if (r->num_top < 0) {
       if (out->logprobs) out->logprobs[i] = 0.0f;
       continue;
     }
-    out->logprobs[i] = RES(float, r_lp)[t];
-    if (r->num_top > 0) {
-      int32_t tr = t - n0;
-      double lse = RES(float, r_lse)[tr];
-      for (int32_t q = 0; q < r->num_top; q++) {
-        out->top_ids[(int64_t)i * s->max_top + q] = RES(int32_t, r_tids)[(int64_t)tr * k + q];
-        out->top_logprobs[(int64_t)i * s->max_top + q] =
-            (float)((double)RES(float, r_vals)[(int64_t)tr * k + q] - lse);
-      }
+    out->logprobs[i] = RES(float, p->lp)[t];
+    int64_t tr = t - p->n0; /* its row of the topk call */
+    for (int32_t q = 0; q < r->num_top; q++) {
+      out->top_ids[i * mt + q] = RES(int32_t, p->tids)[tr * k + q];
+      out->top_logprobs[i * mt + q] =
+          (float)((double)RES(float, p->vals)[tr * k + q] - (double)RES(float, p->lse)[tr]);
     }
   }
-  for (int32_t j = 0; j < nc; j++) {
-    int32_t tr = n1 + j;
-    double lse = RES(float, r_lse)[tr];
-    out->score_logprobs[j] = (float)((double)RES(float, r_tok)[j] - lse);
+  for (int32_t j = 0; j < p->nc; j++) {
+    int64_t tr = p->n1 + j;
+    double lse = RES(float, p->lse)[tr];
+    out->score_logprobs[j] = (float)((double)RES(float, p->toklogit)[j] - lse);
     for (int32_t q = 0; q < scores[j].num_top; q++) {
-      out->score_top_ids[(int64_t)j * s->max_top + q] = RES(int32_t, r_tids)[(int64_t)tr * k + q];
-      out->score_top_logprobs[(int64_t)j * s->max_top + q] =
-          (float)((double)RES(float, r_vals)[(int64_t)tr * k + q] - lse);
+      out->score_top_ids[j * mt + q] = RES(int32_t, p->tids)[tr * k + q];
+      out->score_top_logprobs[j * mt + q] = (float)((double)RES(float, p->vals)[tr * k + q] - lse);
     }
   }
 #undef RES
+}
+
+static kiln_status_t dev_run(kiln_sampler_t *s, const kiln_sample_logits_t *lg,
+                             const kiln_sample_row_t *samples, int32_t ns,
+                             const kiln_score_row_t *scores, int32_t nc, kiln_sample_out_t *out) {
+  const kiln_hal_backend_t *be = s->be;
+  dev_plan_t p;
+  kiln_status_t st = dev_plan(s, samples, ns, scores, nc, &p);
+  if (st) return st;
+  if (p.in_bytes > s->in_cap) {
+    st = stage_alloc(s, s->in_cap * 2 > p.in_bytes ? s->in_cap * 2 : p.in_bytes);
+    if (st) return st;
+  }
+  char *in = (char *)s->h_stage + s->out_bytes;
+  dev_stage(s, &p, samples, scores, in);
+
+  st = kiln_hal_status_from_error(be->copy_h2d(s->stream, s->d_in, 0, in, p.in_bytes), "copy_h2d");
+  if (!st) st = dev_gather(s, &p, lg);
+  if (!st && (p.any_rep || p.any_freq || p.any_bias)) st = dev_penalize(s, &p);
+  if (!st && p.nt > 0) st = dev_topk(s, &p);
+  if (!st && ns > 0) st = dev_sample(s, &p);
+  if (!st && nc > 0) st = dev_score_tokens(s, &p);
+  if (!st)
+    st = kiln_hal_status_from_error(
+        be->copy_d2h(s->stream, s->h_stage, s->d_work, s->g_bytes, p.out_bytes), "copy_d2h");
+  if (!st) st = kiln_hal_status_from_error(be->stream_sync(s->stream), "stream_sync");
+  if (st) {
+    kiln_hal_error_free(be->stream_sync(s->stream)); /* nothing may still use the staging */
+    return kiln_status_annotate(st, "sampler");
+  }
+  dev_unpack(s, &p, samples, scores, (const char *)s->h_stage, out);
   return NULL;
 }
 
@@ -1013,7 +1074,8 @@ static kiln_status_t common_caps(const kiln_hal_backend_t *be, uint64_t *out_cap
     kiln_hal_device_info_t info;
     memset(&info, 0, sizeof(info));
     info.struct_size = sizeof(info);
-    if ((e = be->device_info(i, &info))) return kiln_hal_status_from_error(e, "sampler: device_info");
+    if ((e = be->device_info(i, &info)))
+      return kiln_hal_status_from_error(e, "sampler: device_info");
     caps &= info.caps;
   }
   *out_caps = caps;
@@ -1068,8 +1130,8 @@ kiln_status_t kiln_sampler_create(const kiln_hal_backend_t *backend, kiln_hal_de
      * section rounded up to 16 bytes. */
     uint64_t w = 4 * ((uint64_t)R + 4) + 2 * ((uint64_t)R * (uint64_t)s->ktop + 4);
     s->out_bytes = (w * 4 + 255) & ~(uint64_t)255;
-    kiln_hal_error_t *e =
-        backend->buffer_alloc(device, s->g_bytes + s->out_bytes, KILN_HAL_BUFFER_DEFAULT, &s->d_work);
+    kiln_hal_error_t *e = backend->buffer_alloc(device, s->g_bytes + s->out_bytes,
+                                                KILN_HAL_BUFFER_DEFAULT, &s->d_work);
     if (e) {
       s->d_work = NULL;
       st = kiln_status_annotate(kiln_hal_status_from_error(e, "allocating gathered rows"),

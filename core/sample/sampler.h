@@ -33,7 +33,9 @@
 typedef struct kiln_sampler kiln_sampler_t;
 
 /* Where the logits are: a device tensor [R, V] F32 (device path), or host floats
- * (host path: rows are read from the tensor with read_rows, or given directly). */
+ * (host path: rows are read from the tensor, in place when its buffer is host-visible, else
+ * with copy_d2h; or given directly in `host`, which the host path prefers). A device sampler
+ * given only `host` samples those rows on the host. */
 typedef struct kiln_sample_logits {
   kiln_hal_tensor_t tensor; /* [R, V] F32 on the sampler's device; buffer NULL = host only */
   const float *host;        /* [R, V] host logits, when the caller already has them */
@@ -81,8 +83,11 @@ typedef struct kiln_sample_out {
 
 /* backend/device/stream: the device the logits live on; backend may be NULL (host only).
  * The device path is used when the device's caps include KILN_HAL_CAP_DEVICE_SAMPLING and
- * force_host is false. max_rows bounds num_samples + num_scores per run; max_top bounds
- * num_top; vocab is V. Errors: KILN_ERR_OUT_OF_MEMORY (with bytes), device errors. */
+ * force_host is false. (The HAL reports caps per device index and a device handle does not
+ * name its index, so "the device's caps" is read as: every device of the backend has the
+ * cap.) max_rows bounds num_samples + num_scores per run; max_top bounds num_top; vocab is V.
+ * The device path holds max_rows * V floats of device memory. Errors:
+ * KILN_ERR_INVALID_ARGUMENT, KILN_ERR_OUT_OF_MEMORY (with bytes), device errors. */
 kiln_status_t kiln_sampler_create(const kiln_hal_backend_t *backend, kiln_hal_device_t *device,
                                   kiln_hal_stream_t *stream, bool force_host, int32_t max_rows,
                                   int32_t max_top, int32_t vocab, kiln_sampler_t **out);
@@ -90,8 +95,11 @@ void kiln_sampler_free(kiln_sampler_t *s);
 bool kiln_sampler_on_device(const kiln_sampler_t *s);
 
 /* Samples num_samples rows and scores num_scores rows of one step's logits. Waits for the
- * results (they are on the host when it returns). Errors: KILN_ERR_INVALID_ARGUMENT (a row
- * index out of range, num_top > max_top, too many rows), device errors. */
+ * results (they are on the host when it returns). Top-N entries beyond a row's num_top are
+ * left untouched. Errors: KILN_ERR_INVALID_ARGUMENT naming the row and field (a row index or
+ * score token out of range, num_top > max_top or > V, too many rows, a uniform outside
+ * [0, 1), a NaN parameter, repetition <= 0, a NULL list or output array that is needed),
+ * device errors. */
 kiln_status_t kiln_sampler_run(kiln_sampler_t *s, const kiln_sample_logits_t *logits,
                                const kiln_sample_row_t *samples, int32_t num_samples,
                                const kiln_score_row_t *scores, int32_t num_scores,
