@@ -252,6 +252,26 @@ static bool is_gguf(const char *path) {
   return n == 4 && memcmp(magic, "GGUF", 4) == 0;
 }
 
+kiln_status_t kiln_model_tokenizer_dir(const char *model_path, char *buf, size_t size) {
+  size_t n = strlen(model_path), len = n;
+  const char *src = model_path;
+  if (n > 5 && strcmp(model_path + n - 5, ".gguf") == 0) {
+    const char *slash = strrchr(model_path, '/');
+    src = slash ? model_path : ".";
+    len = slash ? (size_t)(slash - model_path) : 1;
+  }
+  if (len >= size) {
+    if (size) buf[0] = 0;
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "model path %s: its tokenizer folder takes %zu bytes, more than the "
+                            "%zu there is room for",
+                            model_path, len + 1, size);
+  }
+  memcpy(buf, src, len);
+  buf[len] = 0;
+  return NULL;
+}
+
 static int32_t cap_for(int32_t dt) {
   return dt == KILN_HAL_BF16 ? KILN_HAL_CAP_BF16 : dt == KILN_HAL_F16 ? KILN_HAL_CAP_F16 : 0;
 }

@@ -25,6 +25,7 @@
 #define KILN_MODELS_MODEL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -53,6 +54,11 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
                               kiln_hal_device_t *device, kiln_hal_stream_t *stream,
                               const kiln_model_options_t *options, kiln_model_t **out_model);
 void kiln_model_free(kiln_model_t *m);
+
+/* The folder a model's tokenizer.json would sit in: the directory itself, or a .gguf file's
+ * folder ("." for a bare file name), written to buf. Looks only at the path, not the disk.
+ * Errors: the path does not fit (KILN_ERR_INVALID_ARGUMENT, buf then empty). */
+kiln_status_t kiln_model_tokenizer_dir(const char *model_path, char *buf, size_t size);
 
 const kiln_model_config_t *kiln_model_get_config(const kiln_model_t *m);
 int32_t kiln_model_dtype(const kiln_model_t *m);

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,4 +129,101 @@ const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes) {
   }
   snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, units[u]);
   return buf;
+}
+
+kiln_status_t kiln_cli_int(const char *cmd, const char *opt, const char *value, int64_t lo,
+                           int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(value, &end, 10);
+  if (errno || end == value || *end || x < lo || x > hi)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: %s wants an integer in [%lld, %lld], got '%s'", cmd, opt,
+                            (long long)lo, (long long)hi, value);
+  *out = x;
+  return NULL;
+}
+
+kiln_status_t kiln_cli_float(const char *cmd, const char *opt, const char *value, double lo,
+                             double hi, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(value, &end);
+  if (errno || end == value || *end || !(x >= lo && x <= hi))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: %s wants a number in [%g, %g], got '%s'", cmd, opt, lo, hi, value);
+  *out = x;
+  return NULL;
+}
+
+kiln_status_t kiln_cli_bad_option(const char *cmd, const char *opt, const char *usage) {
+  return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: unknown or incomplete option '%s'%s%s",
+                          cmd, opt, usage ? "\n" : "", usage ? usage : "");
+}
+
+kiln_status_t kiln_cli_parse_ids(const char *cmd, const char *s, int32_t **out_ids,
+                                 size_t *out_len) {
+  *out_ids = NULL;
+  *out_len = 0;
+  kiln_status_t st = NULL;
+  int32_t *ids = NULL;
+  size_t len = 0, cap = 0;
+  const char *p = s;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(p, &end, 10);
+    if (end == p || errno || x < 0 || x > INT32_MAX) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: --ids: '%s' is not a list of token ids "
+                            "(non-negative integers separated by commas)",
+                            cmd, s);
+      goto fail;
+    }
+    if (len == cap) {
+      size_t ncap = cap ? 2 * cap : 16;
+      int32_t *grown = realloc(ids, ncap * sizeof(*grown));
+      if (!grown) {
+        st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+      }
+      ids = grown;
+      cap = ncap;
+    }
+    ids[len++] = (int32_t)x;
+    p = end;
+    while (*p == ' ') p++;
+    if (*p == ',') {
+      p++;
+    } else if (*p) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --ids: unexpected '%c' in '%s'", cmd,
+                            *p, s);
+      goto fail;
+    }
+  }
+  if (len == 0) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --ids is empty", cmd);
+    goto fail;
+  }
+  *out_ids = ids;
+  *out_len = len;
+  return NULL;
+fail:
+  free(ids);
+  return st;
+}
+
+kiln_status_t kiln_cli_dtype(const char *name, int32_t *out_dtype) {
+  if (!name || !strcmp(name, "auto"))
+    *out_dtype = -1;
+  else if (!strcmp(name, "float32"))
+    *out_dtype = KILN_HAL_F32;
+  else if (!strcmp(name, "float16"))
+    *out_dtype = KILN_HAL_F16;
+  else if (!strcmp(name, "bfloat16"))
+    *out_dtype = KILN_HAL_BF16;
+  else
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "--dtype: '%s' is not one of auto, float32, float16, bfloat16", name);
+  return NULL;
 }

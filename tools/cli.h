@@ -3,6 +3,8 @@
 #ifndef KILN_TOOLS_CLI_H
 #define KILN_TOOLS_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "core/config.h"
@@ -35,6 +37,34 @@ int kiln_cli_fail(kiln_status_t st);
 
 /* Formats a byte count as "23.4 GiB" into buf. */
 const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes);
+
+/* ---- option values: errors name the command and the option -------------------------------- */
+
+/* Parses option opt's value as a decimal integer in [lo, hi] into *out. Errors:
+ * KILN_ERR_INVALID_ARGUMENT, "generate: --n wants an integer in [1, 65536], got 'x'"; *out is
+ * unchanged. */
+kiln_status_t kiln_cli_int(const char *cmd, const char *opt, const char *value, int64_t lo,
+                           int64_t hi, int64_t *out);
+
+/* The same for a number (strtod syntax) in [lo, hi]: "... wants a number in [0, 1], got 'x'". */
+kiln_status_t kiln_cli_float(const char *cmd, const char *opt, const char *value, double lo,
+                             double hi, double *out);
+
+/* The error for an option the command does not know, or one missing its value:
+ * "score: unknown or incomplete option '--x'", followed by "\n" and usage when usage is not
+ * NULL. */
+kiln_status_t kiln_cli_bad_option(const char *cmd, const char *opt, const char *usage);
+
+/* Parses --ids: token ids (non-negative integers that fit int32) separated by commas, spaces
+ * allowed after each id. On success *out_ids is a malloc'ed array of *out_len >= 1 ids (the
+ * caller frees it). Errors: KILN_ERR_INVALID_ARGUMENT for a malformed or empty list (naming
+ * the list), KILN_ERR_OUT_OF_MEMORY; then *out_ids is NULL and *out_len 0. */
+kiln_status_t kiln_cli_parse_ids(const char *cmd, const char *s, int32_t **out_ids,
+                                 size_t *out_len);
+
+/* Parses a --dtype value: "auto" (or NULL) = -1, the checkpoint's dtype; float32, float16,
+ * bfloat16 = the KILN_HAL_* dtype. Errors: KILN_ERR_INVALID_ARGUMENT for any other name. */
+kiln_status_t kiln_cli_dtype(const char *name, int32_t *out_dtype);
 
 int kiln_cmd_info(kiln_cli_t *cli);
 int kiln_cmd_selftest(kiln_cli_t *cli);

@@ -121,31 +121,6 @@ static void gen_usage(FILE *f) {
       f);
 }
 
-static kiln_status_t gen_int(const char *cmd, const char *opt, const char *v, int64_t lo,
-                             int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants an integer in [%lld, %lld], got '%s'", cmd, opt,
-                            (long long)lo, (long long)hi, v);
-  *out = x;
-  return NULL;
-}
-
-static kiln_status_t gen_float(const char *cmd, const char *opt, const char *v, double lo,
-                               double hi, double *out) {
-  char *end;
-  errno = 0;
-  double x = strtod(v, &end);
-  if (errno || end == v || *end || !(x >= lo && x <= hi))
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants a number in [%g, %g], got '%s'", cmd, opt, lo, hi, v);
-  *out = x;
-  return NULL;
-}
-
 static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   const char *cmd = cli->argv[0];
   memset(a, 0, sizeof(*a));
@@ -176,44 +151,41 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
     else if (TAKES("--output"))
       a->output = v;
     else if (TAKES("--max-tokens"))
-      st = gen_int(cmd, o, v, 1, 1 << 24, &a->max_tokens);
+      st = kiln_cli_int(cmd, o, v, 1, 1 << 24, &a->max_tokens);
     else if (TAKES("--min-tokens"))
-      st = gen_int(cmd, o, v, 0, 1 << 24, &a->min_tokens);
+      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->min_tokens);
     else if (TAKES("--chunk"))
-      st = gen_int(cmd, o, v, 0, 1 << 24, &a->chunk);
+      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->chunk);
     else if (TAKES("--temperature"))
-      st = gen_float(cmd, o, v, 0, 100, &a->temperature);
+      st = kiln_cli_float(cmd, o, v, 0, 100, &a->temperature);
     else if (TAKES("--top-p"))
-      st = gen_float(cmd, o, v, 1e-6, 1, &a->top_p);
+      st = kiln_cli_float(cmd, o, v, 1e-6, 1, &a->top_p);
     else if (TAKES("--top-k"))
-      st = gen_int(cmd, o, v, 0, 1 << 30, &a->top_k);
+      st = kiln_cli_int(cmd, o, v, 0, 1 << 30, &a->top_k);
     else if (TAKES("--min-p"))
-      st = gen_float(cmd, o, v, 0, 1, &a->min_p);
+      st = kiln_cli_float(cmd, o, v, 0, 1, &a->min_p);
     else if (TAKES("--seed"))
-      st = gen_int(cmd, o, v, 0, INT64_MAX, &a->seed), a->has_seed = true;
+      st = kiln_cli_int(cmd, o, v, 0, INT64_MAX, &a->seed), a->has_seed = true;
     else if (TAKES("--n"))
-      st = gen_int(cmd, o, v, 1, 65536, &a->n);
+      st = kiln_cli_int(cmd, o, v, 1, 65536, &a->n);
     else if (TAKES("--stop"))
       a->stop[a->num_stop++] = v;
     else if (TAKES("--logprobs"))
-      st = gen_int(cmd, o, v, 0, 20, &a->logprobs);
+      st = kiln_cli_int(cmd, o, v, 0, 20, &a->logprobs);
     else if (TAKES("--max-in-flight"))
-      st = gen_int(cmd, o, v, 1, 1 << 20, &a->window);
+      st = kiln_cli_int(cmd, o, v, 1, 1 << 20, &a->window);
     else if (strcmp(o, "--ignore-eos") == 0)
       a->ignore_eos = true;
     else if (strcmp(o, "--json") == 0)
       a->json = true;
     else
-      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: unknown or incomplete option '%s'", cmd,
-                            o);
+      st = kiln_cli_bad_option(cmd, o, NULL);
 #undef TAKES
   }
   if (st || a->help) return st;
-  if (a->dtype && strcmp(a->dtype, "auto") && strcmp(a->dtype, "float32") &&
-      strcmp(a->dtype, "float16") && strcmp(a->dtype, "bfloat16"))
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: --dtype: '%s' is not one of auto, float32, float16, bfloat16", cmd,
-                            a->dtype);
+  int32_t dtype; /* checked here; the engine takes the name */
+  if (a->dtype && (st = kiln_cli_dtype(a->dtype, &dtype)))
+    return kiln_status_annotate(st, "%s", cmd);
   if (a->input) {
     if (a->ids || a->prompt)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
@@ -257,31 +229,6 @@ static void gen_ids_push(gen_ids_t *l, int32_t x) {
     l->cap = cap;
   }
   l->v[l->len++] = x;
-}
-
-static kiln_status_t gen_parse_ids(const char *cmd, const char *s, gen_ids_t *out) {
-  const char *p = s;
-  while (*p) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(p, &end, 10);
-    if (end == p || errno || x < 0 || x > INT32_MAX)
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                              "%s: --ids: '%s' is not a list of token ids "
-                              "(non-negative integers separated by commas)",
-                              cmd, s);
-    gen_ids_push(out, (int32_t)x);
-    p = end;
-    while (*p == ' ') p++;
-    if (*p == ',')
-      p++;
-    else if (*p)
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --ids: unexpected '%c' in '%s'", cmd,
-                              *p, s);
-  }
-  if (out->oom) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-  if (out->len == 0) return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --ids is empty", cmd);
-  return NULL;
 }
 
 /* The sampling parameters the options give (a batch line's defaults). */
@@ -519,7 +466,8 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
   kiln_engine_info_t info;
   memset(&info, 0, sizeof(info));
   kiln_status_t st = NULL;
-  if (a->ids) st = gen_parse_ids(cmd, a->ids, &pids);
+  if (a->ids) st = kiln_cli_parse_ids(cmd, a->ids, &pids.v, &pids.len);
+  pids.cap = pids.len;
   if (!st) st = gen_engine(cli, a, true, &eng);
   if (!st) {
     kiln_engine_get_info(eng, &info);

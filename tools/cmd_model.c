@@ -2,7 +2,6 @@
  * checks a model against a reference. It runs the model directly over a private KV cache, one
  * sequence at a time (`kiln generate` is in cmd_generate.c, on the engine). */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,23 +29,6 @@ typedef struct mc_ctx {
   kiln_tokens_t ids;
 } mc_ctx_t;
 
-static kiln_status_t mc_bad(const char *cmd, const char *fmt, const char *what) {
-  return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: %s '%s'", cmd, fmt, what);
-}
-
-static kiln_status_t mc_int(const char *cmd, const char *opt, const char *v, int64_t lo, int64_t hi,
-                            int64_t *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants an integer in [%lld, %lld], got '%s'", cmd, opt,
-                            (long long)lo, (long long)hi, v);
-  *out = x;
-  return NULL;
-}
-
 static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a) {
   const char *cmd = cli->argv[0];
   memset(a, 0, sizeof(*a));
@@ -62,11 +44,11 @@ static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a) {
     else if (TAKES("--dtype"))
       a->dtype = v;
     else if (TAKES("--chunk"))
-      st = mc_int(cmd, o, v, 0, 1 << 24, &a->chunk);
+      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->chunk);
     else if (TAKES("--out"))
       a->out = v;
     else
-      st = mc_bad(cmd, "unknown or incomplete option", o);
+      st = kiln_cli_bad_option(cmd, o, NULL);
 #undef TAKES
   }
   if (st) return st;
@@ -82,41 +64,8 @@ static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a) {
   return NULL;
 }
 
-static kiln_status_t mc_parse_ids(const char *cmd, const char *s, kiln_tokens_t *out) {
-  const char *p = s;
-  while (*p) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(p, &end, 10);
-    if (end == p || errno || x < 0 || x > INT32_MAX)
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                              "%s: --ids: '%s' is not a list of token ids "
-                              "(non-negative integers separated by commas)",
-                              cmd, s);
-    if (!kiln_tokens_push(out, (int32_t)x))
-      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-    p = end;
-    while (*p == ' ') p++;
-    if (*p == ',')
-      p++;
-    else if (*p)
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --ids: unexpected '%c' in '%s'", cmd,
-                              *p, s);
-  }
-  if (out->len == 0) return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --ids is empty", cmd);
-  return NULL;
-}
-
 static int32_t mc_block_size(kiln_cli_t *cli) {
   return atoi(kiln_config_get_string(cli->config, "cache", "block_size"));
-}
-
-static int32_t mc_dtype(const char *name) {
-  if (!name || !strcmp(name, "auto")) return -1;
-  if (!strcmp(name, "float32")) return KILN_HAL_F32;
-  if (!strcmp(name, "float16")) return KILN_HAL_F16;
-  if (!strcmp(name, "bfloat16")) return KILN_HAL_BF16;
-  return -2;
 }
 
 /* Opens the backend, a device and a stream, and the model, sized for `batch` tokens per
@@ -133,10 +82,8 @@ static kiln_status_t mc_open_model(kiln_cli_t *cli, const mc_args_t *a, int32_t 
   if (!e) e = be->stream_create(c->dev, &c->stream);
   if (e) return kiln_hal_status_from_error(e, "opening the device");
   const char *dts = a->dtype ? a->dtype : kiln_config_get_string(cli->config, "model", "dtype");
-  int32_t dtype = mc_dtype(dts);
-  if (dtype == -2)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "--dtype: '%s' is not one of auto, float32, float16, bfloat16", dts);
+  int32_t dtype;
+  if ((st = kiln_cli_dtype(dts, &dtype))) return st;
   kiln_model_options_t mo = {0};
   mo.dtype = dtype;
   mo.max_tokens = batch;
@@ -177,7 +124,8 @@ int kiln_cmd_score(kiln_cli_t *cli) {
   memset(&c, 0, sizeof(c));
   float *logits = NULL;
   kiln_status_t st = mc_parse(cli, &a);
-  if (!st) st = mc_parse_ids("score", a.ids, &c.ids);
+  if (!st) st = kiln_cli_parse_ids("score", a.ids, &c.ids.ids, &c.ids.len);
+  c.ids.cap = c.ids.len;
   int32_t n = (int32_t)c.ids.len;
   int32_t chunk = a.chunk > 0 && a.chunk < n ? (int32_t)a.chunk : n;
   if (!st) st = mc_open_model(cli, &a, chunk, n, &c);

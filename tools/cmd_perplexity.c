@@ -7,7 +7,7 @@
  * window's preceding tokens; ppl = exp(total NLL / scored tokens). Log-softmax is computed in
  * double on the host from the float32 logits. Each window is run in chunks over one private
  * KV cache, which the next window overwrites from position 0. */
-#define _POSIX_C_SOURCE 200809L /* strdup, strndup, clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -59,18 +59,6 @@ static const char pp_usage[] =
     "embedded default model) is used.\n"
     "--chunk sets the tokens per forward pass within a window (default min(N, 512)).\n";
 
-static kiln_status_t pp_int(const char *opt, const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "perplexity: %s wants an integer in [%lld, %lld], got '%s'", opt,
-                            (long long)lo, (long long)hi, v);
-  *out = x;
-  return NULL;
-}
-
 /* The model to load: --model, else [model] path resolved as every command resolves it
  * (relative to the config file; empty = the embedded default model). The one place the path
  * is decided. */
@@ -95,17 +83,16 @@ static kiln_status_t pp_parse(kiln_cli_t *cli, pp_args_t *a) {
     else if (TAKES("--dtype"))
       a->dtype = v;
     else if (TAKES("--ctx"))
-      st = pp_int(o, v, 2, 1 << 24, &a->ctx);
+      st = kiln_cli_int("perplexity", o, v, 2, 1 << 24, &a->ctx);
     else if (TAKES("--chunk"))
-      st = pp_int(o, v, 1, 1 << 24, &a->chunk);
+      st = kiln_cli_int("perplexity", o, v, 1, 1 << 24, &a->chunk);
     else if (strcmp(o, "--json") == 0)
       a->json = true;
     else if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
       fputs(pp_usage, stdout);
       exit(0);
     } else
-      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "perplexity: unknown or incomplete option '%s'\n%s", o, pp_usage);
+      st = kiln_cli_bad_option("perplexity", o, pp_usage);
 #undef TAKES
   }
   if (st) return st;
@@ -139,38 +126,18 @@ static kiln_status_t pp_open_tokenizer(const char *model, kiln_tokenizer_t **out
   if (stat(model, &sb) != 0)
     return kiln_status_make(KILN_ERR_NOT_FOUND, "perplexity: no model at %s: %s", model,
                             strerror(errno));
-  size_t n = strlen(model);
-  char *dir;
-  if (n > 5 && strcmp(model + n - 5, ".gguf") == 0) {
-    const char *slash = strrchr(model, '/');
-    dir = slash ? strndup(model, (size_t)(slash - model)) : strdup(".");
-  } else {
-    dir = strdup(model);
-  }
-  if (!dir) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-  char path[4096];
+  char dir[4096], path[4096 + 16];
+  kiln_status_t st = kiln_model_tokenizer_dir(model, dir, sizeof(dir));
+  if (st) return kiln_status_annotate(st, "perplexity");
   snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-  kiln_status_t st = NULL;
   FILE *f = fopen(path, "rb");
   if (!f)
-    st = kiln_status_make(KILN_ERR_NOT_FOUND,
-                          "perplexity: no tokenizer.json beside the model (%s): one is needed to "
-                          "encode the text",
-                          path);
-  else {
-    fclose(f);
-    st = kiln_tokenizer_load(dir, out);
-  }
-  free(dir);
-  return st;
-}
-
-static int32_t pp_dtype(const char *name) {
-  if (!name || !strcmp(name, "auto")) return -1;
-  if (!strcmp(name, "float32")) return KILN_HAL_F32;
-  if (!strcmp(name, "float16")) return KILN_HAL_F16;
-  if (!strcmp(name, "bfloat16")) return KILN_HAL_BF16;
-  return -2;
+    return kiln_status_make(KILN_ERR_NOT_FOUND,
+                            "perplexity: no tokenizer.json beside the model (%s): one is needed "
+                            "to encode the text",
+                            path);
+  fclose(f);
+  return kiln_tokenizer_load(dir, out);
 }
 
 static const char *pp_dtype_name(int32_t dt) {
@@ -193,10 +160,8 @@ static kiln_status_t pp_open(kiln_cli_t *cli, pp_args_t *a, pp_ctx_t *c) {
   if (!e) e = be->stream_create(c->dev, &c->stream);
   if (e) return kiln_hal_status_from_error(e, "opening the device");
   const char *dts = a->dtype ? a->dtype : kiln_config_get_string(cli->config, "model", "dtype");
-  int32_t dtype = pp_dtype(dts);
-  if (dtype == -2)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "--dtype: '%s' is not one of auto, float32, float16, bfloat16", dts);
+  int32_t dtype;
+  if ((st = kiln_cli_dtype(dts, &dtype))) return st;
   int32_t bs = atoi(kiln_config_get_string(cli->config, "cache", "block_size"));
   int64_t max_model_len = kiln_config_get_int(cli->config, "model", "max_model_len");
   /* The widest window asked for sizes the block tables; without --ctx it is the model's

@@ -44,8 +44,7 @@ static kiln_status_t tk_parse(kiln_cli_t *cli, const char *flags, tk_args_t *a) 
     } else if (strcmp(arg, "--skip-special") == 0 && strchr(flags, 'k')) {
       a->skip_special = true;
     } else {
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: unknown or incomplete option '%s'",
-                              name, arg);
+      return kiln_cli_bad_option(name, arg, NULL);
     }
   }
   if (!a->dir) {

@@ -1209,13 +1209,7 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   /* Tokenizer: tokenizer.json beside the model (a directory, or a .gguf file's folder). */
   char dir[4096];
-  size_t n = strlen(path);
-  if (n > 5 && !strcmp(path + n - 5, ".gguf")) {
-    const char *slash = strrchr(path, '/');
-    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-  } else {
-    snprintf(dir, sizeof(dir), "%s", path);
-  }
+  if ((st = kiln_model_tokenizer_dir(path, dir, sizeof(dir)))) return st;
   char tj[4200];
   snprintf(tj, sizeof(tj), "%s/tokenizer.json", dir);
   FILE *f = fopen(tj, "rb");
