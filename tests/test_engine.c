@@ -1,5 +1,5 @@
-/* test_engine.c - the engine's public API (include/kiln/kiln.h) on the real CPU backend with a
- * fixture model (tests/fixtures/models/llama2, float32): many requests at once give the same
+/* test_engine.c - the engine's public API (include/kiln/kiln.h) on the real CPU backend
+ * (KILN_TEST_BACKEND picks another, e.g. cuda on the GPU machine) with a fixture model (tests/fixtures/models/llama2, float32): many requests at once give the same
  * tokens as each one alone, under KV pressure (preemption), with and without chunked prefill,
  * with prefix-cache hits, with seeded sampling in any batch; cancellation frees the blocks;
  * bad requests are refused with the numbers; every request gets exactly one final event. */
@@ -45,7 +45,10 @@ static kiln_engine_t *make_engine(const char *const *extra, int32_t nextra) {
   snprintf(mp, sizeof(mp), "model.path=%s", g_model);
   int32_t n = 0;
   ov[n++] = mp;
-  ov[n++] = "backend.name=cpu";
+  static char be[64];
+  const char *want = getenv("KILN_TEST_BACKEND"); /* e.g. cuda on the GPU machine */
+  snprintf(be, sizeof(be), "backend.name=%s", want && want[0] ? want : "cpu");
+  ov[n++] = be;
   ov[n++] = "backend.threads=2";
   ov[n++] = "model.dtype=float32";
   for (int32_t i = 0; i < nextra; i++) ov[n++] = extra[i];

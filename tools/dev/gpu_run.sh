@@ -52,6 +52,20 @@ if [ -n "${MODELS:-}" ]; then
       --out "$OUT/model_vs_hf_$shape.json" 2>&1 | grep -v Warning | tail -8
   done
 fi
+if [ -n "${ENGINE:-}" ]; then
+  echo "== the engine on cuda: test_engine (fp32 fixture), default model perplexity, offline throughput"
+  (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+     KILN_TEST_BACKEND=cuda timeout 300 ./test_engine) >"$OUT/engine_cuda.log" 2>&1
+  echo "test_engine rc=$?"; grep -E "OK|FAIL|PASSED|preempt|differs|error" "$OUT/engine_cuda.log" | head -20
+  for dt in float32 bfloat16; do
+    ./build/bin/kiln perplexity --set backend.name=cuda --dtype $dt --file tests/fixtures/default_model/heldout.txt --json 2>&1 | tail -1
+  done
+  ./build/bin/kiln generate --set backend.name=cuda --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1 2>&1 | tail -3
+  for shape in ${ENGINE_SHAPES:-qwen2-0.5b}; do
+    timeout 400 python3 bench/engine_offline.py --kiln ./build/bin/kiln --work /tmp/mb --shape "$shape" \
+      ${ENGINE_ARGS:-} --out "$OUT/engine_offline_$shape.json" 2>&1 | grep -v Warning | tail -6
+  done
+fi
 if [ -n "${BENCH:-}" ]; then
   echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
 fi
