@@ -1621,6 +1621,7 @@ typedef struct engine_ctx {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   bool timed_out;
+  bool poll; /* the config walk: take the events with kiln_request_poll, not a callback */
 } engine_ctx_t;
 
 static const int32_t k_eng_prompt[] = {3, 14, 15, 9, 26};
@@ -1793,10 +1794,29 @@ static kiln_status_t engine_run_config(void *p) {
   kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = k_eng_prompt,
                            .num_prompt_ids = (int32_t)(sizeof(k_eng_prompt) / sizeof(int32_t)),
                            .params = &sp, .on_output = engine_on_output_locked, .user = c};
+  if (c->poll) d.on_output = NULL;
   kiln_request_t *req = NULL;
   st = kiln_engine_submit(eng, &d, &req);
   OOM_CHECK(!st || !req, "kiln_engine_submit failed and left *out set");
-  if (!st) {
+  if (!st && c->poll) {
+    /* Poll mode: the final event must arrive even when no event can be allocated then. */
+    c->submitted = true;
+    for (;;) {
+      kiln_output_t *o = NULL;
+      kiln_status_t pst = kiln_request_poll(req, 60000, &o);
+      OOM_CHECK(!pst, "kiln_request_poll failed");
+      kiln_status_free(pst);
+      if (!o) {
+        c->timed_out = true;
+        break;
+      }
+      ev_log_record(&c->log, o);
+      bool last = o->request_finished;
+      kiln_output_free(o);
+      if (last) break;
+    }
+    OOM_CHECK(!c->timed_out, "poll: no final event within 60 s");
+  } else if (!st) {
     c->submitted = true;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -1815,8 +1835,7 @@ static kiln_status_t engine_run_config(void *p) {
   return st;
 }
 
-static void test_engine_config(void **state) {
-  (void)state;
+static void engine_config_walk(bool poll) {
   char *path = fixture_path("llama2");
   if (!path) skip();
   char *model = kiln_strprintf("model.path=%s", path);
@@ -1826,11 +1845,12 @@ static void test_engine_config(void **state) {
   engine_ctx_t c;
   memset(&c, 0, sizeof(c));
   c.overrides = overrides;
+  c.poll = poll;
   c.stop_token = 221;
   c.num_overrides = (int32_t)(sizeof(overrides) / sizeof(overrides[0]));
   pthread_mutex_init(&c.mu, NULL);
   pthread_cond_init(&c.cv, NULL);
-  oom_op_t op = {.name = "engine(config, cpu)",
+  oom_op_t op = {.name = poll ? "engine(config, cpu, poll)" : "engine(config, cpu)",
                  .ctx = &c,
                  .setup = engine_setup,
                  .run = engine_run_config,
@@ -1842,6 +1862,16 @@ static void test_engine_config(void **state) {
   free(model);
   free(path);
   oom_assert_clean();
+}
+
+static void test_engine_config(void **state) {
+  (void)state;
+  engine_config_walk(false);
+}
+
+static void test_engine_config_poll(void **state) {
+  (void)state;
+  engine_config_walk(true);
 }
 
 int main(void) {
@@ -1864,6 +1894,7 @@ int main(void) {
       cmocka_unit_test(test_scheduler),
       cmocka_unit_test(test_engine_manual),
       cmocka_unit_test(test_engine_config),
+      cmocka_unit_test(test_engine_config_poll),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

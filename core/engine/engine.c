@@ -79,6 +79,7 @@ struct kiln_request {
   float *plp_top;
   double t_arrival, t_sched, t_first, t_last;
   kiln_request_t *next, *prev; /* inbox, then the active list */
+  struct ev_node *spare; /* poll mode: a final event kept for when no other can be allocated */
   /* poll queue */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -213,6 +214,7 @@ static void req_free(kiln_request_t *r) {
   free(r->plp);
   free(r->plp_ids);
   free(r->plp_top);
+  free(r->spare);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   free(r);
@@ -386,8 +388,28 @@ static void ev_deliver_final_oom(kiln_request_t *r) {
     r->cb(r->user, &o);
     return;
   }
+  /* Poll mode: the final event allocated at submission for exactly this case. */
+  ev_node_t *n = r->spare;
+  r->spare = NULL;
+  if (n) {
+    kiln_output_t *o = &n->out;
+    memset(n, 0, sizeof(*n));
+    o->request = r;
+    o->request_seq = r->seqno;
+    o->user = r->user;
+    o->text = "";
+    o->finish_reason = KILN_FINISH_ERROR;
+    o->error = msg;
+    o->stop_token = -1;
+    o->request_finished = true;
+    o->usage.prompt_tokens = r->num_prompt;
+  }
   pthread_mutex_lock(&r->mu);
-  r->q_closed = true; /* poll returns NULL from now on: the caller sees the end */
+  if (n) {
+    if (r->q_tail) r->q_tail->next = n; else r->q_head = n;
+    r->q_tail = n;
+  }
+  r->q_closed = true;
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
 }
@@ -420,6 +442,12 @@ static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_
   if (ss->text && ss->stop_index < 0) {
     kiln_status_t st = kiln_textout_finish(ss->text, &rest);
     kiln_status_free(st);
+    /* Bytes the detokenizer held to the very end can complete a stop string. */
+    int32_t si = kiln_textout_stopped(ss->text);
+    if (si >= 0 && ss->finish == KILN_FINISH_LENGTH) {
+      ss->finish = KILN_FINISH_STOP;
+      ss->stop_index = si;
+    }
   }
   if (r->seqs[i].state != KILN_SEQ_FINISHED) kiln_scheduler_finish(e->sched, &r->seqs[i]);
   ss->done = true;
@@ -624,6 +652,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
     for (int32_t i = 0; r->stop && i < p->num_stop; i++) oom |= !(r->stop[i] = strdup(p->stop[i]));
   }
   r->p.num_stop = r->stop ? p->num_stop : 0;
+  if (!d->on_output) oom |= !(r->spare = calloc(1, sizeof(ev_node_t)));
   r->seqs = calloc((size_t)p->n, sizeof(*r->seqs));
   r->ss = calloc((size_t)p->n, sizeof(*r->ss));
   oom |= !r->seqs || !r->ss;

@@ -48,6 +48,7 @@ typedef struct stop_str {
 } stop_str_t;
 
 struct kiln_textout {
+  const kiln_tokenizer_t *tok;
   kiln_detok_t *detok; /* NULL without a tokenizer */
   stop_str_t *stop;
   int32_t num_stop;
@@ -73,6 +74,7 @@ kiln_status_t kiln_textout_create(const kiln_tokenizer_t *tok, bool skip_special
   t->include_stop = include_stop_str_in_output;
   t->stopped = -1;
   if (!tok) goto done; /* no text: nothing to track */
+  t->tok = tok;
   st = kiln_detok_create(tok, skip_special, &t->detok);
   if (st) goto fail;
   if (num_stop > 0) {
@@ -188,6 +190,10 @@ kiln_status_t kiln_textout_push(kiln_textout_t *t, int32_t id, bool check_stop, 
                                 int32_t *stopped) {
   *stopped = t->stopped;
   if (!t->detok || t->done) return NULL;
+  /* An id the tokenizer does not have (a model vocabulary padded beyond the tokenizer's) has
+   * no text: it adds nothing, as in vLLM, instead of failing the request. */
+  size_t tlen;
+  if (!kiln_tokenizer_id_to_token(t->tok, id, &tlen)) return NULL;
   size_t new_from = t->pending.len;
   kiln_status_t st = kiln_detok_push(t->detok, id, &t->pending);
   if (st) return st;
@@ -196,6 +202,8 @@ kiln_status_t kiln_textout_push(kiln_textout_t *t, int32_t id, bool check_stop, 
   *stopped = t->stopped;
   return st;
 }
+
+int32_t kiln_textout_stopped(const kiln_textout_t *t) { return t->stopped; }
 
 kiln_status_t kiln_textout_finish(kiln_textout_t *t, kiln_strbuf_t *emit) {
   if (!t->detok || t->done) return NULL;

@@ -13,7 +13,8 @@
  *
  * The concatenation of everything emitted equals decode(all output ids) truncated at the
  * stop string (the property the tests check). Without a tokenizer, textout only tracks
- * nothing and emits nothing (token ids still flow).
+ * nothing and emits nothing (token ids still flow). Ids the tokenizer does not know (a model
+ * vocabulary padded beyond it) add no text.
  */
 #ifndef KILN_CORE_ENGINE_TEXTOUT_H
 #define KILN_CORE_ENGINE_TEXTOUT_H
@@ -39,7 +40,11 @@ void kiln_textout_free(kiln_textout_t *t);
 kiln_status_t kiln_textout_push(kiln_textout_t *t, int32_t id, bool check_stop,
                                 kiln_strbuf_t *emit, int32_t *stopped);
 
-/* The sequence ended (not by a stop string): appends everything still held back to emit. */
+/* The sequence ended (not by a stop string): appends everything still held back to emit.
+ * The flushed text may itself complete a stop string (then kiln_textout_stopped says which). */
 kiln_status_t kiln_textout_finish(kiln_textout_t *t, kiln_strbuf_t *emit);
+
+/* The index of the stop string that matched (on a push or at finish), or -1. */
+int32_t kiln_textout_stopped(const kiln_textout_t *t);
 
 #endif /* KILN_CORE_ENGINE_TEXTOUT_H */
