@@ -1,8 +1,9 @@
 /* test_engine.c - the engine's public API (include/kiln/kiln.h) on the real CPU backend
- * (KILN_TEST_BACKEND picks another, e.g. cuda on the GPU machine) with a fixture model (tests/fixtures/models/llama2, float32): many requests at once give the same
- * tokens as each one alone, under KV pressure (preemption), with and without chunked prefill,
- * with prefix-cache hits, with seeded sampling in any batch; cancellation frees the blocks;
- * bad requests are refused with the numbers; every request gets exactly one final event. */
+ * (KILN_TEST_BACKEND picks another, e.g. cuda on the GPU machine) with a fixture model
+ * (tests/fixtures/models/llama2, float32): many requests at once give the same tokens as each one
+ * alone, under KV pressure (preemption), with and without chunked prefill, with prefix-cache hits,
+ * with seeded sampling in any batch; cancellation frees the blocks; bad requests are refused with
+ * the numbers; every request gets exactly one final event. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
@@ -18,6 +19,8 @@
 #include <cmocka.h>
 
 #include "core/engine/engine_internal.h"
+#include "core/json.h"
+#include "core/npy.h"
 #include "kiln/kiln.h"
 
 #define MAXTOK 128
@@ -122,8 +125,10 @@ static void run_jobs(kiln_engine_t *e, const job_t *jobs, int32_t n, bool togeth
   kiln_request_t *reqs[32];
   memset(res, 0, (size_t)n * sizeof(*res));
   for (int32_t j = 0; j < n; j++) {
-    kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = jobs[j].prompt,
-                             .num_prompt_ids = jobs[j].np, .params = &jobs[j].p};
+    kiln_request_desc_t d = {.struct_size = sizeof(d),
+                             .prompt_ids = jobs[j].prompt,
+                             .num_prompt_ids = jobs[j].np,
+                             .params = &jobs[j].p};
     kiln_status_t st = kiln_engine_submit(e, &d, &reqs[j]);
     if (st) fprintf(stderr, "submit: %s\n", kiln_status_message(st));
     assert_null(st);
@@ -188,7 +193,8 @@ static void test_batching_is_invisible(void **state) {
   expect_all_free(e);
   kiln_engine_destroy(e);
 
-  const char *noch[] = {"scheduler.enable_chunked_prefill=false", "cache.enable_prefix_caching=false"};
+  const char *noch[] = {"scheduler.enable_chunked_prefill=false",
+                        "cache.enable_prefix_caching=false"};
   e = make_engine(noch, 2);
   run_jobs(e, jobs, NJOBS, true, unchunked);
   expect_same(alone, unchunked, NJOBS, "unchunked");
@@ -277,8 +283,8 @@ static void test_cancel_and_shutdown(void **state) {
   job_t j;
   make_jobs(&j, 1, 3);
   j.p.max_tokens = 100;
-  kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = j.prompt, .num_prompt_ids = 10,
-                           .params = &j.p};
+  kiln_request_desc_t d = {
+      .struct_size = sizeof(d), .prompt_ids = j.prompt, .num_prompt_ids = 10, .params = &j.p};
   kiln_request_t *r;
   /* Cancelled from its first event's callback: it ends at the next step with ABORT. */
   cb_state_t cs;
@@ -318,8 +324,11 @@ static void test_cancel_and_shutdown(void **state) {
 
 static void expect_refused(kiln_engine_t *e, const int32_t *ids, int32_t n,
                            const kiln_sampling_params_t *p, const char *text, const char *needle) {
-  kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt_ids = ids, .num_prompt_ids = n,
-                           .params = p, .prompt = text};
+  kiln_request_desc_t d = {.struct_size = sizeof(d),
+                           .prompt_ids = ids,
+                           .num_prompt_ids = n,
+                           .params = p,
+                           .prompt = text};
   kiln_request_t *r = NULL;
   kiln_status_t st = kiln_engine_submit(e, &d, &r);
   assert_non_null(st);
@@ -375,13 +384,249 @@ static void test_refusals(void **state) {
   kiln_status_free(st);
 }
 
+static int32_t *json_ids(const kiln_json_t *a, int32_t *out_n) {
+  size_t n = kiln_json_len(a);
+  int32_t *v = malloc((n ? n : 1) * sizeof(int32_t));
+  assert_non_null(v);
+  for (size_t i = 0; i < n; i++) {
+    int64_t x;
+    assert_true(kiln_json_int64(kiln_json_at(a, i), &x));
+    v[i] = (int32_t)x;
+  }
+  *out_n = (int32_t)n;
+  return v;
+}
+
+/* The engine against transformers' own numbers on the fixture: prompt logprobs (and their
+ * top-3) against log_softmax of transformers' logits, and the greedy continuation against
+ * transformers' generate. */
+static void test_against_transformers(void **state) {
+  (void)state;
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/reference.json", g_model);
+  kiln_json_doc_t *doc;
+  assert_null(kiln_json_parse_file(path, &doc));
+  const kiln_json_t *ref = kiln_json_root(doc);
+  int32_t np, ngp, ngt;
+  int32_t *prompt = json_ids(kiln_json_get(ref, "prompt_ids"), &np);
+  const kiln_json_t *g = kiln_json_get(ref, "greedy");
+  int32_t *gprompt = json_ids(kiln_json_get(g, "prompt_ids"), &ngp);
+  int32_t *gwant = json_ids(kiln_json_get(g, "token_ids"), &ngt);
+  float *logits;
+  int64_t rows, V;
+  snprintf(path, sizeof(path), "%s/logits.npy", g_model);
+  assert_null(kiln_npy_read_f32(path, &logits, &rows, &V));
+  assert_int_equal(rows, np);
+  kiln_sampling_params_t p;
+  /* Whole prompt in one step and 1 token; then in 8-token chunks and 3 tokens. */
+  const char *chunked[] = {"engine.max_num_batched_tokens=8"};
+  kiln_engine_t *e = NULL;
+  for (int variant = 0; variant < 2; variant++) {
+    if (e) kiln_engine_destroy(e);
+    e = make_engine(variant ? chunked : NULL, variant ? 1 : 0);
+    kiln_sampling_params_init(&p);
+    p.max_tokens = variant ? 3 : 1;
+    p.temperature = 0;
+    p.prompt_logprobs = 3;
+    kiln_request_desc_t d = {
+        .struct_size = sizeof(d), .prompt_ids = prompt, .num_prompt_ids = np, .params = &p};
+    kiln_request_t *r;
+    assert_null(kiln_engine_submit(e, &d, &r));
+    int32_t seen = 0;
+    for (;;) {
+      kiln_output_t *o;
+      assert_null(kiln_request_poll(r, -1, &o));
+      if (o->num_prompt_logprobs) {
+        assert_int_equal(o->num_prompt_logprobs, np - 1);
+        assert_int_equal(o->prompt_top_n, 3);
+        for (int32_t i = 0; i + 1 < np; i++) {
+          const float *row = logits + (size_t)i * (size_t)V;
+          double mx = row[0], sum = 0;
+          for (int64_t v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+          for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+          double lse = mx + log(sum);
+          double want = (double)row[prompt[i + 1]] - lse;
+          assert_true(fabs(want - (double)o->prompt_logprobs[i]) < 2e-4);
+          for (int32_t k = 0; k < 3; k++) {
+            int32_t id = o->prompt_top_ids[i * 3 + k];
+            assert_true(fabs((double)row[id] - lse - (double)o->prompt_top_logprobs[i * 3 + k]) <
+                        2e-4);
+            if (k)
+              assert_true(o->prompt_top_logprobs[i * 3 + k] <=
+                          o->prompt_top_logprobs[i * 3 + k - 1]);
+          }
+          seen++;
+        }
+      }
+      bool last = o->request_finished;
+      kiln_output_free(o);
+      if (last) break;
+    }
+    assert_int_equal(seen, np - 1);
+    kiln_request_release(r);
+  }
+  /* Greedy continuation = transformers' generate (the fixture's margins are >= 0.04). */
+  kiln_sampling_params_init(&p);
+  p.max_tokens = ngt;
+  p.temperature = 0;
+  p.ignore_eos = true;
+  job_t j;
+  memset(&j, 0, sizeof(j));
+  memcpy(j.prompt, gprompt, (size_t)ngp * 4);
+  j.np = ngp;
+  j.p = p;
+  result_t res;
+  run_jobs(e, &j, 1, false, &res);
+  assert_int_equal(res.n[0], ngt);
+  assert_memory_equal(res.ids[0], gwant, (size_t)ngt * 4);
+  kiln_engine_destroy(e);
+  free(logits);
+  free(prompt);
+  free(gprompt);
+  free(gwant);
+  kiln_json_doc_free(doc);
+}
+
+typedef struct thread_job {
+  kiln_engine_t *e;
+  const job_t *jobs;
+  int32_t n;
+  result_t *res;
+} thread_job_t;
+
+static void *submit_thread(void *arg) {
+  thread_job_t *t = arg;
+  kiln_request_t *reqs[8];
+  for (int32_t j = 0; j < t->n; j++) {
+    kiln_request_desc_t d = {.struct_size = sizeof(d),
+                             .prompt_ids = t->jobs[j].prompt,
+                             .num_prompt_ids = t->jobs[j].np,
+                             .params = &t->jobs[j].p};
+    if (kiln_engine_submit(t->e, &d, &reqs[j])) return (void *)1;
+  }
+  for (int32_t j = 0; j < t->n; j++) {
+    drain(reqs[j], &t->res[j]);
+    kiln_request_release(reqs[j]);
+  }
+  return NULL;
+}
+
+/* Four threads submit and drain at once: each request still gets its own-alone tokens. */
+static void test_threads(void **state) {
+  (void)state;
+  enum { NT = 4, PER = 6 };
+  static job_t jobs[NT * PER];
+  static result_t alone[NT * PER], multi[NT * PER];
+  make_jobs(jobs, NT * PER, 11);
+  kiln_engine_t *e = make_engine(NULL, 0);
+  run_jobs(e, jobs, NT * PER, false, alone);
+  memset(multi, 0, sizeof(multi));
+  pthread_t th[NT];
+  thread_job_t tj[NT];
+  for (int32_t t = 0; t < NT; t++) {
+    tj[t] = (thread_job_t){.e = e, .jobs = jobs + t * PER, .n = PER, .res = multi + t * PER};
+    assert_int_equal(pthread_create(&th[t], NULL, submit_thread, &tj[t]), 0);
+  }
+  for (int32_t t = 0; t < NT; t++) {
+    void *rv;
+    pthread_join(th[t], &rv);
+    assert_null(rv);
+  }
+  expect_same(alone, multi, NT * PER, "threads");
+  expect_all_free(e);
+  kiln_engine_destroy(e);
+}
+
+/* Stop strings and streamed text through the API, on the embedded default model (which has a
+ * tokenizer): the streamed deltas add up to the text, cut before the stop string. */
+static void test_stop_strings(void **state) {
+  (void)state;
+  const char *src = getenv("KILN_SOURCE_DIR");
+  char mp[1200];
+  snprintf(mp, sizeof(mp), "model.path=%s/share/models/kiln-tiny", src ? src : "..");
+  const char *ov[] = {mp, "backend.name=cpu", "model.dtype=float32", "backend.threads=2"};
+  kiln_engine_t *e = NULL;
+  kiln_status_t st = kiln_engine_create(NULL, ov, 4, &e);
+  if (st) {
+    fprintf(stderr, "%s\n", kiln_status_message(st));
+    kiln_status_free(st);
+    fail();
+  }
+  kiln_engine_info_t info;
+  kiln_engine_get_info(e, &info);
+  assert_true(info.has_tokenizer);
+  /* First the full greedy text, then the same with a stop string taken from its middle. */
+  char full[4096] = "", cut[4096] = "";
+  const char *stop_str = NULL;
+  char stop_buf[64];
+  for (int pass = 0; pass < 2; pass++) {
+    kiln_sampling_params_t p;
+    kiln_sampling_params_init(&p);
+    p.max_tokens = 40;
+    p.temperature = 0;
+    p.ignore_eos = true;
+    const char *stops[1] = {stop_buf};
+    if (pass == 1) {
+      p.stop = stops;
+      p.num_stop = 1;
+    }
+    kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt = "Once upon a time", .params = &p};
+    kiln_request_t *r;
+    assert_null(kiln_engine_submit(e, &d, &r));
+    char *out = pass ? cut : full;
+    for (;;) {
+      kiln_output_t *o;
+      assert_null(kiln_request_poll(r, -1, &o));
+      strncat(out, o->text, 4095 - strlen(out));
+      if (o->request_finished) {
+        assert_int_equal(o->finish_reason, pass ? KILN_FINISH_STOP : KILN_FINISH_LENGTH);
+        if (pass) {
+          assert_non_null(o->stop_str);
+          assert_string_equal(o->stop_str, stop_buf);
+          stop_str = o->stop_str;
+        }
+      }
+      bool last = o->request_finished;
+      kiln_output_free(o);
+      if (last) break;
+    }
+    kiln_request_release(r);
+    if (pass == 0) {
+      /* A stop string from the middle of the text: 4 bytes starting a third of the way in. */
+      size_t n = strlen(full);
+      assert_true(n > 12);
+      size_t at = n / 3;
+      snprintf(stop_buf, sizeof(stop_buf), "%.4s", full + at);
+    }
+  }
+  (void)stop_str;
+  const char *hit = strstr(full, stop_buf);
+  assert_non_null(hit);
+  assert_int_equal(strlen(cut), (size_t)(hit - full));
+  assert_memory_equal(cut, full, strlen(cut));
+  /* The API's tokenizer round trip. */
+  int32_t *ids = NULL, n = 0;
+  assert_null(kiln_engine_tokenize(e, "Once upon a time", 16, true, &ids, &n));
+  char *text = NULL;
+  assert_null(kiln_engine_detokenize(e, ids, (size_t)n, true, &text));
+  assert_string_equal(text, "Once upon a time");
+  free(ids);
+  free(text);
+  kiln_engine_destroy(e);
+}
+
 int main(void) {
   const char *src = getenv("KILN_SOURCE_DIR");
   snprintf(g_model, sizeof(g_model), "%s/tests/fixtures/models/llama2", src ? src : "..");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_batching_is_invisible), cmocka_unit_test(test_prefix_cache),
-      cmocka_unit_test(test_n_sequences),           cmocka_unit_test(test_cancel_and_shutdown),
+      cmocka_unit_test(test_batching_is_invisible),
+      cmocka_unit_test(test_prefix_cache),
+      cmocka_unit_test(test_n_sequences),
+      cmocka_unit_test(test_cancel_and_shutdown),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_against_transformers),
+      cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_stop_strings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,6 +75,7 @@ struct kiln_request {
   bool started, plp_sent;
   bool lost; /* a sequence's final event could not be made: the request ends with an error */
   float *plp;       /* [P-1] prompt logprobs */
+  int32_t plp_rows; /* prompt rows scored so far */
   int32_t *plp_ids; /* [P-1, k] */
   float *plp_top;
   double t_arrival, t_sched, t_first, t_last;
@@ -464,8 +465,7 @@ static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_
     ss->finish = KILN_FINISH_ERROR;
     if (!error) error = "out of memory while delivering an output";
   }
-  bool with_plp = !r->plp_sent && r->plp && i == 0 && r->p.prompt_logprobs >= 0 &&
-                  r->seqs[0].num_computed >= r->num_prompt;
+  bool with_plp = !r->plp_sent && r->plp && i == 0 && r->plp_rows >= r->num_prompt - 1;
   ev_node_t *n = ev_make(r, i, kiln_strbuf_ok(&rest) ? kiln_strbuf_cstr(&rest) : "",
                          kiln_strbuf_ok(&rest) ? rest.len : 0, with_plp, error);
   kiln_strbuf_free(&rest);
@@ -967,6 +967,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     kiln_request_t *r = e->cseqs[c]->owner;
     int32_t pos = e->c_pos[c], k = r->p.prompt_logprobs;
     r->plp[pos] = e->so.score_logprobs[c];
+    r->plp_rows++; /* rows scored again after a preemption count twice: only "all done" matters */
     if (k > 0) {
       memcpy(r->plp_ids + (size_t)pos * k, e->so.score_top_ids + (size_t)c * e->max_top, (size_t)k * 4);
       memcpy(r->plp_top + (size_t)pos * k, e->so.score_top_logprobs + (size_t)c * e->max_top,
@@ -1040,7 +1041,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       seq_end(e, r, i, fin, NULL, tx, tl);
       continue;
     }
-    bool with_plp = !r->plp_sent && r->plp && i == 0;
+    bool with_plp = !r->plp_sent && r->plp && i == 0 && r->plp_rows >= r->num_prompt - 1;
     ev_node_t *n = ev_make(r, i, tx, tl, with_plp, NULL);
     if (with_plp) r->plp_sent = true;
     if (n)
