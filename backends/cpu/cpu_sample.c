@@ -4,64 +4,11 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-
-/* A logit as a sort key: NaN ranks with -inf so it never wins. */
-static inline float key(float x) { return x != x ? -INFINITY : x; }
-
-/* True when token a ranks after token b: smaller logit, or equal logit and larger index. */
-static inline bool worse(const float *x, int32_t a, int32_t b) {
-  float ka = key(x[a]), kb = key(x[b]);
-  return ka < kb || (ka == kb && a > b);
-}
-
-static void sift_down(const float *x, int32_t *h, int64_t n, int64_t i) {
-  for (;;) {
-    int64_t l = 2 * i + 1, r = l + 1, w = i;
-    if (l < n && worse(x, h[l], h[w])) w = l;
-    if (r < n && worse(x, h[r], h[w])) w = r;
-    if (w == i) return;
-    int32_t t = h[i];
-    h[i] = h[w];
-    h[w] = t;
-    i = w;
-  }
-}
-
-/* idx[0..m) = the m best tokens of x[0..V) in rank order (logit descending, ties by index).
- * A heap of the m best seen, worst on top: O(V log m). */
-static void select_top(const float *x, int64_t V, int64_t m, int32_t *idx) {
-  if (m <= 0) return;
-  for (int64_t i = 0; i < m; i++) idx[i] = (int32_t)i;
-  for (int64_t i = m / 2 - 1; i >= 0; i--) sift_down(x, idx, m, i);
-  for (int64_t v = m; v < V; v++)
-    if (worse(x, idx[0], (int32_t)v)) {
-      idx[0] = (int32_t)v;
-      sift_down(x, idx, m, 0);
-    }
-  /* Heap sort: repeatedly move the worst to the end. */
-  for (int64_t n = m - 1; n > 0; n--) {
-    int32_t t = idx[0];
-    idx[0] = idx[n];
-    idx[n] = t;
-    sift_down(x, idx, n, 0);
-  }
-}
-
-/* Index of the largest logit, lowest index among equals (0 for an all-NaN row). */
-static int64_t row_argmax(const float *x, int64_t V) {
-  int64_t best = 0;
-  float bv = key(x[0]);
-  for (int64_t v = 1; v < V; v++)
-    if (x[v] > bv) {
-      bv = x[v];
-      best = v;
-    }
-  return best;
-}
+#include "../../hal/ref/logit_rank.h"
 
 /* logsumexp of a row, without modifying it. */
 static float row_lse(const float *x, int64_t V) {
-  float mx = key(x[row_argmax(x, V)]);
+  float mx = kiln_rank_key(x[kiln_rank_argmax(x, V)]);
   if (mx == -INFINITY || mx == INFINITY) return mx;
   float buf[1024];
   double sum = 0.0;
@@ -95,7 +42,7 @@ static void argmax_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
   bool lp = kiln_hal_tensor_present(&a->out_logprob);
   for (int64_t s = r0; s < r1; s++) {
     const float *x = logits_row(&a->logits, s);
-    int64_t id = row_argmax(x, V);
+    int64_t id = kiln_rank_argmax(x, V);
     ((int32_t *)cpu_tensor_ptr(&a->out_ids))[s * a->out_ids.stride[0]] = (int32_t)id;
     if (lp)
       ((float *)cpu_tensor_ptr(&a->out_logprob))[s * a->out_logprob.stride[0]] = x[id] - row_lse(x, V);
@@ -127,7 +74,7 @@ static void topk_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
   int32_t *idx = c->heap + (int64_t)thread * k;
   for (int64_t s = r0; s < r1; s++) {
     const float *x = logits_row(&a->logits, s);
-    select_top(x, V, k, idx);
+    kiln_rank_select_top(x, V, k, idx);
     float *ov = (float *)cpu_tensor_ptr(&a->out_values) + s * a->out_values.stride[0];
     int32_t *oi = (int32_t *)cpu_tensor_ptr(&a->out_ids) + s * a->out_ids.stride[0];
     for (int64_t i = 0; i < k; i++) {
@@ -277,13 +224,13 @@ static int64_t sample_row(const sample_ctx_t *c, int64_t s, const float *x, floa
   const kiln_hal_sample_args_t *a = c->a;
   int64_t V = c->V;
   float t = vecf(&a->temperature, s);
-  int64_t imax = row_argmax(x, V);
+  int64_t imax = kiln_rank_argmax(x, V);
   if (!(t > 0.0f)) return imax;
   int64_t k = kiln_hal_tensor_present(&a->top_k) ? veci(&a->top_k, s) : 0;
   float tp = kiln_hal_tensor_present(&a->top_p) ? vecf(&a->top_p, s) : 1.0f;
   float mp = kiln_hal_tensor_present(&a->min_p) ? vecf(&a->min_p, s) : 0.0f;
   float u = vecf(&a->uniform, s);
-  float xmax = key(x[imax]);
+  float xmax = kiln_rank_key(x[imax]);
   if (xmax == -INFINITY || xmax == INFINITY) return imax;
   /* e[v] = p[v] * Z with e[imax] = 1, so p[v] >= min_p * max(p) reads e[v] >= min_p. */
   float it = 1.0f / t;
@@ -299,7 +246,7 @@ static int64_t sample_row(const sample_ctx_t *c, int64_t s, const float *x, floa
      * tokens to cover top_p of the mass, since any later token has mass_before >= top_p. */
     int64_t m = use_k ? k : (V < 1024 ? V : 1024);
     for (;;) {
-      select_top(x, V, m, idx);
+      kiln_rank_select_top(x, V, m, idx);
       if (use_k || m == V) break;
       double mass = 0.0;
       for (int64_t i = 0; i < m; i++) mass += e[idx[i]];

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "hal/loader.h"
+#include "hal/ref/logit_rank.h"
 #include "kiln/hal_util.h"
 
 /* Token-list capacity (I32 entries) the device path's input staging starts with. */
@@ -94,24 +95,9 @@ static void *xmalloc(size_t n, size_t size, const char *what, kiln_status_t *st)
   return p;
 }
 
-/* A logit as a sort key: NaN ranks with -inf so it never wins. */
-static inline float key(float v) { return v != v ? -INFINITY : v; }
-
-/* Index of the largest logit, the lowest among equals (0 for a row of NaN / -inf). */
-static int32_t row_argmax(const float *x, int32_t V) {
-  int32_t best = 0;
-  float bv = key(x[0]);
-  for (int32_t v = 1; v < V; v++)
-    if (x[v] > bv) {
-      bv = x[v];
-      best = v;
-    }
-  return best;
-}
-
 /* logsumexp of a row in double (NaN entries count as -inf). */
 static double row_lse(const float *x, int32_t V) {
-  double mx = key(x[row_argmax(x, V)]);
+  double mx = kiln_rank_key(x[kiln_rank_argmax(x, V)]);
   if (mx == -INFINITY || mx == INFINITY) return mx;
   double sum = 0.0;
   for (int32_t v = 0; v < V; v++)
@@ -123,42 +109,10 @@ static double row_lse(const float *x, int32_t V) {
  * Host path: top-N (by logit, ties by index)
  * ==========================================================================================*/
 
-/* True when token a ranks after token b. */
-static inline bool worse(const float *x, int32_t a, int32_t b) {
-  float ka = key(x[a]), kb = key(x[b]);
-  return ka < kb || (ka == kb && a > b);
-}
-
-static void sift_down(const float *x, int32_t *h, int32_t n, int32_t i) {
-  for (;;) {
-    int32_t l = 2 * i + 1, r = l + 1, w = i;
-    if (l < n && worse(x, h[l], h[w])) w = l;
-    if (r < n && worse(x, h[r], h[w])) w = r;
-    if (w == i) return;
-    int32_t t = h[i];
-    h[i] = h[w];
-    h[w] = t;
-    i = w;
-  }
-}
-
-/* idx[0..k) = the k best tokens of x[0..V) in rank order: a heap of the k best seen, worst
- * on top, so almost every token costs one comparison. O(V log k). k <= V. */
+/* idx[0..k) = the k best tokens of x[0..V) in rank order (hal/ref/logit_rank.h, the CPU
+ * backend's ranking too). */
 static void top_n(const float *x, int32_t V, int32_t k, int32_t *idx) {
-  if (k <= 0) return;
-  for (int32_t i = 0; i < k; i++) idx[i] = i;
-  for (int32_t i = k / 2 - 1; i >= 0; i--) sift_down(x, idx, k, i);
-  for (int32_t v = k; v < V; v++)
-    if (worse(x, idx[0], v)) {
-      idx[0] = v;
-      sift_down(x, idx, k, 0);
-    }
-  for (int32_t n = k - 1; n > 0; n--) {
-    int32_t t = idx[0];
-    idx[0] = idx[n];
-    idx[n] = t;
-    sift_down(x, idx, n, 0);
-  }
+  kiln_rank_select_top(x, V, k, idx);
 }
 
 /* ============================================================================================
@@ -358,8 +312,8 @@ static inline double bucket_floor(int32_t b) {
 static int32_t host_sample_row(kiln_sampler_t *s, const float *x, const kiln_sample_row_t *r,
                                double *out_lse) {
   const int32_t V = s->vocab;
-  const int32_t imax = row_argmax(x, V);
-  const double xmax = key(x[imax]);
+  const int32_t imax = (int32_t)kiln_rank_argmax(x, V);
+  const double xmax = kiln_rank_key(x[imax]);
   *out_lse = NAN;
   /* top_p <= 0 keeps only the most probable token (always kept). */
   if (!(r->temperature > 0.0f) || r->top_p <= 0.0f || xmax == -INFINITY || xmax == INFINITY)
