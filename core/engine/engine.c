@@ -68,12 +68,12 @@ struct kiln_request {
   kiln_output_fn cb;
   void *user;
   /* engine thread */
-  kiln_seq_t *seqs;  /* [n] */
-  seq_state_t *ss;   /* [n] */
-  int32_t num_live;  /* sequences created (1 until the fork, then n) */
+  kiln_seq_t *seqs; /* [n] */
+  seq_state_t *ss;  /* [n] */
+  int32_t num_live; /* sequences created (1 until the fork, then n) */
   int32_t num_done;
   bool started, plp_sent;
-  bool lost; /* a sequence's final event could not be made: the request ends with an error */
+  bool lost;        /* a sequence's final event could not be made: the request ends with an error */
   float *plp;       /* [P-1] prompt logprobs */
   int32_t plp_rows; /* prompt rows scored so far */
   int32_t *plp_ids; /* [P-1, k] */
@@ -285,8 +285,12 @@ static ev_node_t *ev_make(kiln_request_t *r, int32_t index, const char *text, si
   int32_t np = with_plp ? r->num_prompt - 1 : 0;
   int32_t pk = with_plp && r->p.prompt_logprobs > 0 ? r->p.prompt_logprobs : 0;
   size_t elen = error ? strlen(error) + 1 : 0;
+  /* The matched stop string is copied too: the event may outlive the request's handle. */
+  const char *stop =
+      ss->finish == KILN_FINISH_STOP && ss->stop_index >= 0 ? r->stop[ss->stop_index] : NULL;
+  size_t slen = stop ? strlen(stop) + 1 : 0;
   size_t sz = sizeof(ev_node_t) + (size_t)nt * 4 + (lp ? (size_t)nt * 4 * (1 + 2 * (size_t)k) : 0) +
-              (size_t)np * 4 * (1 + 2 * (size_t)pk) + text_len + 1 + elen + 16;
+              (size_t)np * 4 * (1 + 2 * (size_t)pk) + text_len + 1 + elen + slen + 16;
   ev_node_t *n = calloc(1, sz);
   if (!n) return NULL;
   char *p = (char *)(n + 1);
@@ -341,12 +345,14 @@ static ev_node_t *ev_make(kiln_request_t *r, int32_t index, const char *text, si
   if (error) {
     memcpy(p, error, elen);
     o->error = p;
+    p += elen;
+  }
+  if (stop) {
+    memcpy(p, stop, slen);
+    o->stop_str = p;
   }
   o->finish_reason = ss->finish;
-  if (ss->finish == KILN_FINISH_STOP) {
-    o->stop_token = ss->stop_index < 0 ? ss->stop_token : -1;
-    o->stop_str = ss->stop_index >= 0 ? r->stop[ss->stop_index] : NULL;
-  }
+  if (ss->finish == KILN_FINISH_STOP) o->stop_token = ss->stop_index < 0 ? ss->stop_token : -1;
   o->usage.prompt_tokens = r->num_prompt;
   for (int32_t i = 0; i < r->num_live; i++) o->usage.completion_tokens += r->ss[i].num_out;
   o->usage.cached_tokens = r->seqs[0].num_cached;
@@ -365,7 +371,10 @@ static void ev_deliver(kiln_request_t *r, ev_node_t *n) {
     return;
   }
   pthread_mutex_lock(&r->mu);
-  if (r->q_tail) r->q_tail->next = n; else r->q_head = n;
+  if (r->q_tail)
+    r->q_tail->next = n;
+  else
+    r->q_head = n;
   r->q_tail = n;
   if (n->out.request_finished) r->q_closed = true;
   pthread_cond_broadcast(&r->cv);
@@ -407,7 +416,10 @@ static void ev_deliver_final_oom(kiln_request_t *r) {
   }
   pthread_mutex_lock(&r->mu);
   if (n) {
-    if (r->q_tail) r->q_tail->next = n; else r->q_head = n;
+    if (r->q_tail)
+      r->q_tail->next = n;
+    else
+      r->q_head = n;
     r->q_tail = n;
   }
   r->q_closed = true;
@@ -426,8 +438,14 @@ static void metrics_finish(kiln_engine_t *e, kiln_request_t *r, kiln_finish_reas
 }
 
 static void act_unlink(kiln_engine_t *e, kiln_request_t *r) {
-  if (r->prev) r->prev->next = r->next; else e->act_head = r->next;
-  if (r->next) r->next->prev = r->prev; else e->act_tail = r->prev;
+  if (r->prev)
+    r->prev->next = r->next;
+  else
+    e->act_head = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  else
+    e->act_tail = r->prev;
   r->next = r->prev = NULL;
 }
 
@@ -514,13 +532,16 @@ static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_pa
   if (p->n < 1 || p->n > e->max_seqs)
     return bad("n must be in [1, %d] (max_num_seqs), got %d", e->max_seqs, p->n);
   if (p->max_tokens < -1 || p->max_tokens == 0)
-    return bad("max_tokens must be >= 1 (or -1 for the rest of the context), got %d", p->max_tokens);
+    return bad("max_tokens must be >= 1 (or -1 for the rest of the context), got %d",
+               p->max_tokens);
   if (p->min_tokens < 0) return bad("min_tokens must be >= 0, got %d", p->min_tokens);
   if (!(p->temperature >= 0 && p->temperature <= 100))
     return bad("temperature must be in [0, 100], got %g", (double)p->temperature);
-  if (!(p->top_p > 0 && p->top_p <= 1)) return bad("top_p must be in (0, 1], got %g", (double)p->top_p);
+  if (!(p->top_p > 0 && p->top_p <= 1))
+    return bad("top_p must be in (0, 1], got %g", (double)p->top_p);
   if (p->top_k < 0) return bad("top_k must be >= 0 (0 = off), got %d", p->top_k);
-  if (!(p->min_p >= 0 && p->min_p <= 1)) return bad("min_p must be in [0, 1], got %g", (double)p->min_p);
+  if (!(p->min_p >= 0 && p->min_p <= 1))
+    return bad("min_p must be in [0, 1], got %g", (double)p->min_p);
   if (!(p->repetition_penalty > 0 && p->repetition_penalty <= 100))
     return bad("repetition_penalty must be in (0, 100], got %g", (double)p->repetition_penalty);
   if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
@@ -547,7 +568,8 @@ static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_pa
       return bad("logit_bias: the value for token %d must be in [-100, 100], got %g",
                  p->logit_bias_ids[i], (double)p->logit_bias_values[i]);
   }
-  if (p->logprobs < -1 || p->logprobs > 20) return bad("logprobs must be in [0, 20], got %d", p->logprobs);
+  if (p->logprobs < -1 || p->logprobs > 20)
+    return bad("logprobs must be in [0, 20], got %d", p->logprobs);
   if (p->prompt_logprobs < -1 || p->prompt_logprobs > 20)
     return bad("prompt_logprobs must be in [0, 20], got %d", p->prompt_logprobs);
   return NULL;
@@ -593,10 +615,11 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   int64_t max_tokens = p->max_tokens < 0 ? e->max_len - np : p->max_tokens;
   if ((int64_t)np >= e->max_len || np + max_tokens > e->max_len) {
     kiln_tokens_free(&ids);
-    st = bad("the prompt has %d tokens and max_tokens is %lld: %lld in all, beyond the model's "
-             "context of %lld tokens",
-             np, (long long)(p->max_tokens < 0 ? 1 : max_tokens),
-             (long long)np + (p->max_tokens < 0 ? 1 : max_tokens), (long long)e->max_len);
+    st =
+        bad("the prompt has %d tokens and max_tokens is %lld: %lld in all, beyond the model's "
+            "context of %lld tokens",
+            np, (long long)(p->max_tokens < 0 ? 1 : max_tokens),
+            (long long)np + (p->max_tokens < 0 ? 1 : max_tokens), (long long)e->max_len);
     goto rejected;
   }
   int64_t blocks = ((int64_t)np + max_tokens + e->bs - 1) / e->bs;
@@ -608,9 +631,10 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   }
   if (!e->chunked && np > e->max_tokens) {
     kiln_tokens_free(&ids);
-    st = bad("the prompt has %d tokens, more than max_num_batched_tokens (%d), and chunked "
-             "prefill is off",
-             np, e->max_tokens);
+    st =
+        bad("the prompt has %d tokens, more than max_num_batched_tokens (%d), and chunked "
+            "prefill is off",
+            np, e->max_tokens);
     goto rejected;
   }
   kiln_request_t *r = calloc(1, sizeof(*r));
@@ -701,7 +725,8 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
     req_free(r);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "submit: out of memory");
   }
-  r->seed = p->has_seed ? p->seed : kiln_engine_seq_seed(e->seed, (int32_t)atomic_load(&e->next_seqno));
+  r->seed =
+      p->has_seed ? p->seed : kiln_engine_seq_seed(e->seed, (int32_t)atomic_load(&e->next_seqno));
   for (int32_t i = 0; i < p->n; i++) r->ss[i].rng = kiln_engine_seq_seed(r->seed, i);
   r->num_live = 1;
   r->t_arrival = now_s();
@@ -723,7 +748,10 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   q->arrival = r->seqno;
   atomic_fetch_add(&e->num_queued, 1);
   e->metrics.requests_submitted++;
-  if (e->in_tail) e->in_tail->next = r; else e->in_head = r;
+  if (e->in_tail)
+    e->in_tail->next = r;
+  else
+    e->in_head = r;
   e->in_tail = r;
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
@@ -744,7 +772,10 @@ static void intake(kiln_engine_t *e, kiln_request_t *in) {
     nx = r->next;
     r->next = NULL;
     r->prev = e->act_tail;
-    if (e->act_tail) e->act_tail->next = r; else e->act_head = r;
+    if (e->act_tail)
+      e->act_tail->next = r;
+    else
+      e->act_head = r;
     e->act_tail = r;
     kiln_scheduler_add(e->sched, &r->seqs[0]);
   }
@@ -787,7 +818,8 @@ static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, in
     sr->num_output = q->num_tokens - q->num_prompt;
   }
   bool ban = ss->num_out < r->p.min_tokens;
-  int32_t nb = r->p.num_logit_bias + (ban ? r->p.num_stop_token_ids + (r->p.ignore_eos ? 0 : e->num_eos) : 0);
+  int32_t nb = r->p.num_logit_bias +
+               (ban ? r->p.num_stop_token_ids + (r->p.ignore_eos ? 0 : e->num_eos) : 0);
   if (nb) {
     int32_t *ids = kiln_arena_alloc(&e->arena, (size_t)nb * 4, 4);
     float *vals = kiln_arena_alloc(&e->arena, (size_t)nb * 4, 4);
@@ -820,7 +852,10 @@ static void update_gauges(kiln_engine_t *e) {
   for (kiln_request_t *r = e->act_head; r; r = r->next) {
     bool run = false;
     for (int32_t i = 0; i < r->num_live; i++) run |= r->seqs[i].state == KILN_SEQ_RUNNING;
-    if (run) running++; else waiting++;
+    if (run)
+      running++;
+    else
+      waiting++;
   }
   uint64_t q = 0, h = 0;
   kiln_scheduler_prefix_stats(e->sched, &q, &h);
@@ -898,8 +933,8 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       e->b_pos[T] = pos;
       e->b_slots[T] = q->blocks[pos / e->bs] * e->bs + pos % e->bs;
       if (plp && pos + 1 < r->num_prompt) {
-        e->crows[nscore] = (kiln_score_row_t){.logits_row = R, .token = q->tokens[pos + 1],
-                                              .num_top = r->p.prompt_logprobs};
+        e->crows[nscore] = (kiln_score_row_t){
+            .logits_row = R, .token = q->tokens[pos + 1], .num_top = r->p.prompt_logprobs};
         e->cseqs[nscore] = q;
         e->c_pos[nscore++] = pos;
         e->b_rows[R++] = T;
@@ -913,15 +948,22 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     e->b_qsl[s + 1] = T;
     memcpy(e->b_tables + (size_t)s * e->max_blocks, q->blocks, (size_t)q->num_blocks * 4);
   }
-  if (step->num_cow && (st = e->runner.copy_blocks(e->runner.ctx, step->cow_src, step->cow_dst,
-                                                   step->num_cow))) {
+  if (step->num_cow &&
+      (st = e->runner.copy_blocks(e->runner.ctx, step->cow_src, step->cow_dst, step->num_cow))) {
     fail_step(e, step, st);
     return NULL;
   }
-  kiln_batch_t b = {.num_tokens = T, .num_seqs = step->num_items, .token_ids = e->b_ids,
-                    .positions = e->b_pos, .slot_mapping = e->b_slots, .seq_lens = e->b_lens,
-                    .query_start_loc = e->b_qsl, .block_tables = e->b_tables,
-                    .max_blocks_per_seq = e->max_blocks, .num_logits = R, .logits_rows = e->b_rows};
+  kiln_batch_t b = {.num_tokens = T,
+                    .num_seqs = step->num_items,
+                    .token_ids = e->b_ids,
+                    .positions = e->b_pos,
+                    .slot_mapping = e->b_slots,
+                    .seq_lens = e->b_lens,
+                    .query_start_loc = e->b_qsl,
+                    .block_tables = e->b_tables,
+                    .max_blocks_per_seq = e->max_blocks,
+                    .num_logits = R,
+                    .logits_rows = e->b_rows};
   if ((st = e->runner.forward(e->runner.ctx, &b))) {
     fail_step(e, step, st);
     return NULL;
@@ -969,7 +1011,8 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     r->plp[pos] = e->so.score_logprobs[c];
     r->plp_rows++; /* rows scored again after a preemption count twice: only "all done" matters */
     if (k > 0) {
-      memcpy(r->plp_ids + (size_t)pos * k, e->so.score_top_ids + (size_t)c * e->max_top, (size_t)k * 4);
+      memcpy(r->plp_ids + (size_t)pos * k, e->so.score_top_ids + (size_t)c * e->max_top,
+             (size_t)k * 4);
       memcpy(r->plp_top + (size_t)pos * k, e->so.score_top_logprobs + (size_t)c * e->max_top,
              (size_t)k * 4);
     }
@@ -991,8 +1034,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     ss->logprob = e->so.logprobs[j];
     if (r->p.logprobs > 0) {
       memcpy(ss->top_ids, e->so.top_ids + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
-      memcpy(ss->top_lps, e->so.top_logprobs + (size_t)j * e->max_top,
-             (size_t)r->p.logprobs * 4);
+      memcpy(ss->top_lps, e->so.top_logprobs + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
     }
     kiln_status_t ast = kiln_seq_append(q, tok);
     if (ast) {
@@ -1020,8 +1062,8 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       ss->stop_token = tok;
     } else if (ss->text) {
       int32_t stopped = -1;
-      kiln_status_t tst = kiln_textout_push(ss->text, tok, ss->num_out >= r->p.min_tokens, &text,
-                                            &stopped);
+      kiln_status_t tst =
+          kiln_textout_push(ss->text, tok, ss->num_out >= r->p.min_tokens, &text, &stopped);
       if (tst) {
         req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(tst));
         kiln_status_free(tst);
@@ -1065,7 +1107,9 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   for (int32_t s = 0; s < step->num_items; s++) {
     const kiln_sched_item_t *it = &step->items[s];
     int32_t np = it->seq->num_prompt;
-    if (it->start < np) m->prompt_tokens += (uint64_t)((it->start + it->count < np ? it->start + it->count : np) - it->start);
+    if (it->start < np)
+      m->prompt_tokens +=
+          (uint64_t)((it->start + it->count < np ? it->start + it->count : np) - it->start);
   }
   kiln_histogram_observe(&m->tokens_per_step, (double)T);
   m->kv_waste = alloc ? (double)(alloc - used) / (double)alloc : 0.0;
@@ -1164,8 +1208,8 @@ static kiln_status_t alloc_scratch(kiln_engine_t *e) {
   e->so.score_top_logprobs = malloc(PROMPT_ROWS * (size_t)e->max_top * 4);
   (void)rows;
   if (!e->b_ids || !e->b_pos || !e->b_slots || !e->b_lens || !e->b_qsl || !e->b_tables ||
-      !e->b_rows || !e->item_row || !e->srows || !e->sseqs || !e->crows || !e->cseqs ||
-      !e->c_pos || !e->so.tokens || !e->so.logprobs || !e->so.top_ids || !e->so.top_logprobs ||
+      !e->b_rows || !e->item_row || !e->srows || !e->sseqs || !e->crows || !e->cseqs || !e->c_pos ||
+      !e->so.tokens || !e->so.logprobs || !e->so.top_ids || !e->so.top_logprobs ||
       !e->so.score_logprobs || !e->so.score_top_ids || !e->so.score_top_logprobs)
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
   return NULL;
@@ -1198,8 +1242,9 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   ro.config_get = engine_config_get;
   ro.config_ctx = (void *)cfg;
   st = kiln_hal_registry_create(&ro, &e->registry);
-  if (!st) st = kiln_hal_registry_open(e->registry, kiln_config_get_string(cfg, "backend", "name"),
-                                       &e->plugin);
+  if (!st)
+    st = kiln_hal_registry_open(e->registry, kiln_config_get_string(cfg, "backend", "name"),
+                                &e->plugin);
   if (st) return st;
   const kiln_hal_backend_t *be = &e->plugin->table;
   e->backend_name = be->name;
@@ -1211,7 +1256,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   if (!he) he = be->device_open(di, &e->dev);
   if (!he) he = be->stream_create(e->dev, &e->stream);
   if (he) return kiln_hal_status_from_error(he, "opening the device");
-  if (!(e->device_name = strdup(info.name))) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  if (!(e->device_name = strdup(info.name)))
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   kiln_model_options_t mo = {0};
   mo.dtype = dtype_of(kiln_config_get_string(cfg, "model", "dtype"));
   mo.max_tokens = e->max_tokens;
@@ -1229,7 +1275,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   } else {
     kiln_status_free(st); /* a .gguf file, or a config error the model load will report */
     st = NULL;
-    mo.max_blocks_per_seq = (int32_t)((mo.max_model_len > 0 ? mo.max_model_len : 1 << 20) / e->bs + 1);
+    mo.max_blocks_per_seq =
+        (int32_t)((mo.max_model_len > 0 ? mo.max_model_len : 1 << 20) / e->bs + 1);
   }
   if ((st = kiln_model_load(path, be, e->dev, e->stream, &mo, &e->model))) return st;
   const kiln_model_config_t *c = kiln_model_get_config(e->model);
@@ -1300,7 +1347,7 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   kiln_metrics_init(&e->metrics);
-    const kiln_config_t *cfg = su->config;
+  const kiln_config_t *cfg = su->config;
   e->bs = atoi(kiln_config_get_string(cfg, "cache", "block_size"));
   e->max_seqs = (int32_t)kiln_config_get_int(cfg, "engine", "max_num_seqs");
   e->max_tokens = (int32_t)kiln_config_get_int(cfg, "engine", "max_num_batched_tokens");
@@ -1326,19 +1373,21 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
     st = load_model(e, cfg, &num_blocks);
   }
   e->vocab = e->runner.vocab_size;
-  if (!st) st = kiln_kv_manager_create(num_blocks, e->bs,
-                                       kiln_config_get_bool(cfg, "cache", "enable_prefix_caching"),
-                                       &e->kv);
+  if (!st)
+    st = kiln_kv_manager_create(
+        num_blocks, e->bs, kiln_config_get_bool(cfg, "cache", "enable_prefix_caching"), &e->kv);
   if (!st) {
-    kiln_sched_options_t so = {.max_num_seqs = e->max_seqs,
-                               .max_num_batched_tokens = e->max_tokens,
-                               .chunked_prefill = e->chunked,
-                               .priority_policy = !strcmp(kiln_config_get_string(cfg, "scheduler", "policy"), "priority")};
+    kiln_sched_options_t so = {
+        .max_num_seqs = e->max_seqs,
+        .max_num_batched_tokens = e->max_tokens,
+        .chunked_prefill = e->chunked,
+        .priority_policy = !strcmp(kiln_config_get_string(cfg, "scheduler", "policy"), "priority")};
     st = kiln_scheduler_create(e->kv, &so, &e->sched);
   }
-  if (!st) st = kiln_sampler_create(e->runner.backend, e->runner.device, e->runner.stream,
-                                    su->force_host_sampling, e->max_seqs + PROMPT_ROWS, e->max_top,
-                                    e->vocab, &e->sampler);
+  if (!st)
+    st = kiln_sampler_create(e->runner.backend, e->runner.device, e->runner.stream,
+                             su->force_host_sampling, e->max_seqs + PROMPT_ROWS, e->max_top,
+                             e->vocab, &e->sampler);
   if (!st) st = alloc_scratch(e);
   if (!st) {
     e->metrics.kv_blocks_total = kiln_kv_num_blocks(e->kv);
