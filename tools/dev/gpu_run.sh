@@ -88,6 +88,13 @@ if [ -n "${SANITIZE:-}" ]; then
        timeout "$SANITIZE" compute-sanitizer --tool memcheck --leak-check no ./test_ops) >"$OUT/memcheck.log" 2>&1
     echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | head
   fi
+  if [ -n "${ENGINE:-}" ]; then
+    echo "== compute-sanitizer memcheck on test_engine (cuda: the device sampler included)"
+    (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+       KILN_TEST_BACKEND=cuda timeout "$SANITIZE" compute-sanitizer --tool memcheck --leak-check no ./test_engine) \
+       >"$OUT/memcheck_engine.log" 2>&1
+    echo "memcheck engine rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_engine.log" | head
+  fi
   if [ -n "${MODELS:-}" ]; then
     echo "== compute-sanitizer memcheck on the model parity fixtures (cuda)"
     (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
