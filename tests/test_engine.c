@@ -487,6 +487,44 @@ static void test_against_transformers(void **state) {
   kiln_json_doc_free(doc);
 }
 
+/* A GGUF file through the engine: the greedy continuation transformers computed from exactly
+ * the dequantized weights (F16/BF16/Q8_0/F32 tensors, permuted q/k, rope_freqs). */
+static void test_gguf(void **state) {
+  (void)state;
+  const char *src = getenv("KILN_SOURCE_DIR");
+  char dir[1200], path[1300], mp[1300];
+  snprintf(dir, sizeof(dir), "%s/tests/fixtures/models/llama3_gguf", src ? src : "..");
+  snprintf(path, sizeof(path), "%s/reference.json", dir);
+  kiln_json_doc_t *doc;
+  assert_null(kiln_json_parse_file(path, &doc));
+  const kiln_json_t *g = kiln_json_get(kiln_json_root(doc), "greedy");
+  int32_t np, nt;
+  int32_t *prompt = json_ids(kiln_json_get(g, "prompt_ids"), &np);
+  int32_t *want = json_ids(kiln_json_get(g, "token_ids"), &nt);
+  snprintf(mp, sizeof(mp), "model.path=%s/model.gguf", dir);
+  const char *ov[] = {mp, "backend.name=cpu", "model.dtype=float32"};
+  kiln_engine_t *e = NULL;
+  kiln_status_t st = kiln_engine_create(NULL, ov, 3, &e);
+  if (st) fprintf(stderr, "%s\n", kiln_status_message(st));
+  assert_null(st);
+  job_t j;
+  memset(&j, 0, sizeof(j));
+  memcpy(j.prompt, prompt, (size_t)np * 4);
+  j.np = np;
+  kiln_sampling_params_init(&j.p);
+  j.p.max_tokens = nt;
+  j.p.temperature = 0;
+  j.p.ignore_eos = true;
+  result_t res;
+  run_jobs(e, &j, 1, false, &res);
+  assert_int_equal(res.n[0], nt);
+  assert_memory_equal(res.ids[0], want, (size_t)nt * 4);
+  kiln_engine_destroy(e);
+  free(prompt);
+  free(want);
+  kiln_json_doc_free(doc);
+}
+
 typedef struct thread_job {
   kiln_engine_t *e;
   const job_t *jobs;
@@ -626,6 +664,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_against_transformers),
       cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_gguf),
       cmocka_unit_test(test_stop_strings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

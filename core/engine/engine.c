@@ -30,6 +30,7 @@
 #include "core/sched/scheduler.h"
 #include "core/strbuf.h"
 #include "hal/loader.h"
+#include "models/loader/gguf.h"
 #include "models/rope.h"
 
 #define PROMPT_ROWS 512 /* logits rows per step for prompt logprobs */
@@ -1265,19 +1266,21 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   mo.max_logits = e->max_logits;
   mo.max_model_len = kiln_config_get_int(cfg, "model", "max_model_len");
   mo.device_index = di;
-  /* The block-table width depends on the context, known only after loading: size it for the
-   * rope table's rows, capped by max_model_len. */
+  /* The block-table width depends on the context: read the config (or the GGUF header) first
+   * and size it for the rope table's rows, capped by max_model_len. */
   kiln_model_config_t mc;
-  if (!(st = kiln_model_config_load(path, &mc))) {
-    int64_t len = kiln_rope_max_positions(&mc);
-    if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
-    mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
+  size_t plen = strlen(path);
+  if (plen > 5 && !strcmp(path + plen - 5, ".gguf")) {
+    kiln_weights_t *w = NULL; /* the header only: mapping the file is cheap */
+    st = kiln_gguf_open(path, &mc, &w);
+    kiln_weights_free(w);
   } else {
-    kiln_status_free(st); /* a .gguf file, or a config error the model load will report */
-    st = NULL;
-    mo.max_blocks_per_seq =
-        (int32_t)((mo.max_model_len > 0 ? mo.max_model_len : 1 << 20) / e->bs + 1);
+    st = kiln_model_config_load(path, &mc);
   }
+  if (st) return st;
+  int64_t len = kiln_rope_max_positions(&mc);
+  if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
+  mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
   if ((st = kiln_model_load(path, be, e->dev, e->stream, &mo, &e->model))) return st;
   const kiln_model_config_t *c = kiln_model_get_config(e->model);
   e->max_len = kiln_model_max_len(e->model);
