@@ -1,6 +1,8 @@
 /* ops_cases_attention.c - conformance cases for the paged KV cache: kv_write (scatter into
  * [NB, NKV, BS, D], skipped slots stay poison) and attention (prefill, chunked prefill, decode
- * and mixed batches over shuffled blocks whose unused slots hold NaN). */
+ * and mixed batches over shuffled blocks whose unused slots hold NaN; long contexts, GQA
+ * groups, head dims and launch bounds that reach every path of the GPU kernels; one graph
+ * captured with large bounds and replayed over other batches). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,6 +129,8 @@ typedef struct attn_seq {
   int32_t q_len, seq_len;
 } attn_seq_t;
 
+#define ATTN_MAX_SEQS 8
+
 typedef struct attn_case {
   const char *name;
   int64_t NH, NKV, D, BS;
@@ -138,123 +142,337 @@ typedef struct attn_case {
   int extra_rows;  /* rows of q/out at and beyond qsl[S]: must not be written */
   int bound_slack; /* max_query_len/max_seq_len exceed the batch's actual maxima by this */
   int nseq;
-  attn_seq_t seqs[6];
+  attn_seq_t seqs[ATTN_MAX_SEQS];
+  int32_t len_bound; /* > 0: max_seq_len (a graph's model-length bound) instead of max + slack */
+  int misalign;      /* 1: q and out start one element past 16-byte alignment; 2: caches too */
 } attn_case_t;
 
 static const attn_case_t attn_cases[] = {
-    {"causal prefill", 4, 4, 64, 16, true, 0, 0, 0, false, 2, 0, 1, {{17, 17}}},
-    {"two prefills, GQA 2", 4, 2, 80, 8, true, 0, 0, 0, false, 0, 0, 2, {{5, 5}, {13, 13}}},
-    {"chunked prefills, GQA 4",
-     8,
-     2,
-     96,
-     32,
-     true,
-     0,
-     0,
-     0,
-     true,
-     1,
-     0,
-     3,
-     {{7, 40}, {1, 33}, {16, 16}}},
-    {"decode batch, MQA (GQA 8)",
-     8,
-     1,
-     128,
-     16,
-     true,
-     0,
-     0,
-     0,
-     false,
-     0,
-     0,
-     4,
-     {{1, 1}, {1, 9}, {1, 16}, {1, 47}}},
-    {"mixed batch (prefill, chunk, decodes, q_len 0)",
-     4,
-     2,
-     64,
-     16,
-     true,
-     0,
-     0,
-     0,
-     true,
-     3,
-     5,
-     6,
-     {{12, 12}, {5, 30}, {1, 17}, {0, 20}, {1, 64}, {0, 0}}},
-    {"sliding window 7", 2, 1, 64, 8, true, 7, 0, 0, false, 1, 0, 3, {{20, 20}, {1, 40}, {6, 25}}},
-    {"softcap 5, scale 0.25",
-     2,
-     1,
-     256,
-     16,
-     true,
-     0,
-     5.0f,
-     0.25f,
-     false,
-     0,
-     0,
-     2,
-     {{9, 9}, {1, 23}}},
-    {"non-causal", 4, 4, 64, 16, false, 0, 0, 0, false, 1, 0, 2, {{6, 6}, {3, 20}}},
-    {"non-causal, sliding window 5", 2, 2, 64, 8, false, 5, 0, 0, false, 0, 0, 1, {{4, 12}}},
-    {"long decode", 8, 2, 128, 32, true, 0, 0, 0, false, 0, 0, 2, {{1, 1500}, {1, 777}}},
+    {.name = "causal prefill",
+     .NH = 4,
+     .NKV = 4,
+     .D = 64,
+     .BS = 16,
+     .causal = true,
+     .extra_rows = 2,
+     .nseq = 1,
+     .seqs = {{17, 17}}},
+    {.name = "two prefills, GQA 2",
+     .NH = 4,
+     .NKV = 2,
+     .D = 80,
+     .BS = 8,
+     .causal = true,
+     .nseq = 2,
+     .seqs = {{5, 5}, {13, 13}}},
+    {.name = "chunked prefills, GQA 4",
+     .NH = 8,
+     .NKV = 2,
+     .D = 96,
+     .BS = 32,
+     .causal = true,
+     .strided = true,
+     .extra_rows = 1,
+     .nseq = 3,
+     .seqs = {{7, 40}, {1, 33}, {16, 16}}},
+    {.name = "decode batch, MQA (GQA 8)",
+     .NH = 8,
+     .NKV = 1,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .nseq = 4,
+     .seqs = {{1, 1}, {1, 9}, {1, 16}, {1, 47}}},
+    {.name = "mixed batch (prefill, chunk, decodes, q_len 0)",
+     .NH = 4,
+     .NKV = 2,
+     .D = 64,
+     .BS = 16,
+     .causal = true,
+     .strided = true,
+     .extra_rows = 3,
+     .bound_slack = 5,
+     .nseq = 6,
+     .seqs = {{12, 12}, {5, 30}, {1, 17}, {0, 20}, {1, 64}, {0, 0}}},
+    {.name = "sliding window 7",
+     .NH = 2,
+     .NKV = 1,
+     .D = 64,
+     .BS = 8,
+     .causal = true,
+     .window = 7,
+     .extra_rows = 1,
+     .nseq = 3,
+     .seqs = {{20, 20}, {1, 40}, {6, 25}}},
+    {.name = "softcap 5, scale 0.25",
+     .NH = 2,
+     .NKV = 1,
+     .D = 256,
+     .BS = 16,
+     .causal = true,
+     .softcap = 5.0f,
+     .scale = 0.25f,
+     .nseq = 2,
+     .seqs = {{9, 9}, {1, 23}}},
+    {.name = "non-causal",
+     .NH = 4,
+     .NKV = 4,
+     .D = 64,
+     .BS = 16,
+     .causal = false,
+     .extra_rows = 1,
+     .nseq = 2,
+     .seqs = {{6, 6}, {3, 20}}},
+    {.name = "non-causal, sliding window 5",
+     .NH = 2,
+     .NKV = 2,
+     .D = 64,
+     .BS = 8,
+     .causal = false,
+     .window = 5,
+     .nseq = 1,
+     .seqs = {{4, 12}}},
+    {.name = "long decode",
+     .NH = 8,
+     .NKV = 2,
+     .D = 128,
+     .BS = 32,
+     .causal = true,
+     .nseq = 2,
+     .seqs = {{1, 1500}, {1, 777}}},
     /* Group sizes that are not powers of two: a kernel that packs query heads in fours must
      * handle the ragged last group (the CPU kernel once read past it). */
-    {"GQA 3, decode + chunk", 6, 2, 64, 16, true, 0, 0, 0, false, 0, 0, 2, {{1, 37}, {5, 21}}},
-    {"GQA 5, decode", 5, 1, 96, 16, true, 0, 0, 0, false, 0, 0, 2, {{1, 50}, {1, 3}}},
-    {"GQA 7, prefill", 14, 2, 64, 8, true, 0, 0, 0, false, 0, 0, 1, {{11, 11}}},
-    {"scale 0.3, GQA 8", 16, 2, 96, 8, true, 0, 0, 0.3f, true, 0, 0, 2, {{3, 10}, {1, 5}}},
-    {"head dim 256 chunk, GQA 2", 4, 2, 256, 32, true, 0, 0, 0, false, 0, 2, 1, {{33, 70}}},
-    {"head dim 80, block 8, decode + prefill",
-     6,
-     3,
-     80,
-     8,
-     true,
-     0,
-     0,
-     0,
-     true,
-     2,
-     0,
-     2,
-     {{1, 31}, {9, 9}}},
+    {.name = "GQA 3, decode + chunk",
+     .NH = 6,
+     .NKV = 2,
+     .D = 64,
+     .BS = 16,
+     .causal = true,
+     .nseq = 2,
+     .seqs = {{1, 37}, {5, 21}}},
+    {.name = "GQA 5, decode",
+     .NH = 5,
+     .NKV = 1,
+     .D = 96,
+     .BS = 16,
+     .causal = true,
+     .nseq = 2,
+     .seqs = {{1, 50}, {1, 3}}},
+    {.name = "GQA 7, prefill",
+     .NH = 14,
+     .NKV = 2,
+     .D = 64,
+     .BS = 8,
+     .causal = true,
+     .nseq = 1,
+     .seqs = {{11, 11}}},
+    {.name = "scale 0.3, GQA 8",
+     .NH = 16,
+     .NKV = 2,
+     .D = 96,
+     .BS = 8,
+     .causal = true,
+     .scale = 0.3f,
+     .strided = true,
+     .nseq = 2,
+     .seqs = {{3, 10}, {1, 5}}},
+    {.name = "head dim 256 chunk, GQA 2",
+     .NH = 4,
+     .NKV = 2,
+     .D = 256,
+     .BS = 32,
+     .causal = true,
+     .bound_slack = 2,
+     .nseq = 1,
+     .seqs = {{33, 70}}},
+    {.name = "head dim 80, block 8, decode + prefill",
+     .NH = 6,
+     .NKV = 3,
+     .D = 80,
+     .BS = 8,
+     .causal = true,
+     .strided = true,
+     .extra_rows = 2,
+     .nseq = 2,
+     .seqs = {{1, 31}, {9, 9}}},
+    /* The shapes of the GPU kernels' paths (backends/cuda/cuda_attention_mma.cuh): split-KV
+     * decode when a batch has few query rows per sequence, 64-row tensor-core tiles otherwise,
+     * GQA groups packed into rows, tiles of 32/64 keys, and launch bounds far above the batch
+     * (as under graph capture) that must not change the result. */
+    {.name = "Qwen2-7B decode, one long sequence (context split)",
+     .NH = 28,
+     .NKV = 4,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .nseq = 1,
+     .seqs = {{1, 8200}}},
+    {.name = "Qwen2-7B decode batch (GQA 7)",
+     .NH = 28,
+     .NKV = 4,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .extra_rows = 2,
+     .nseq = 5,
+     .seqs = {{1, 1}, {1, 100}, {1, 513}, {1, 2047}, {1, 64}}},
+    {.name = "GQA 4 decode, head dim 64, max_seq_len 32768",
+     .NH = 16,
+     .NKV = 4,
+     .D = 64,
+     .BS = 32,
+     .causal = true,
+     .strided = true,
+     .nseq = 3,
+     .seqs = {{1, 3000}, {1, 17}, {1, 900}},
+     .len_bound = 32768},
+    {.name = "decode batch of 8, GQA 4, max_seq_len 32768",
+     .NH = 32,
+     .NKV = 8,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .nseq = 8,
+     .seqs = {{1, 1}, {1, 2}, {1, 63}, {1, 64}, {1, 65}, {1, 1000}, {1, 4097}, {1, 129}},
+     .len_bound = 32768},
+    {.name = "GQA 7 prefill of 700",
+     .NH = 14,
+     .NKV = 2,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .extra_rows = 1,
+     .nseq = 1,
+     .seqs = {{700, 700}}},
+    {.name = "GQA 4 prefills around the tile sizes, head dim 80",
+     .NH = 8,
+     .NKV = 2,
+     .D = 80,
+     .BS = 16,
+     .causal = true,
+     .nseq = 5,
+     .seqs = {{1, 1}, {63, 63}, {65, 65}, {129, 129}, {200, 200}}},
+    {.name = "chunked prefill over a cached prefix, head dim 96, GQA 3",
+     .NH = 12,
+     .NKV = 4,
+     .D = 96,
+     .BS = 16,
+     .causal = true,
+     .strided = true,
+     .nseq = 3,
+     .seqs = {{100, 1000}, {37, 37}, {250, 600}}},
+    {.name = "sliding window 256, decode + prefill",
+     .NH = 8,
+     .NKV = 2,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .window = 256,
+     .nseq = 3,
+     .seqs = {{1, 3000}, {300, 300}, {90, 1000}}},
+    {.name = "sliding window 64, decodes of 1 and 2 rows (context split)",
+     .NH = 8,
+     .NKV = 1,
+     .D = 64,
+     .BS = 8,
+     .causal = true,
+     .window = 64,
+     .nseq = 2,
+     .seqs = {{1, 5000}, {2, 700}}},
+    {.name = "mixed batch, head dim 256",
+     .NH = 8,
+     .NKV = 2,
+     .D = 256,
+     .BS = 16,
+     .causal = true,
+     .extra_rows = 3,
+     .nseq = 6,
+     .seqs = {{1, 400}, {90, 200}, {1, 1}, {0, 10}, {1, 1300}, {17, 50}}},
+    {.name = "short chunks over long contexts (GQA 7, q_len <= 9)",
+     .NH = 28,
+     .NKV = 4,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .nseq = 3,
+     .seqs = {{9, 4000}, {1, 2000}, {5, 5}}},
+    {.name = "head dim 256 decode, GQA 2, context split",
+     .NH = 8,
+     .NKV = 4,
+     .D = 256,
+     .BS = 16,
+     .causal = true,
+     .nseq = 2,
+     .seqs = {{1, 6000}, {1, 33}}},
+    {.name = "softcap 30, decode + prefill",
+     .NH = 8,
+     .NKV = 2,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .softcap = 30.0f,
+     .nseq = 2,
+     .seqs = {{1, 2500}, {40, 40}}},
+    {.name = "softcap 30, decodes (context split)",
+     .NH = 8,
+     .NKV = 2,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .softcap = 30.0f,
+     .nseq = 2,
+     .seqs = {{1, 2500}, {1, 300}}},
+    {.name = "MQA with 32 heads, decodes of 1 and 2 rows",
+     .NH = 32,
+     .NKV = 1,
+     .D = 64,
+     .BS = 16,
+     .causal = true,
+     .nseq = 2,
+     .seqs = {{1, 2000}, {2, 50}}},
+    {.name = "non-causal, head dim 96",
+     .NH = 6,
+     .NKV = 2,
+     .D = 96,
+     .BS = 16,
+     .causal = false,
+     .nseq = 2,
+     .seqs = {{150, 150}, {1, 300}}},
+    {.name = "q and out off 16-byte alignment, prefill + decode",
+     .NH = 8,
+     .NKV = 2,
+     .D = 128,
+     .BS = 16,
+     .causal = true,
+     .misalign = 1,
+     .nseq = 2,
+     .seqs = {{1, 300}, {20, 90}}},
+    {.name = "q and out off 16-byte alignment, decodes",
+     .NH = 8,
+     .NKV = 2,
+     .D = 64,
+     .BS = 16,
+     .causal = true,
+     .misalign = 1,
+     .nseq = 2,
+     .seqs = {{1, 500}, {1, 40}}},
+    {.name = "caches off 16-byte alignment",
+     .NH = 4,
+     .NKV = 2,
+     .D = 64,
+     .BS = 16,
+     .causal = true,
+     .misalign = 2,
+     .nseq = 2,
+     .seqs = {{5, 40}, {1, 90}}},
 };
 
-static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t *c) {
-  const int64_t NH = c->NH, NKV = c->NKV, D = c->D, BS = c->BS, S = c->nseq;
-  const size_t es = kiln_hal_dtype_size(dt);
-  const float scale = c->scale > 0 ? c->scale : (float)(1.0 / sqrt((double)D));
-  int32_t qsl[7], lens[6];
-  int64_t MB = 1, nblocks = 0;
-  int32_t max_q = 0, max_len = 0;
-  qsl[0] = 0;
-  for (int64_t s = 0; s < S; s++) {
-    int64_t nb = (c->seqs[s].seq_len + BS - 1) / BS;
-    MB = nb + 1 > MB ? nb + 1 : MB; /* one spare column: must never be followed */
-    nblocks += nb;
-    lens[s] = c->seqs[s].seq_len;
-    qsl[s + 1] = qsl[s] + c->seqs[s].q_len;
-    if (c->seqs[s].q_len > max_q) max_q = c->seqs[s].q_len;
-    if (lens[s] > max_len) max_len = lens[s];
-  }
-  const int64_t NB = nblocks + 3, Tq = qsl[S], T = Tq + c->extra_rows;
-  const int64_t qrow = c->strided ? (NH + 2 * NKV) * D : NH * D;
-  const int64_t orow = c->strided ? NH * D + 8 : NH * D;
-  oh_case(be, "attention", dt,
-          "%s: NH=%lld NKV=%lld D=%lld BS=%lld S=%lld T=%lld causal=%d window=%d softcap=%g "
-          "scale=%g",
-          c->name, (long long)NH, (long long)NKV, (long long)D, (long long)BS, (long long)S,
-          (long long)Tq, c->causal, c->window, (double)c->softcap, (double)scale);
-
-  /* Shuffled block ids; the trap block (all NaN) fills every unused table entry. */
-  int32_t *ids = OH_NEW(int32_t, NB), *bt = OH_NEW(int32_t, S * MB);
+/* The paged layout of a batch: shuffled block ids (the last id is a trap block, every unused
+ * table entry names it), and caches that are NaN everywhere but the visible keys, which get
+ * random values (rounded to dt by the caller's oh_write). bt: [S, MB]; kc, vc: [NB, NKV, BS, D]. */
+static void attn_layout(int64_t S, const int32_t *lens, int64_t MB, int64_t NB, int64_t NKV,
+                        int64_t BS, int64_t D, int32_t *bt, double *kc, double *vc) {
+  int32_t *ids = OH_NEW(int32_t, NB);
   for (int64_t i = 0; i < NB; i++) ids[i] = (int32_t)i;
   oh_shuffle_i32(ids, NB);
   const int32_t trap = ids[NB - 1];
@@ -263,9 +481,7 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
     int64_t nb = (lens[s] + BS - 1) / BS;
     for (int64_t j = 0; j < MB; j++) bt[s * MB + j] = j < nb ? ids[next++] : trap;
   }
-  /* The caches: NaN everywhere but the visible keys of each sequence. */
   const int64_t csize = NB * NKV * BS * D;
-  double *kc = OH_NEW(double, csize), *vc = OH_NEW(double, csize);
   for (int64_t i = 0; i < csize; i++) kc[i] = vc[i] = NAN;
   for (int64_t s = 0; s < S; s++) {
     for (int64_t j = 0; j < lens[s]; j++) {
@@ -277,13 +493,78 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
       }
     }
   }
+  free(ids);
+}
+
+/* Compares out (pulled) with the reference, sequence by sequence, and checks that nothing else
+ * of ob was written. */
+static void attn_check(oh_buf_t *ob, const kiln_hal_attention_args_t *a, int32_t dt,
+                       const ops_ref_attention_params_t *p, const double *q, const double *kc,
+                       const double *vc, const int32_t *bt, const int32_t *lens, const int32_t *qsl,
+                       const int32_t *qlens) {
+  const int64_t S = p->num_seqs, NH = p->NH, D = p->D, Tq = qsl[S], T = a->q.shape[0];
+  double *want = OH_NEW(double, T *NH *D), *got = OH_NEW(double, T *NH *D);
+  int64_t nan_reads = ops_ref_attention(p, q, kc, vc, bt, lens, qsl, want);
+  if (nan_reads)
+    oh_fail("test bug: the reference read %lld NaN cache values", (long long)nan_reads);
+  kiln_hal_tensor_t written = a->out;
+  written.shape[0] = Tq;
+  if (Tq > 0) {
+    oh_mark(ob, &written);
+    oh_read(ob, &written, got);
+    /* report per sequence so a failure names the sequence */
+    for (int64_t s = 0; s < S; s++) {
+      char what[96];
+      snprintf(what, sizeof(what), "out of seq %lld (q_len %d, seq_len %d)", (long long)s, qlens[s],
+               lens[s]);
+      int64_t r0 = qsl[s] * NH * D, n = (int64_t)(qsl[s + 1] - qsl[s]) * NH * D;
+      oh_compare(what, n, got + r0, want + r0, NULL, oh_tol_attention(dt));
+    }
+  }
+  oh_check_rest(ob, "out (rows >= query_start_loc[S], row padding)");
+  free(want);
+  free(got);
+}
+
+static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t *c) {
+  const int64_t NH = c->NH, NKV = c->NKV, D = c->D, BS = c->BS, S = c->nseq;
+  const size_t es = kiln_hal_dtype_size(dt);
+  const float scale = c->scale > 0 ? c->scale : (float)(1.0 / sqrt((double)D));
+  int32_t qsl[ATTN_MAX_SEQS + 1], lens[ATTN_MAX_SEQS], qlens[ATTN_MAX_SEQS];
+  int64_t MB = 1, nblocks = 0;
+  int32_t max_q = 0, max_len = 0;
+  qsl[0] = 0;
+  for (int64_t s = 0; s < S; s++) {
+    int64_t nb = (c->seqs[s].seq_len + BS - 1) / BS;
+    MB = nb + 1 > MB ? nb + 1 : MB; /* one spare column: must never be followed */
+    nblocks += nb;
+    lens[s] = c->seqs[s].seq_len;
+    qlens[s] = c->seqs[s].q_len;
+    qsl[s + 1] = qsl[s] + c->seqs[s].q_len;
+    if (c->seqs[s].q_len > max_q) max_q = c->seqs[s].q_len;
+    if (lens[s] > max_len) max_len = lens[s];
+  }
+  const int64_t NB = nblocks + 3, Tq = qsl[S], T = Tq + c->extra_rows;
+  const int64_t qrow = c->strided ? (NH + 2 * NKV) * D : NH * D;
+  const int64_t orow = c->strided ? NH * D + 8 : NH * D;
+  const uint64_t qoff = c->misalign ? es : 0, coff = c->misalign == 2 ? es : 0;
+  oh_case(be, "attention", dt,
+          "%s: NH=%lld NKV=%lld D=%lld BS=%lld S=%lld T=%lld causal=%d window=%d softcap=%g "
+          "scale=%g",
+          c->name, (long long)NH, (long long)NKV, (long long)D, (long long)BS, (long long)S,
+          (long long)Tq, c->causal, c->window, (double)c->softcap, (double)scale);
+
+  const int64_t csize = NB * NKV * BS * D;
+  int32_t *bt = OH_NEW(int32_t, S * MB);
+  double *kc = OH_NEW(double, csize), *vc = OH_NEW(double, csize);
+  attn_layout(S, lens, MB, NB, NKV, BS, D, bt, kc, vc);
   oh_buf_t *qb = oh_buf_new(be, (size_t)(T * qrow + 4) * es);
   oh_buf_t *ob = oh_buf_new(be, (size_t)(T * orow + 4) * es);
-  oh_buf_t *kcb = oh_buf_new(be, (size_t)csize * es), *vcb = oh_buf_new(be, (size_t)csize * es);
+  oh_buf_t *kcb = oh_buf_new(be, (size_t)(csize + 1) * es),
+           *vcb = oh_buf_new(be, (size_t)(csize + 1) * es);
   oh_buf_t *btb = oh_buf_new(be, (size_t)(S * MB) * 4), *lb = oh_buf_new(be, (size_t)S * 4);
   oh_buf_t *qslb = oh_buf_new(be, (size_t)(S + 1) * 4);
-  double *q = OH_NEW(double, T *NH *D), *want = OH_NEW(double, T *NH *D),
-         *got = OH_NEW(double, T *NH *D);
+  double *q = OH_NEW(double, T *NH *D);
 
   kiln_hal_attention_args_t a;
   memset(&a, 0, sizeof(a));
@@ -291,16 +572,16 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
   int64_t qshape[3] = {T, NH, D}, qstride[3] = {qrow, D, 1}, ostride[3] = {orow, D, 1};
   int64_t cshape[4] = {NB, NKV, BS, D}, btshape[2] = {S, MB}, lshape[1] = {S},
           qslshape[1] = {S + 1};
-  a.q = oh_view(qb, 0, dt, 3, qshape, qstride);
-  a.out = oh_view(ob, 0, dt, 3, qshape, ostride);
-  a.k_cache = oh_view(kcb, 0, dt, 4, cshape, NULL);
-  a.v_cache = oh_view(vcb, 0, dt, 4, cshape, NULL);
+  a.q = oh_view(qb, qoff, dt, 3, qshape, qstride);
+  a.out = oh_view(ob, qoff, dt, 3, qshape, ostride);
+  a.k_cache = oh_view(kcb, coff, dt, 4, cshape, NULL);
+  a.v_cache = oh_view(vcb, coff, dt, 4, cshape, NULL);
   a.block_table = oh_view(btb, 0, KILN_HAL_I32, 2, btshape, NULL);
   a.seq_lens = oh_view(lb, 0, KILN_HAL_I32, 1, lshape, NULL);
   a.query_start_loc = oh_view(qslb, 0, KILN_HAL_I32, 1, qslshape, NULL);
   a.num_seqs = (int32_t)S;
   a.max_query_len = max_q + c->bound_slack;
-  a.max_seq_len = max_len + c->bound_slack;
+  a.max_seq_len = c->len_bound > 0 ? c->len_bound : max_len + c->bound_slack;
   a.scale = scale;
   a.causal = c->causal;
   a.sliding_window = c->window;
@@ -320,32 +601,88 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
   if (oh_ok(be->t->attention(be->stream, &a), "attention") && oh_pull(ob)) {
     ops_ref_attention_params_t p = {
         S, NH, NKV, D, BS, MB, (double)scale, c->causal, c->window, (double)c->softcap};
-    int64_t nan_reads = ops_ref_attention(&p, q, kc, vc, bt, lens, qsl, want);
-    if (nan_reads)
-      oh_fail("test bug: the reference read %lld NaN cache values", (long long)nan_reads);
-    kiln_hal_tensor_t written = a.out;
-    written.shape[0] = Tq;
-    if (Tq > 0) {
-      oh_mark(ob, &written);
-      oh_read(ob, &written, got);
-      /* report per sequence so a failure names the sequence */
-      for (int64_t s = 0; s < S; s++) {
-        char what[96];
-        snprintf(what, sizeof(what), "out of seq %lld (q_len %d, seq_len %d)", (long long)s,
-                 c->seqs[s].q_len, lens[s]);
-        int64_t r0 = qsl[s] * NH * D, n = (int64_t)(qsl[s + 1] - qsl[s]) * NH * D;
-        oh_compare(what, n, got + r0, want + r0, NULL, oh_tol_attention(dt));
-      }
-    }
-    oh_check_rest(ob, "out (rows >= query_start_loc[S], row padding)");
+    attn_check(ob, &a, dt, &p, q, kc, vc, bt, lens, qsl, qlens);
   }
-  free(ids);
   free(bt);
   free(kc);
   free(vc);
   free(q);
-  free(want);
-  free(got);
+  oh_free_all();
+}
+
+/* Attention captured in a graph with launch bounds for the largest batch (max_seq_len 4096),
+ * then replayed over batches of other lengths, tables and contents at the same addresses: the
+ * launch (its context splits included) may depend on the bounds only. */
+static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
+  enum { S = 4, BOUND = 4096 };
+  const int64_t NH = 8, NKV = 2, D = 128, BS = 16, MB = BOUND / BS, NB = S * MB + 1;
+  const size_t es = kiln_hal_dtype_size(dt);
+  const kiln_hal_backend_t *t = be->t;
+  static const int32_t rounds[3][S] = {{1, 700, 4096, 33}, {4000, 1, 65, 1024}, {17, 2049, 1, 300}};
+  int32_t qsl[S + 1], qlens[S] = {1, 1, 1, 1};
+  for (int s = 0; s <= S; s++) qsl[s] = s;
+  const int64_t csize = NB * NKV * BS * D;
+  int32_t *bt = OH_NEW(int32_t, S * MB);
+  double *kc = OH_NEW(double, csize), *vc = OH_NEW(double, csize), *q = OH_NEW(double, S *NH *D);
+  oh_buf_t *qb = oh_buf_new(be, (size_t)(S * NH * D) * es);
+  oh_buf_t *ob = oh_buf_new(be, (size_t)(S * NH * D) * es);
+  oh_buf_t *kcb = oh_buf_new(be, (size_t)csize * es), *vcb = oh_buf_new(be, (size_t)csize * es);
+  oh_buf_t *btb = oh_buf_new(be, (size_t)(S * MB) * 4), *lb = oh_buf_new(be, (size_t)S * 4);
+  oh_buf_t *qslb = oh_buf_new(be, (size_t)(S + 1) * 4);
+  kiln_hal_attention_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  int64_t qshape[3] = {S, NH, D}, cshape[4] = {NB, NKV, BS, D}, btshape[2] = {S, MB},
+          lshape[1] = {S}, qslshape[1] = {S + 1};
+  a.q = oh_view(qb, 0, dt, 3, qshape, NULL);
+  a.out = oh_view(ob, 0, dt, 3, qshape, NULL);
+  a.k_cache = oh_view(kcb, 0, dt, 4, cshape, NULL);
+  a.v_cache = oh_view(vcb, 0, dt, 4, cshape, NULL);
+  a.block_table = oh_view(btb, 0, KILN_HAL_I32, 2, btshape, NULL);
+  a.seq_lens = oh_view(lb, 0, KILN_HAL_I32, 1, lshape, NULL);
+  a.query_start_loc = oh_view(qslb, 0, KILN_HAL_I32, 1, qslshape, NULL);
+  a.num_seqs = S;
+  a.max_query_len = 1;
+  a.max_seq_len = BOUND;
+  a.scale = (float)(1.0 / sqrt((double)D));
+  a.causal = true;
+  oh_write_i32(qslb, &a.query_start_loc, qsl);
+  oh_push(qslb);
+  ops_ref_attention_params_t p = {S, NH, NKV, D, BS, MB, (double)a.scale, true, 0, 0};
+  kiln_hal_graph_t *g = NULL;
+  for (int r = 0; r < 3; r++) {
+    const int32_t *lens = rounds[r];
+    oh_case(be, "attention", dt, "graph replay %d: decode S=%d, lens %d %d %d %d, bound %d", r, S,
+            lens[0], lens[1], lens[2], lens[3], BOUND);
+    attn_layout(S, lens, MB, NB, NKV, BS, D, bt, kc, vc);
+    oh_write_rand(qb, &a.q, -3, 3, q);
+    oh_write(kcb, &a.k_cache, kc);
+    oh_write(vcb, &a.v_cache, vc);
+    oh_write_i32(btb, &a.block_table, bt);
+    oh_write_i32(lb, &a.seq_lens, lens);
+    oh_push(qb);
+    oh_push(kcb);
+    oh_push(vcb);
+    oh_push(btb);
+    oh_push(lb);
+    oh_poison(ob);
+    if (r == 0) {
+      if (!oh_ok(t->graph_begin(be->stream), "graph_begin")) break;
+      bool ok = oh_ok(t->attention(be->stream, &a), "attention (capturing)");
+      ok = oh_ok(t->graph_end(be->stream, &g), "graph_end") && ok;
+      if (!ok || !g) {
+        if (ok) oh_fail("graph_end returned no graph");
+        break;
+      }
+    }
+    if (oh_ok(t->graph_replay(g, be->stream), "graph_replay") && oh_pull(ob))
+      attn_check(ob, &a, dt, &p, q, kc, vc, bt, lens, qsl, qlens);
+  }
+  if (g) t->graph_destroy(g);
+  free(bt);
+  free(kc);
+  free(vc);
+  free(q);
   oh_free_all();
 }
 
@@ -353,33 +690,43 @@ void test_ops_attention(void **state) {
   (void)state;
   oh_test_begin("attention");
   for (int bi = 0; bi < oh_num_backends; bi++) {
+    const oh_backend_t *be = &oh_backends[bi];
     for (int di = 0; di < 3; di++) {
-      if (!oh_dtype_ok(&oh_backends[bi], oh_float_dtypes[di])) continue;
+      if (!oh_dtype_ok(be, oh_float_dtypes[di])) continue;
       for (size_t ci = 0; ci < ARRAY_LEN(attn_cases); ci++)
-        attention_run(&oh_backends[bi], oh_float_dtypes[di], &attn_cases[ci]);
+        attention_run(be, oh_float_dtypes[di], &attn_cases[ci]);
       /* Fresh batches every run (the seed reproduces them). */
-      for (int r = 0; r < 3; r++) {
+      for (int r = 0; r < 5; r++) {
         static const int64_t dims[] = {64, 80, 96, 128, 256}, bss[] = {8, 16, 32};
+        static const int64_t groups[] = {1, 2, 3, 4, 7, 8};
+        const bool big = r >= 3; /* longer contexts and chunks */
         attn_case_t c;
         memset(&c, 0, sizeof(c));
-        c.name = "random";
+        c.name = big ? "random, long" : "random";
         c.NKV = oh_rand_int(1, 2);
-        c.NH = c.NKV << oh_rand_int(0, 3);
+        c.NH = c.NKV * groups[oh_rand_int(0, 5)];
         c.D = dims[oh_rand_int(0, 4)];
         c.BS = bss[oh_rand_int(0, 2)];
         c.causal = oh_rand_int(0, 4) != 0;
-        c.window = oh_rand_int(0, 3) == 0 ? (int32_t)oh_rand_int(1, 40) : 0;
+        c.window = oh_rand_int(0, 3) == 0 ? (int32_t)oh_rand_int(1, big ? 500 : 40) : 0;
         c.softcap = oh_rand_int(0, 3) == 0 ? 8.0f : 0.0f;
         c.strided = oh_rand_int(0, 1);
         c.extra_rows = (int)oh_rand_int(0, 2);
-        c.nseq = (int)oh_rand_int(1, 4);
+        c.nseq = (int)oh_rand_int(1, big ? 3 : 4);
         for (int s = 0; s < c.nseq; s++) {
-          c.seqs[s].seq_len = (int32_t)oh_rand_int(1, 200);
-          int32_t mq = c.seqs[s].seq_len < 24 ? c.seqs[s].seq_len : 24;
+          c.seqs[s].seq_len = (int32_t)oh_rand_int(1, big ? 2500 : 200);
+          int32_t cap = big ? 70 : 24;
+          int32_t mq = c.seqs[s].seq_len < cap ? c.seqs[s].seq_len : cap;
           c.seqs[s].q_len = oh_rand_int(0, 1) ? 1 : (int32_t)oh_rand_int(0, mq);
         }
-        attention_run(&oh_backends[bi], oh_float_dtypes[di], &c);
+        if (oh_rand_int(0, 2) == 0) c.len_bound = 8192;
+        attention_run(be, oh_float_dtypes[di], &c);
       }
+    }
+    if (be->info.caps & KILN_HAL_CAP_GRAPHS && be->t->graph_begin && be->t->graph_end &&
+        be->t->graph_replay && be->t->graph_destroy) {
+      for (int di = 0; di < 3; di++)
+        if (oh_dtype_ok(be, oh_float_dtypes[di])) attention_graph_run(be, oh_float_dtypes[di]);
     }
   }
   oh_test_end();

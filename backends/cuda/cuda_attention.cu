@@ -1,15 +1,22 @@
-/* cuda_attention.cu - paged attention for mixed prefill/decode batches (version 0: simple and
- * correct; a tiled tensor-core kernel is future work).
+/* cuda_attention.cu - paged attention for mixed prefill/decode batches: the dispatcher, and the
+ * CUDA-core kernel that serves f32, head dims without a tensor-core build, and ROCm.
  *
- * Grid: x = (query tile, head), y = sequence. A block has 256 threads = NW warps. Its QT query
- * rows (1, 2, 4 or 8; fewer for short queries) each get KW = NW / QT warps, which split the
- * row's visible keys between them round-robin in groups of U keys. A warp holds its row of q
- * (pre-scaled) and its partial output spread over its lanes, E elements per lane (d = e*WARP +
- * lane), and keeps an online softmax in f32: running max m, sum l, and acc. Per key group it
- * issues U independent K loads, U warp reductions, then the V accumulation. At the end the KW
- * partial states of each row are merged through shared memory and written once.
+ * Dispatch. f16/bf16 with head dim 64, 80, 96, 128 or 256 and 16-byte aligned caches go to the
+ * tensor-core kernels (cuda_attention_mma.cuh): a split-KV decode kernel when every sequence
+ * has few query rows (max_query_len * G <= 64), else a FlashAttention-2 style kernel for the
+ * whole batch, decodes of a mixed batch included. Everything else takes the kernel below.
+ *
+ * The CUDA-core kernel. Grid: x = (query tile, head), y = sequence. A block has 256 threads =
+ * NW warps. Its QT query rows (1, 2, 4 or 8; fewer for short queries) each get KW = NW / QT
+ * warps, which split the row's visible keys between them round-robin in groups of U keys. A
+ * warp holds its row of q (pre-scaled) and its partial output spread over its lanes, E
+ * elements per lane (d = e*WARP + lane), and keeps an online softmax in f32: running max m,
+ * sum l, and acc. Per key group it issues U independent K loads, U warp reductions, then the V
+ * accumulation. At the end the KW partial states of each row are merged through shared memory
+ * and written once.
  * K/V are read through the block table; block ids outside [0, NB) and positions past the
  * table are skipped, so a bad table can never cause an out-of-bounds read. */
+#include "cuda_attention_args.cuh"
 #include "cuda_common.cuh"
 
 #define ATT_THREADS 256
@@ -185,8 +192,35 @@ static cudaError_t attention_dispatch_e(cudaStream_t st, const cuda_attention_pa
   return cudaErrorInvalidValue;
 }
 
+/* The tensor-core launcher for p's head dim, or NULL. */
+typedef cudaError_t (*att_mma_fn)(cudaStream_t, const cuda_attention_params_t *);
+static att_mma_fn att_mma_for(const cuda_attention_params_t *p) {
+#if defined(__HIP_PLATFORM_AMD__)
+  (void)p;
+  return NULL;
+#else
+  if (p->q.dtype != KILN_HAL_F16 && p->q.dtype != KILN_HAL_BF16) return NULL;
+  if ((uintptr_t)p->k_cache % 16 != 0 || (uintptr_t)p->v_cache % 16 != 0) return NULL;
+  if (p->num_kv_heads < 1 || p->q.shape[1] % p->num_kv_heads != 0) return NULL;
+  switch (p->q.shape[2]) {
+    case 64: return cuda_attention_mma_d64;
+    case 80: return cuda_attention_mma_d80;
+    case 96: return cuda_attention_mma_d96;
+    case 128: return cuda_attention_mma_d128;
+    case 256: return cuda_attention_mma_d256;
+    default: return NULL;
+  }
+#endif
+}
+
 extern "C" cudaError_t cuda_launch_attention(cudaStream_t st, int warp,
                                              const cuda_attention_params_t *p) {
+  att_mma_fn fn = warp == 32 ? att_mma_for(p) : NULL;
+  if (fn) {
+    cudaError_t e = fn(st, p);
+    if (e != cudaErrorNotSupported) return e;
+    (void)cudaGetLastError(); /* not supported here: the CUDA-core kernel takes it */
+  }
   KILN_WARP_DISPATCH(
       warp, KILN_FLOAT_DISPATCH(p->q.dtype, { return attention_dispatch_e<WARP_, T_>(st, p); }));
   return cudaErrorInvalidValue;

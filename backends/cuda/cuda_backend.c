@@ -336,9 +336,17 @@ static kiln_hal_error_t *cuda_stream_create(kiln_hal_device_t *device,
     err = cuda_err_rt(e, "stream_create: cudaMalloc(gemm staging)");
     goto fail;
   }
+  e = cudaMalloc(&s->attn_scratch, CUDA_ATTN_SCRATCH_BYTES);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    s->attn_scratch = NULL;
+    err = cuda_err_rt(e, "stream_create: cudaMalloc(attention scratch)");
+    goto fail;
+  }
   *out_stream = s;
   return NULL;
 fail:
+  if (s->stage) (void)cudaFree(s->stage);
   if (s->workspace) (void)cudaFree(s->workspace);
   if (s->lt) cublasLtDestroy(s->lt);
   if (s->stream) (void)cudaStreamDestroy(s->stream);
@@ -362,6 +370,7 @@ static void cuda_stream_destroy(kiln_hal_stream_t *s) {
   (void)cudaStreamDestroy(s->stream);
   if (s->workspace) (void)cudaFree(s->workspace);
   if (s->stage) (void)cudaFree(s->stage);
+  if (s->attn_scratch) (void)cudaFree(s->attn_scratch);
   free(s);
 }
 
@@ -607,6 +616,7 @@ static kiln_hal_error_t *cuda_attention(kiln_hal_stream_t *s,
   p.qsl_stride = a.query_start_loc.stride[0];
   p.num_seqs = (int32_t)S;
   p.max_query_len = a.max_query_len;
+  p.max_seq_len = a.max_seq_len;
   p.num_blocks = (int32_t)NB;
   p.num_kv_heads = (int32_t)NKV;
   p.block_size = (int32_t)BS;
@@ -615,6 +625,10 @@ static kiln_hal_error_t *cuda_attention(kiln_hal_stream_t *s,
   p.softcap = a.softcap;
   p.sliding_window = a.sliding_window;
   p.causal = a.causal;
+  p.sm_count = d->sm_count;
+  p.smem_optin = d->smem_optin;
+  p.scratch = s->attn_scratch;
+  p.scratch_bytes = CUDA_ATTN_SCRATCH_BYTES;
   return launch_result(cuda_launch_attention(s->stream, d->warp_size, &p), op);
 }
 

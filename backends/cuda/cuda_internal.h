@@ -23,6 +23,10 @@
 /* f32 staging for gemms with a half-precision output and a bias or beta != 0 (cuda_gemm.c):
  * the product is formed in f32 here, row chunk by row chunk, then rounded once. */
 #define CUDA_GEMM_STAGE_BYTES (32u << 20)
+/* Attention's split-KV scratch (cuda_attention_mma.cuh): partial (max, sum, output) states of
+ * the decode rows, f32. Fixed per stream so captured graphs replay against the same address;
+ * a launch whose splits would not fit uses fewer (down to none). */
+#define CUDA_ATTN_SCRATCH_BYTES (16u << 20)
 /* Heuristic results cached per stream (plans keyed by shape, layout and alignment). */
 #define CUDA_GEMM_CACHE_SIZE 64
 
@@ -66,7 +70,8 @@ struct kiln_hal_stream {
   cublasLtHandle_t lt;
   void *workspace;
   size_t workspace_size;
-  float *stage; /* CUDA_GEMM_STAGE_BYTES of f32 staging, fixed for the stream's life */
+  float *stage;       /* CUDA_GEMM_STAGE_BYTES of f32 staging, fixed for the stream's life */
+  void *attn_scratch; /* CUDA_ATTN_SCRATCH_BYTES for attention's split-KV partials, likewise */
   cuda_gemm_plan_t plans[CUDA_GEMM_CACHE_SIZE];
   uint64_t clock;
   bool capturing; /* between graph_begin and graph_end */

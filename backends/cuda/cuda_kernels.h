@@ -66,13 +66,21 @@ typedef struct cuda_attention_params {
   const int32_t *seq_lens;       /* [S], stride seq_lens_stride */
   const int32_t *qsl;            /* [S + 1], stride qsl_stride */
   int64_t bt_stride, seq_lens_stride, qsl_stride;
-  int32_t num_seqs, max_query_len, num_blocks, num_kv_heads, block_size, max_blocks;
+  int32_t num_seqs, max_query_len, max_seq_len;
+  int32_t num_blocks, num_kv_heads, block_size, max_blocks;
   float scale, softcap;
   int32_t sliding_window;
   bool causal;
+  /* the device and the stream's scratch (split-KV partial states; fixed address per stream) */
+  int32_t sm_count;
+  int64_t smem_optin;
+  void *scratch;
+  int64_t scratch_bytes;
 } cuda_attention_params_t;
 
-/* Paged attention (cuda_attention.cu). Head dims up to 256. */
+/* Paged attention (cuda_attention.cu). Head dims up to 256. f16/bf16 with head dim 64, 80, 96,
+ * 128 or 256 run on tensor cores (split-KV for short queries, FlashAttention-2 style tiles for
+ * long ones); everything else on a CUDA-core kernel. */
 cudaError_t cuda_launch_attention(cudaStream_t st, int warp, const cuda_attention_params_t *p);
 
 /* argmax over rows of logits [S, V] F32; logprob.ptr NULL = absent. */

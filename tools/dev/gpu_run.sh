@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_run.sh - one call on the GPU machine (device tool): build a source snapshot with the
 # Debian libraries carried as .deb files, then run kiln info, the op conformance suite and
-# kiln selftest on the cuda backend, the op benchmarks, and (when the tokenizer cache is
+# kiln selftest on the cuda backend, the op benchmarks (BENCH=1), the attention kernels under
+# compute-sanitizer (SANITIZE_ATTN=seconds per tool), ctest, and (when the tokenizer cache is
 # carried) the Hugging Face goldens and tokenizer reference timing.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
@@ -39,6 +40,25 @@ for seed in ${SEEDS-1 2}; do
   echo "seed $seed rc=$?"; grep -E "^FAIL|failure\(s\)|PASSED|FAILED" "$OUT/test_ops_$seed.log" | grep -v " 0 failure" | head -30
 done
 [ -n "${SELFTEST-1}" ] && echo "== selftest on cuda" && ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
+if [ -n "${BENCH:-}" ]; then
+  echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
+fi
+if [ -n "${SANITIZE_ATTN:-}" ]; then
+  # The attention kernels under compute-sanitizer, $SANITIZE_ATTN seconds per tool, both logs in
+  # one file: memcheck over the op suite with only the attention kernels instrumented, racecheck
+  # over the attention benchmark (--quick, no ceilings: racecheck fails on cuBLASLt's kernels,
+  # which the suite's gemm cases and the ceilings run).
+  echo "== compute-sanitizer memcheck on test_ops (cuda, attention kernels)" | tee -a "$OUT/sanitize_attn.log"
+  (cd build/tests && KILN_TEST_SEED=3 KILN_BACKEND_PATH=/tmp/src/build/lib/kiln KILN_TEST_BACKENDS=cuda \
+     timeout "$SANITIZE_ATTN" compute-sanitizer --tool memcheck --kernel-name kns=att --print-limit 20 ./test_ops) \
+     >>"$OUT/sanitize_attn.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/sanitize_attn.log" | tail -4
+  echo "== compute-sanitizer racecheck on kiln-bench-ops --only attn --quick (attention kernels)" | tee -a "$OUT/sanitize_attn.log"
+  timeout "$SANITIZE_ATTN" compute-sanitizer --tool racecheck --kernel-name kns=att --print-limit 20 \
+    ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so --only attn --quick --reps 1 --no-ceilings \
+    >>"$OUT/sanitize_attn.log" 2>&1
+  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|Race reported|hazard|attn " "$OUT/sanitize_attn.log" | tail -12
+fi
 echo "== ctest (all, default backends)"
 (cd build && timeout 300 ctest 2>&1 | tail -15) | tee "$OUT/ctest.txt"
 if [ -n "${MODELS:-}" ]; then
@@ -65,9 +85,6 @@ if [ -n "${ENGINE:-}" ]; then
     timeout 400 python3 bench/engine_offline.py --kiln ./build/bin/kiln --work /tmp/mb --shape "$shape" \
       ${ENGINE_ARGS:-} --out "$OUT/engine_offline_$shape.json" 2>&1 | grep -v Warning | tail -6
   done
-fi
-if [ -n "${BENCH:-}" ]; then
-  echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
 fi
 if [ -d "$deps/tok" ] && [ -f "$deps/bench.txt" ]; then
   echo "== Kiln tokenizer encode speed (one thread)"
