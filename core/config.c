@@ -142,7 +142,11 @@ static const config_row_t config_rows[] = {
 
     ROW_CHECKED("server", "host", "127.0.0.1", config_check_host, "an address",
                 "Address the HTTP server listens on (0.0.0.0 = all interfaces)"),
-    ROW_INT("server", "port", "8000", 1, 65535, "TCP port the HTTP server listens on"),
+    ROW_INT("server", "port", "8000", 0, 65535,
+            "TCP port the HTTP server listens on; 0 = any free port (printed at start-up)"),
+    ROW_STRING("server", "served_model_name", "",
+               "The model's name in the API (the 'model' field); empty = the model "
+               "directory's name"),
     ROW_STRING("server", "api_key", "",
                "If set, requests must send 'Authorization: Bearer <api_key>'; empty = no check"),
     ROW_INT("server", "max_queued_requests", "1024", 0, 1000000,
@@ -164,7 +168,8 @@ static const config_row_t config_rows[] = {
               "Time limit for capturing graphs at start-up, in seconds"),
 
     ROW_ENUM("log", "level", "warn", config_log_levels,
-             "Least severe messages that are logged: error, warn, info or debug"),
+             "Least severe messages that are logged: error, warn, info or debug (kiln serve "
+             "raises warn to info, so that it logs one line per request)"),
     ROW_ENUM("log", "format", "text", config_log_formats,
              "Log line format: text, or json (one object per line)"),
 };

@@ -59,3 +59,59 @@ void kiln_log(kiln_log_level_t level, const char *fmt, ...) {
   }
   pthread_mutex_unlock(&log_lock);
 }
+
+/* Appends a number as a short decimal: integers without a fraction, others with up to 6
+ * significant digits (enough for milliseconds and token counts). */
+static void log_number(FILE *f, double x) {
+  if (x == (double)(long long)x && x > -1e15 && x < 1e15)
+    fprintf(f, "%lld", (long long)x);
+  else
+    fprintf(f, "%.6g", x);
+}
+
+void kiln_log_fields(kiln_log_level_t level, const char *msg, const kiln_log_field_t *fields,
+                     int num_fields) {
+  if (level > log_level) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[32];
+  strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+  pthread_mutex_lock(&log_lock);
+  if (log_format == KILN_LOG_JSON) {
+    fprintf(stderr, "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"msg\":\"", when,
+            ts.tv_nsec / 1000000, log_names[level]);
+    log_json_escape(stderr, msg);
+    fputc('"', stderr);
+    for (int i = 0; i < num_fields; i++) {
+      fputs(",\"", stderr);
+      log_json_escape(stderr, fields[i].key);
+      fputs("\":", stderr);
+      if (fields[i].str) {
+        fputc('"', stderr);
+        log_json_escape(stderr, fields[i].str);
+        fputc('"', stderr);
+      } else {
+        log_number(stderr, fields[i].num);
+      }
+    }
+    fputs("}\n", stderr);
+  } else {
+    fprintf(stderr, "%s.%03ldZ %-5s %s", when, ts.tv_nsec / 1000000, log_names[level], msg);
+    for (int i = 0; i < num_fields; i++) {
+      fprintf(stderr, " %s=", fields[i].key);
+      if (!fields[i].str) {
+        log_number(stderr, fields[i].num);
+      } else if (!fields[i].str[0] || strpbrk(fields[i].str, " \"=\n\t")) {
+        fputc('"', stderr);
+        log_json_escape(stderr, fields[i].str);
+        fputc('"', stderr);
+      } else {
+        fputs(fields[i].str, stderr);
+      }
+    }
+    fputc('\n', stderr);
+  }
+  pthread_mutex_unlock(&log_lock);
+}

@@ -27,6 +27,18 @@ int kiln_log_level_parse(const char *name);
 /* Writes one line if level <= the current level. */
 void kiln_log(kiln_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* One field of a structured line: a string (quoted in JSON) or a number (written as is). */
+typedef struct kiln_log_field {
+  const char *key;
+  const char *str; /* used when not NULL */
+  double num;
+} kiln_log_field_t;
+
+/* Writes one structured line if level <= the current level: in text, "msg key=value ..."
+ * (values with spaces or quotes are quoted); in JSON, {"ts", "level", "msg", key: value...}. */
+void kiln_log_fields(kiln_log_level_t level, const char *msg, const kiln_log_field_t *fields,
+                     int num_fields);
+
 #define KILN_LOG_E(...) kiln_log(KILN_LOG_ERROR, __VA_ARGS__)
 #define KILN_LOG_W(...) kiln_log(KILN_LOG_WARN, __VA_ARGS__)
 #define KILN_LOG_I(...) kiln_log(KILN_LOG_INFO, __VA_ARGS__)

@@ -1,11 +1,13 @@
 /* model.c - loading a model onto a device, its KV cache, and the host-side checks and
- * metadata upload around each forward pass (see model.h). */
+ * metadata upload around each forward pass, eager or through a decode graph (see model.h). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "models/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "core/log.h"
 #include "hal/loader.h"
@@ -276,6 +278,47 @@ static int32_t cap_for(int32_t dt) {
   return dt == KILN_HAL_BF16 ? KILN_HAL_CAP_BF16 : dt == KILN_HAL_F16 ? KILN_HAL_CAP_F16 : 0;
 }
 
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The decode graph sizes: options.capture_sizes (or the default list) within what one forward
+ * takes, ascending, without duplicates. Leaves m->graph_sizes NULL when none is left. */
+static kiln_status_t graph_sizes_init(kiln_model_t *m, const kiln_model_options_t *o) {
+  int32_t limit = m->opt.max_seqs;
+  if (m->opt.max_tokens < limit) limit = m->opt.max_tokens;
+  if (m->opt.max_logits < limit) limit = m->opt.max_logits;
+  int32_t n = o->capture_sizes ? o->num_capture_sizes : 0;
+  int32_t *v = malloc((size_t)(n > 0 ? n : 35) * sizeof(*v));
+  if (!v) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory for the graph sizes");
+  int32_t k = 0;
+  if (n > 0) {
+    for (int32_t i = 0; i < n; i++)
+      if (o->capture_sizes[i] >= 1 && o->capture_sizes[i] <= limit)
+        v[k++] = (int32_t)o->capture_sizes[i];
+  } else {
+    for (int32_t s = 1; s <= 256 && s <= limit; s = s < 8 ? 2 * s : s + 8) v[k++] = s;
+  }
+  qsort(v, (size_t)k, sizeof(*v), cmp_i32);
+  int32_t u = 0;
+  for (int32_t i = 0; i < k; i++)
+    if (u == 0 || v[i] != v[u - 1]) v[u++] = v[i];
+  if (u == 0) {
+    free(v);
+    kiln_log(KILN_LOG_INFO,
+             "graphs: no capture size fits a forward of at most %d sequences: decode runs eagerly",
+             limit);
+    return NULL;
+  }
+  m->graph_sizes = v;
+  m->num_graph_sizes = u;
+  m->gstats.active = true;
+  m->gstats.num_sizes = u;
+  m->gstats.max_size = v[u - 1];
+  return NULL;
+}
+
 kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backend,
                               kiln_hal_device_t *device, kiln_hal_stream_t *stream,
                               const kiln_model_options_t *options, kiln_model_t **out_model) {
@@ -318,15 +361,17 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
                           m->dtype);
     goto fail;
   }
-  if (cap_for(m->dtype)) {
-    kiln_hal_device_info_t di;
-    memset(&di, 0, sizeof(di));
-    di.struct_size = sizeof(di);
+  kiln_hal_device_info_t di;
+  memset(&di, 0, sizeof(di));
+  di.struct_size = sizeof(di);
+  if (cap_for(m->dtype) || options->graphs) {
     kiln_hal_error_t *e = backend->device_info(options->device_index, &di);
     if (e) {
       st = kiln_hal_status_from_error(e, "device_info");
       goto fail;
     }
+  }
+  if (cap_for(m->dtype)) {
     if (!(di.caps & (uint64_t)cap_for(m->dtype))) {
       st = kiln_status_make(KILN_ERR_UNSUPPORTED,
                             "backend %s cannot compute in %s on %s: set [model] dtype = float32",
@@ -425,6 +470,19 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
       goto fail;
     }
   }
+  /* A graph uploads whole block-table rows, whose unused tails are whatever the staging held:
+   * zeros, never uninitialised bytes. */
+  memset(m->meta_host, 0, (size_t)mo * 4);
+
+  if (options->graphs) {
+    bool members = KILN_HAL_HAS(backend, graph_destroy) && backend->graph_begin &&
+                   backend->graph_end && backend->graph_replay && backend->graph_destroy;
+    if (!(di.caps & KILN_HAL_CAP_GRAPHS) || !members)
+      kiln_log(KILN_LOG_INFO, "graphs: backend %s has no graphs on %s: decode runs eagerly",
+               backend->name, di.name);
+    else if ((st = graph_sizes_init(m, options)))
+      goto fail;
+  }
   kiln_log(KILN_LOG_INFO,
            "model %s (%s): %lld layers, hidden %lld, %lld heads / %lld KV, head dim "
            "%lld, vocab %lld, %s, %.1f MiB of weights",
@@ -458,6 +516,7 @@ void kiln_model_free(kiln_model_t *m) {
   if (m->meta) m->be->buffer_free(m->meta);
   if (m->meta_pinned) m->be->buffer_free(m->meta_pinned);
   if (m->meta_host_owned) free(m->meta_host);
+  free(m->graph_sizes);
   free(m->layers);
   free(m);
 }
@@ -481,15 +540,25 @@ kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t 
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "KV cache: %d blocks of %d tokens (want >= 1 block of 1..1024 tokens)",
                             num_blocks, block_size);
+  if (m->graph_sizes && num_blocks == INT32_MAX)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "KV cache: %d blocks leave no id for the graphs' scratch block",
+                            num_blocks);
   kiln_kv_cache_t *kv = calloc(1, sizeof(*kv));
   if (!kv) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   kv->m = m;
   kv->num_blocks = num_blocks;
   kv->block_size = block_size;
-  kv->cache_bytes = align_up((uint64_t)num_blocks * (uint64_t)m->cfg.num_kv_heads *
+  kv->pool_blocks = num_blocks + (m->graph_sizes ? 1 : 0);
+  kiln_status_t st = NULL;
+  if (m->graph_sizes && !(kv->graphs = calloc((size_t)m->num_graph_sizes, sizeof(*kv->graphs)))) {
+    free(kv);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory for the KV cache's graphs");
+  }
+  kv->cache_bytes = align_up((uint64_t)kv->pool_blocks * (uint64_t)m->cfg.num_kv_heads *
                              (uint64_t)block_size * (uint64_t)m->cfg.head_dim * m->es);
   const uint64_t bytes = kv->cache_bytes * 2 * (uint64_t)m->cfg.num_layers;
-  kiln_status_t st = alloc_buf(m, bytes, 0, "the KV cache", &kv->buf);
+  st = alloc_buf(m, bytes, 0, "the KV cache", &kv->buf);
   /* Zeroed, so that a slot no forward has written reads as a zero key and value: a misused
    * block table gives a wrong answer the tests can see, never uninitialised memory (and the
    * pool's pages are committed now, not in the middle of serving). */
@@ -497,6 +566,7 @@ kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t 
   if (!st) st = hal_st(m->be->stream_sync(m->stream), "zeroing the KV cache");
   if (st) {
     if (kv->buf) m->be->buffer_free(kv->buf);
+    free(kv->graphs);
     free(kv);
     return st;
   }
@@ -506,7 +576,17 @@ kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t 
 
 void kiln_kv_cache_free(kiln_kv_cache_t *kv) {
   if (!kv) return;
-  kv->m->be->buffer_free(kv->buf);
+  kiln_model_t *m = kv->m;
+  /* A replay may still be running on the stream: let it finish before its graph and buffers
+   * go. */
+  if (m->in_flight) {
+    kiln_hal_error_t *e = m->be->stream_sync(m->stream);
+    if (e) e->destroy(e);
+  }
+  for (int32_t i = 0; kv->graphs && i < m->num_graph_sizes; i++)
+    if (kv->graphs[i]) m->be->graph_destroy(kv->graphs[i]);
+  free(kv->graphs);
+  m->be->buffer_free(kv->buf);
   free(kv);
 }
 
@@ -598,6 +678,180 @@ static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cach
   return NULL;
 }
 
+/* ---- decode graphs ------------------------------------------------------------------------
+ *
+ * A decode batch (every sequence has one new token, so T == S) of S <= the largest capture
+ * size runs as the graph of the smallest capture size P >= S, captured once per KV cache:
+ *
+ *   rows 0..S-1    the batch as given
+ *   rows S..P-1    padding: token 0 at position 0, slot -1 (kv_write skips it), seq_len 1,
+ *                  a block table whose first entry is the KV cache's scratch block (id
+ *                  num_blocks, never written, so zero): each attends to one zero key, so every
+ *                  value it computes is finite and depends on nothing else in the batch
+ *   block tables   rows of the model's fixed width (opt.max_blocks_per_seq: the whole context);
+ *                  entries past a sequence's last block are never read and are left as they are
+ *   logits         always gathered through m_rows, P rows: the batch's R rows first, then row 0
+ *                  again; the caller reads the first R (kiln_model_logits), as after an eager
+ *                  forward
+ *   attention      max_query_len 1, max_seq_len = the model's max length: valid for any batch
+ *
+ * Every tensor the graph names lives at a fixed address for the KV cache's life: the weights,
+ * the rope table, the activations, the logits and the metadata buffer (the model's), the KV
+ * buffer (the cache's). A replay is: stage the padded metadata on the host, one copy_h2d into
+ * m->meta, graph_replay. Capture (graph_begin, llama_forward, graph_end) issues no copy, no
+ * synchronisation and no allocation. When the backend refuses a capture (an error from
+ * graph_begin, from an op while recording, or from graph_end), graphs are off for the model
+ * from then on, with one warning, and the batch runs eagerly. */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The graph slot for a batch that passed model_check_batch, or -1: run it eagerly. The graph
+ * has a row for every sequence and every logits row (a row may be asked for twice). */
+static int32_t graph_slot(const kiln_model_t *m, const kiln_kv_cache_t *kv, const kiln_batch_t *b,
+                          int32_t max_query_len) {
+  if (!kv->graphs || m->graphs_failed || max_query_len != 1 || b->num_tokens != b->num_seqs)
+    return -1;
+  const int32_t rows = b->num_logits > b->num_seqs ? b->num_logits : b->num_seqs;
+  for (int32_t i = 0; i < m->num_graph_sizes; i++)
+    if (m->graph_sizes[i] >= rows) return i;
+  return -1;
+}
+
+/* The pass a graph of P rows records. */
+static model_pass_t graph_pass(const kiln_model_t *m, int32_t P) {
+  model_pass_t p = {.num_tokens = P,
+                    .num_seqs = P,
+                    .num_logits = P,
+                    .bt_width = m->opt.max_blocks_per_seq,
+                    .max_query_len = 1,
+                    .max_seq_len = m->max_len < INT32_MAX ? (int32_t)m->max_len : INT32_MAX,
+                    .gather = true};
+  return p;
+}
+
+/* Records the graph of slot i for kv. On failure nothing is kept and the stream is out of
+ * capture mode again. */
+static kiln_status_t graph_capture(kiln_model_t *m, kiln_kv_cache_t *kv, int32_t i) {
+  const int32_t P = m->graph_sizes[i];
+  kiln_status_t st = hal_st(m->be->graph_begin(m->stream), "graph_begin");
+  if (st) return kiln_status_annotate(st, "capturing the decode graph of %d rows", P);
+  model_pass_t p = graph_pass(m, P);
+  st = llama_forward(m, kv, &p);
+  kiln_hal_graph_t *g = NULL;
+  kiln_hal_error_t *e = m->be->graph_end(m->stream, &g); /* always: it ends the capture */
+  if (e && !st)
+    st = hal_st(e, "graph_end");
+  else if (e)
+    e->destroy(e);
+  if (!st && !g)
+    st =
+        kiln_status_make(KILN_ERR_INTERNAL, "graph_end: backend %s returned no graph", m->be->name);
+  if (st) {
+    if (g) m->be->graph_destroy(g);
+    return kiln_status_annotate(st, "capturing the decode graph of %d rows", P);
+  }
+  kv->graphs[i] = g;
+  m->gstats.captures++;
+  return NULL;
+}
+
+/* A refused capture: eager from now on, said once. */
+static void graphs_give_up(kiln_model_t *m, kiln_status_t st) {
+  if (!m->graphs_failed)
+    kiln_log(KILN_LOG_WARN, "graphs: %s; decode runs eagerly from now on (backend %s)",
+             kiln_status_message(st), m->be->name);
+  m->graphs_failed = true;
+  m->gstats.failed = true;
+  m->gstats.active = false;
+  kiln_status_free(st);
+}
+
+/* Stages batch b padded to P rows in m->meta_host; returns the bytes to upload. */
+static uint64_t graph_stage(kiln_model_t *m, const kiln_kv_cache_t *kv, const kiln_batch_t *b,
+                            int32_t P) {
+  const int32_t S = b->num_seqs, R = b->num_logits, W = m->opt.max_blocks_per_seq;
+  const int32_t MB = b->max_blocks_per_seq;
+  int32_t *h = m->meta_host;
+  int32_t *ids = h + m->m_ids, *pos = h + m->m_pos, *slots = h + m->m_slots;
+  int32_t *lens = h + m->m_seq_lens, *qsl = h + m->m_qsl, *rows = h + m->m_rows, *bt = h + m->m_bt;
+  memcpy(ids, b->token_ids, (size_t)S * 4);
+  memcpy(pos, b->positions, (size_t)S * 4);
+  memcpy(slots, b->slot_mapping, (size_t)S * 4);
+  memcpy(lens, b->seq_lens, (size_t)S * 4);
+  if (R) memcpy(rows, b->logits_rows, (size_t)R * 4);
+  for (int32_t r = R; r < P; r++) rows[r] = 0;
+  for (int32_t s = 0; s <= P; s++) qsl[s] = s;
+  if (MB == W) {
+    memcpy(bt, b->block_tables, (size_t)S * (size_t)W * 4);
+  } else {
+    for (int32_t s = 0; s < S; s++)
+      memcpy(bt + (size_t)s * W, b->block_tables + (size_t)s * MB, (size_t)MB * 4);
+  }
+  for (int32_t s = S; s < P; s++) {
+    ids[s] = 0;
+    pos[s] = 0;
+    slots[s] = -1;
+    lens[s] = 1;
+    bt[(size_t)s * W] = kv->num_blocks; /* the scratch block */
+  }
+  return (uint64_t)(m->m_bt + (int64_t)P * W) * 4;
+}
+
+/* Runs a checked decode batch through graph slot i. *out_eager is set when the capture was
+ * refused and the batch must run eagerly instead (nothing was enqueued then). */
+static kiln_status_t forward_graph(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
+                                   int32_t i, bool *out_eager) {
+  *out_eager = false;
+  if (!kv->graphs[i]) {
+    kiln_status_t cst = graph_capture(m, kv, i);
+    if (cst) {
+      graphs_give_up(m, cst);
+      *out_eager = true;
+      return NULL;
+    }
+  }
+  const int32_t P = m->graph_sizes[i];
+  uint64_t bytes = graph_stage(m, kv, b, P);
+  kiln_status_t st =
+      hal_st(m->be->copy_h2d(m->stream, m->meta, 0, m->meta_host, bytes), "batch metadata");
+  if (st) return st;
+  m->in_flight = true;
+  if ((st = hal_st(m->be->graph_replay(kv->graphs[i], m->stream), "graph_replay")))
+    return kiln_status_annotate(st, "decode graph of %d rows (batch of %d)", P, b->num_seqs);
+  m->gstats.replays++;
+  m->gstats.padded_rows += P - b->num_seqs;
+  return NULL;
+}
+
+int32_t kiln_model_graphs_capture(kiln_model_t *m, kiln_kv_cache_t *kv, double budget_s) {
+  if (!kv->graphs || m->graphs_failed) return 0;
+  const double t0 = now_s();
+  int32_t have = 0, fresh = 0;
+  for (int32_t i = 0; i < m->num_graph_sizes; i++) {
+    if (!kv->graphs[i] && !m->graphs_failed && now_s() - t0 < budget_s) {
+      kiln_status_t st = graph_capture(m, kv, i);
+      if (st)
+        graphs_give_up(m, st);
+      else
+        fresh++;
+    }
+    have += kv->graphs[i] != NULL;
+  }
+  if (fresh)
+    kiln_log(KILN_LOG_INFO,
+             "graphs: captured %d decode graphs (%d of %d sizes, 1..%d rows) in %.3f s", fresh,
+             have, m->num_graph_sizes, m->graph_sizes[m->num_graph_sizes - 1], now_s() - t0);
+  return have;
+}
+
+void kiln_model_graph_stats(const kiln_model_t *m, kiln_model_graph_stats_t *out) {
+  *out = m->gstats;
+}
+
 kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b) {
   int32_t mq = 0, ms = 0;
   kiln_status_t st = model_check_batch(m, kv, b, &mq, &ms);
@@ -607,6 +861,13 @@ kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kil
     if ((st = hal_st(m->be->stream_sync(m->stream), "forward"))) return st;
     m->in_flight = false;
   }
+  int32_t gi = graph_slot(m, kv, b, mq);
+  if (gi >= 0) {
+    bool eager = false;
+    st = forward_graph(m, kv, b, gi, &eager);
+    if (!eager) return st;
+  }
+  m->gstats.eager_forwards++;
   const int64_t T = b->num_tokens, S = b->num_seqs;
   int32_t *h = m->meta_host;
   memcpy(h + m->m_ids, b->token_ids, (size_t)T * 4);
@@ -620,7 +881,15 @@ kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kil
   uint64_t bytes = (uint64_t)(m->m_bt + S * b->max_blocks_per_seq) * 4;
   if ((st = hal_st(m->be->copy_h2d(m->stream, m->meta, 0, h, bytes), "batch metadata"))) return st;
   m->in_flight = true;
-  return llama_forward(m, kv, b, mq, ms);
+  model_pass_t p = {.num_tokens = b->num_tokens,
+                    .num_seqs = b->num_seqs,
+                    .num_logits = b->num_logits,
+                    .bt_width = b->max_blocks_per_seq,
+                    .max_query_len = mq,
+                    .max_seq_len = ms,
+                    .gather = b->num_logits != b->num_tokens};
+  for (int32_t i = 0; !p.gather && i < b->num_logits; i++) p.gather = b->logits_rows[i] != i;
+  return llama_forward(m, kv, &p);
 }
 
 kiln_hal_tensor_t kiln_model_logits(const kiln_model_t *m, int32_t rows) {

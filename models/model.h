@@ -12,6 +12,15 @@
  * only for the listed rows (the last token of each sequence that samples this step, or every
  * row when scoring).
  *
+ * Decode graphs: with options.graphs on a device with KILN_HAL_CAP_GRAPHS, a batch where every
+ * sequence has one new token (T == S) and S (and its logits rows) <= the largest capture size
+ * replays a device graph captured for the smallest capture size P that holds them, the batch
+ * padded to P rows (logits: the first R of P rows, as kiln_model_logits reads); everything else
+ * runs eagerly. A graph is captured lazily the first time its size is needed, or ahead of time
+ * by kiln_model_graphs_capture. Graphs belong to the KV cache they were captured with. A
+ * capture the backend refuses turns graphs off for the model (one warning) and the batch runs
+ * eagerly: graphs never change what a forward returns, only how it is launched.
+ *
  * The architecture (models/llama/) covers Llama 2/3/3.1, Mistral, Qwen2 and Qwen3 through the
  * config's flags. The model validates every batch on the host before any device work (token
  * ids within the vocabulary, positions within the rope table, slots and block ids within the
@@ -43,6 +52,14 @@ typedef struct kiln_model_options {
   int64_t max_model_len;      /* 0 = the model's context (rope table rows) */
   bool allow_tf32;
   int32_t device_index; /* the index the device was opened with (for its caps) */
+  /* Decode graphs ([graph] enabled; off when zeroed). Used only when the device has
+   * KILN_HAL_CAP_GRAPHS and the backend the graph members. */
+  bool graphs;
+  /* Padded decode batch sizes to capture ([graph] capture_sizes), borrowed for the load only;
+   * sizes above min(max_seqs, max_tokens, max_logits) are dropped, the rest sorted and
+   * deduplicated. NULL/0 = 1, 2, 4, then multiples of 8 up to 256. */
+  const int64_t *capture_sizes;
+  int32_t num_capture_sizes;
 } kiln_model_options_t;
 
 /* Loads path: a directory holding config.json and safetensors (single or sharded), or a
@@ -74,7 +91,8 @@ typedef struct kiln_kv_cache kiln_kv_cache_t;
 /* Bytes one block takes across all layers (K and V) for this model and block size. */
 uint64_t kiln_model_kv_block_bytes(const kiln_model_t *m, int32_t block_size);
 /* Allocates num_blocks blocks of block_size tokens for every layer (one device buffer),
- * zeroed.
+ * zeroed. When the model has decode graphs, one more block is allocated as the scratch block
+ * the graphs' padding rows attend to; batches can never name it (block ids stay < num_blocks).
  * Errors: KILN_ERR_INVALID_ARGUMENT, KILN_ERR_OUT_OF_MEMORY (with the bytes). */
 kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t block_size,
                                    kiln_kv_cache_t **out_kv);
@@ -121,6 +139,29 @@ kiln_status_t kiln_model_forward_seq(kiln_model_t *m, kiln_kv_cache_t *kv,
                                      const int32_t *block_table, int32_t num_blocks,
                                      const int32_t *ids, int32_t start, int32_t n,
                                      int32_t num_logits);
+
+/* ---- decode graphs ------------------------------------------------------------------------ */
+
+/* Captures the decode graphs of kv that are not captured yet, smallest size first, until
+ * budget_s seconds have gone by (checked before each capture; 0 = none); the rest are captured
+ * when first needed. Returns the number of kv's graphs captured afterwards (0 when the model
+ * has no graphs). A capture the backend refuses turns graphs off (one warning), never an
+ * error. Runs no forward: it only records. */
+int32_t kiln_model_graphs_capture(kiln_model_t *m, kiln_kv_cache_t *kv, double budget_s);
+
+typedef struct kiln_model_graph_stats {
+  int32_t num_sizes;      /* capture sizes kept (0: the model has no graphs) */
+  int32_t max_size;       /* the largest; decode batches above it run eagerly */
+  bool active;            /* graphs are in use (the model has them; no capture failed) */
+  bool failed;            /* a capture failed: eager for good */
+  int64_t captures;       /* graphs captured, over all KV caches */
+  int64_t replays;        /* forwards that replayed a graph */
+  int64_t padded_rows;    /* rows of padding those replays computed */
+  int64_t eager_forwards; /* forwards that ran eagerly */
+} kiln_model_graph_stats_t;
+
+/* The graph counters since the load. */
+void kiln_model_graph_stats(const kiln_model_t *m, kiln_model_graph_stats_t *out);
 
 /* Convenience for tools and tests: scores one sequence of n tokens from position 0 in chunks
  * of at most chunk tokens (0 = all at once) over a fresh KV cache of block_size-token blocks,

@@ -57,18 +57,39 @@ struct kiln_model {
   int64_t meta_count;
   int64_t m_ids, m_pos, m_slots, m_seq_lens, m_qsl, m_bt, m_rows;
   bool in_flight; /* a forward's metadata copy may still read meta_host */
+
+  /* Decode graphs (model.c, "Decode graphs"). graph_sizes is NULL when the model has none. */
+  int32_t *graph_sizes; /* [num_graph_sizes] ascending padded batch sizes */
+  int32_t num_graph_sizes;
+  bool graphs_failed; /* a capture failed: eager for good (warned once) */
+  kiln_model_graph_stats_t gstats;
 };
 
 struct kiln_kv_cache {
   kiln_model_t *m;
   kiln_hal_buffer_t *buf;
   int32_t num_blocks, block_size;
-  uint64_t cache_bytes; /* one K (or V) cache of one layer: NB * NKV * BS * D * es */
+  /* Blocks in the buffer: num_blocks, plus the scratch block (id num_blocks) when the model
+   * has graphs. The scratch block is never written (padding rows have slot -1), so it stays
+   * zero, and a padding row attends to one zero key. */
+  int32_t pool_blocks;
+  uint64_t cache_bytes;      /* one K (or V) cache of one layer: pool_blocks * NKV * BS * D * es */
+  kiln_hal_graph_t **graphs; /* [m->num_graph_sizes], NULL until captured; NULL: no graphs */
 };
 
+/* One pass of the forward, as llama_forward sees it: sizes only; the contents are in m->meta. */
+typedef struct model_pass {
+  int32_t num_tokens; /* T rows of activations */
+  int32_t num_seqs;   /* S rows of block tables, seq_lens; S + 1 of query_start_loc */
+  int32_t num_logits; /* R rows of logits (0: none) */
+  int32_t bt_width;   /* elements per block-table row in m->meta */
+  int32_t max_query_len, max_seq_len;
+  bool gather; /* logits rows come through m->m_rows; false: they are rows 0..R-1 */
+} model_pass_t;
+
 /* The forward pass of models/llama/llama.c, after the batch passed model_check_batch() and
- * its metadata was copied to m->meta. */
-kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                            int32_t max_query_len, int32_t max_seq_len);
+ * its metadata was copied to m->meta (or, under graph capture, will be before each replay).
+ * It issues HAL ops only: no copies to or from the host, no synchronisation, no allocation. */
+kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pass_t *p);
 
 #endif /* KILN_MODELS_MODEL_INTERNAL_H */

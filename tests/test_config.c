@@ -116,6 +116,7 @@ static const expected_key_t all_keys[] = {
     {"backend", "threads", "0"},
     {"server", "host", "127.0.0.1"},
     {"server", "port", "8000"},
+    {"server", "served_model_name", ""},
     {"server", "api_key", ""},
     {"server", "max_queued_requests", "1024"},
     {"server", "shutdown_timeout", "30"},
@@ -293,7 +294,7 @@ static void test_int_errors(void **state) {
   EXPECT_INVALID(load(cfg, "\n[engine]\n\nmax_num_seqs = 0\n"), "t.ini:4: ", "engine.max_num_seqs",
                  "0 is out of range [1, 65536]");
   EXPECT_INVALID(load(cfg, "[server]\nport = 65536\n"), "t.ini:2: ", "server.port",
-                 "65536 is out of range [1, 65535]");
+                 "65536 is out of range [0, 65535]");
   EXPECT_INVALID(load(cfg, "[server]\nport = 80 # http\n"), "server.port", "trailing",
                  "only ';' after a space starts an inline comment");
   kiln_config_free(cfg);
@@ -412,7 +413,7 @@ static void test_unknown_key(void **state) {
                  "did you mean 'max_num_seqs'?",
                  "valid keys: max_num_seqs, max_num_batched_tokens, seed");
   EXPECT_INVALID(load(cfg, "[server]\nprot = 3\n"), "unknown key 'prot' in [server]",
-                 "did you mean 'port'?", "valid keys: host, port, api_key");
+                 "did you mean 'port'?", "valid keys: host, port, served_model_name, api_key");
   EXPECT_INVALID(load(cfg, "[server]\nPORT = 3\n"), "did you mean 'port'?");
   /* Too far from every key: no suggestion. */
   kiln_status_t st = load(cfg, "[server]\nworkers = 3\n");
@@ -577,8 +578,8 @@ static void test_set_overrides(void **state) {
   EXPECT_INVALID(kiln_config_set(cfg, ""), "no '='");
   EXPECT_INVALID(kiln_config_set(cfg, "server.port=http"),
                  "--set server.port: ", "'http' is not an integer");
-  EXPECT_INVALID(kiln_config_set(cfg, "server.port=0"),
-                 "--set server.port: ", "0 is out of range [1, 65535]");
+  EXPECT_INVALID(kiln_config_set(cfg, "server.port=65536"),
+                 "--set server.port: ", "65536 is out of range [0, 65535]");
   EXPECT_INVALID(kiln_config_set(cfg, "server.prot=1"),
                  "--set server.prot: ", "unknown key 'prot' in [server]", "did you mean 'port'?");
   EXPECT_INVALID(kiln_config_set(cfg, "srv.port=1"), "--set srv.port: ", "unknown section [srv]");

@@ -653,6 +653,125 @@ static void test_stop_strings(void **state) {
   kiln_engine_destroy(e);
 }
 
+/* The chat template through the public API, and poll mode's on_queued wake-up: one thread
+ * waits on its own condition variable for two requests at once. */
+typedef struct waker {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int wakes;
+} waker_t;
+
+static void on_queued(void *user) {
+  waker_t *w = user;
+  pthread_mutex_lock(&w->mu);
+  w->wakes++;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void test_chat_and_notify(void **state) {
+  (void)state;
+  const char *src = getenv("KILN_SOURCE_DIR");
+  char mp[1200];
+  snprintf(mp, sizeof(mp), "model.path=%s/share/models/kiln-tiny", src ? src : "..");
+  const char *ov[] = {mp, "backend.name=cpu", "backend.threads=2"};
+  kiln_engine_t *e = NULL;
+  kiln_status_t st = kiln_engine_create(NULL, ov, 3, &e);
+  if (st) fail_msg("%s", kiln_status_message(st));
+  static const char msgs[] = "[{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+                             "{\"role\": \"user\", \"content\": \"Hi!\"}]";
+  kiln_chat_args_t a = {msgs, strlen(msgs), NULL, 0, NULL, 0, true};
+  char *prompt = NULL;
+  size_t plen = 0;
+  assert_null(kiln_engine_apply_chat_template(e, &a, &prompt, &plen));
+  /* what transformers' apply_chat_template renders with kiln-tiny's ChatML template */
+  assert_string_equal(prompt, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!"
+                              "<|im_end|>\n<|im_start|>assistant\n");
+  assert_int_equal(plen, strlen(prompt));
+  free(prompt);
+  a.add_generation_prompt = false;
+  assert_null(kiln_engine_apply_chat_template(e, &a, &prompt, NULL));
+  assert_null(strstr(prompt, "assistant"));
+  free(prompt);
+  /* malformed messages and wrong argument types are errors, not crashes */
+  a.messages_json = "[{";
+  a.messages_len = 2;
+  st = kiln_engine_apply_chat_template(e, &a, &prompt, NULL);
+  assert_non_null(st);
+  assert_null(prompt);
+  assert_non_null(strstr(kiln_status_message(st), "messages"));
+  kiln_status_free(st);
+  a.messages_json = msgs;
+  a.messages_len = strlen(msgs);
+  a.extra_json = "[1]";
+  a.extra_len = 3;
+  st = kiln_engine_apply_chat_template(e, &a, &prompt, NULL);
+  assert_non_null(st);
+  assert_non_null(strstr(kiln_status_message(st), "chat_template_kwargs"));
+  kiln_status_free(st);
+  /* a message without content: the template fails inside; the error says so */
+  static const char bad[] = "[{\"role\": \"user\"}]";
+  kiln_chat_args_t b = {bad, strlen(bad), NULL, 0, NULL, 0, true};
+  st = kiln_engine_apply_chat_template(e, &b, &prompt, NULL);
+  assert_non_null(st);
+  kiln_status_free(st);
+
+  waker_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  kiln_sampling_params_t p;
+  kiln_sampling_params_init(&p);
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  kiln_request_t *r[2];
+  for (int i = 0; i < 2; i++) {
+    kiln_request_desc_t d = {.struct_size = sizeof(d), .prompt = i ? "The cat" : "Once upon",
+                             .params = &p, .user = &w, .on_queued = on_queued};
+    assert_null(kiln_engine_submit(e, &d, &r[i]));
+  }
+  int events = 0, done = 0;
+  bool finished[2] = {false, false};
+  while (done < 2) {
+    int got = 0;
+    for (int i = 0; i < 2; i++) {
+      kiln_output_t *o = NULL;
+      while (!finished[i] && !kiln_request_poll(r[i], 0, &o) && o) {
+        got++;
+        events++;
+        if (o->request_finished) {
+          finished[i] = true;
+          done++;
+        }
+        kiln_output_free(o);
+      }
+    }
+    if (got) continue;
+    pthread_mutex_lock(&w.mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10; /* a missed wake-up fails the test instead of hanging it */
+    int before = w.wakes;
+    while (w.wakes == before && done < 2) {
+      if (pthread_cond_timedwait(&w.cv, &w.mu, &ts)) {
+        bool pending = false;
+        for (int i = 0; i < 2; i++) {
+          kiln_output_t *o = NULL;
+          if (!finished[i] && !kiln_request_poll(r[i], 0, &o) && o) {
+            pending = true;
+            kiln_output_free(o);
+          }
+        }
+        pthread_mutex_unlock(&w.mu);
+        fail_msg("no wake-up in 10 s (an event was %s)", pending ? "queued" : "not queued");
+      }
+    }
+    pthread_mutex_unlock(&w.mu);
+  }
+  assert_true(events >= 2);
+  assert_true(w.wakes >= events); /* one wake-up per queued event */
+  kiln_request_release(r[0]);
+  kiln_request_release(r[1]);
+  kiln_engine_destroy(e);
+}
+
 int main(void) {
   const char *src = getenv("KILN_SOURCE_DIR");
   snprintf(g_model, sizeof(g_model), "%s/tests/fixtures/models/llama2", src ? src : "..");
@@ -666,6 +785,7 @@ int main(void) {
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_gguf),
       cmocka_unit_test(test_stop_strings),
+      cmocka_unit_test(test_chat_and_notify),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,6 +160,8 @@ static kiln_hal_error_t *be_device_open(int32_t index, kiln_hal_device_t **out_d
   kiln_hal_device_t *d = calloc(1, sizeof(*d));
   if (!d) return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "device_open: out of memory");
   d->index = index;
+  atomic_init(&d->capturing, 0);
+  atomic_init(&d->refusals, 0u);
   *out_device = d;
   return NULL;
 }
@@ -185,6 +187,15 @@ static kiln_hal_error_t *be_buffer_alloc(kiln_hal_device_t *device, uint64_t siz
   if (!out_buffer) return cpu_err("buffer_alloc: out_buffer is NULL");
   *out_buffer = NULL;
   if (!device) return cpu_err("buffer_alloc: device is NULL");
+  /* hal.h forbids allocation during a capture (a GPU graph could not keep the address): refuse
+   * it here too, so that a host that allocates while capturing fails on the CPU in CI, not
+   * only on a GPU. The refusal ends the device's captures (graph_end fails). */
+  if (atomic_load(&device->capturing) > 0) {
+    atomic_fetch_add(&device->refusals, 1u);
+    return cpu_err(
+        "buffer_alloc: not allowed while a stream of this device captures a graph "
+        "(capture invalidated)");
+  }
   kiln_hal_buffer_t *b = NULL;
   void *data = NULL;
   /* Round up so that the allocation is a whole number of alignment units; 0 still gets one. */
@@ -231,6 +242,7 @@ static kiln_hal_error_t *be_stream_create(kiln_hal_device_t *device, kiln_hal_st
 
 static void be_stream_destroy(kiln_hal_stream_t *s) {
   if (!s) return;
+  if (s->capturing) atomic_fetch_sub(&s->device->capturing, 1);
   free(s->rec);
   free(s->scratch);
   free(s);
@@ -388,6 +400,8 @@ static kiln_hal_error_t *be_graph_begin(kiln_hal_stream_t *s) {
   s->capturing = true;
   s->capture_failed = false;
   s->rec_len = 0;
+  s->refusals_at_begin = atomic_load(&s->device->refusals);
+  atomic_fetch_add(&s->device->capturing, 1);
   return NULL;
 }
 
@@ -397,6 +411,8 @@ static kiln_hal_error_t *be_graph_end(kiln_hal_stream_t *s, kiln_hal_graph_t **o
   if (!s) return cpu_err("graph_end: stream is NULL");
   if (!s->capturing) return cpu_err("graph_end: the stream is not capturing");
   s->capturing = false;
+  atomic_fetch_sub(&s->device->capturing, 1);
+  if (atomic_load(&s->device->refusals) != s->refusals_at_begin) s->capture_failed = true;
   if (s->capture_failed) {
     s->rec_len = 0;
     return cpu_err("graph_end: the capture was invalidated by a failed or forbidden call");

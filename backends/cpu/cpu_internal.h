@@ -2,6 +2,7 @@
 #ifndef KILN_CPU_INTERNAL_H
 #define KILN_CPU_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,8 +18,11 @@
 
 /* ---- handles ---------------------------------------------------------------------------- */
 
+/* capturing and refusals are touched by any thread that allocates or captures. */
 struct kiln_hal_device {
   int32_t index;
+  atomic_int capturing; /* streams of this device between graph_begin and graph_end */
+  atomic_uint refusals; /* buffer_alloc calls refused during a capture, ever */
 };
 
 struct kiln_hal_buffer {
@@ -77,7 +81,8 @@ typedef struct cpu_op {
 struct kiln_hal_stream {
   kiln_hal_device_t *device;
   bool capturing;
-  bool capture_failed; /* an invalid call during capture: graph_end refuses */
+  bool capture_failed;        /* an invalid call during capture: graph_end refuses */
+  unsigned refusals_at_begin; /* device->refusals at graph_begin: a change fails graph_end */
   cpu_op_t *rec;
   size_t rec_len, rec_cap;
   void *scratch;

@@ -32,6 +32,7 @@
 #include "hal/loader.h"
 #include "models/loader/gguf.h"
 #include "models/rope.h"
+#include "models/template/template.h"
 
 #define PROMPT_ROWS 512 /* logits rows per step for prompt logprobs */
 
@@ -67,6 +68,7 @@ struct kiln_request {
   int32_t max_tokens; /* resolved */
   uint64_t seed;
   kiln_output_fn cb;
+  kiln_notify_fn notify; /* poll mode: called after each event is queued */
   void *user;
   /* engine thread */
   kiln_seq_t *seqs; /* [n] */
@@ -107,6 +109,8 @@ struct kiln_engine {
   kiln_kv_cache_t *kvc;
   kiln_tokenizer_t *own_tok;
   const kiln_tokenizer_t *tok;
+  kiln_chat_template_t *chat; /* NULL: the tokenizer directory has no chat template */
+  char *chat_error;           /* why the template failed to load, or NULL */
   char *model_path, *model_name, *device_name;
   const char *backend_name;
   int32_t *eos;
@@ -379,6 +383,8 @@ static void ev_deliver(kiln_request_t *r, ev_node_t *n) {
   r->q_tail = n;
   if (n->out.request_finished) r->q_closed = true;
   pthread_cond_broadcast(&r->cv);
+  /* Under the lock, so no notification can follow the poll that takes the final event. */
+  if (r->notify) r->notify(r->user);
   pthread_mutex_unlock(&r->mu);
 }
 
@@ -425,6 +431,7 @@ static void ev_deliver_final_oom(kiln_request_t *r) {
   }
   r->q_closed = true;
   pthread_cond_broadcast(&r->cv);
+  if (r->notify) r->notify(r->user);
   pthread_mutex_unlock(&r->mu);
 }
 
@@ -654,6 +661,9 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->p.logit_bias_ids = NULL;
   r->p.logit_bias_values = NULL;
   r->cb = d->on_output;
+  r->notify = d->struct_size >= offsetof(kiln_request_desc_t, on_queued) + sizeof(d->on_queued)
+                  ? d->on_queued
+                  : NULL;
   r->user = d->user;
   r->num_prompt = np;
   r->max_tokens = (int32_t)max_tokens;
@@ -1266,6 +1276,9 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   mo.max_logits = e->max_logits;
   mo.max_model_len = kiln_config_get_int(cfg, "model", "max_model_len");
   mo.device_index = di;
+  mo.graphs = kiln_config_get_bool(cfg, "graph", "enabled");
+  mo.num_capture_sizes =
+      (int32_t)kiln_config_get_int_list(cfg, "graph", "capture_sizes", &mo.capture_sizes);
   /* The block-table width depends on the context: read the config (or the GGUF header) first
    * and size it for the rope table's rows, capped by max_model_len. */
   kiln_model_config_t mc;
@@ -1297,6 +1310,15 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
     fclose(f);
     if ((st = kiln_tokenizer_load(dir, &e->own_tok))) return st;
     e->tok = e->own_tok;
+    /* A broken chat template must not stop completions from being served: keep the reason
+     * and report it to whoever asks for a chat. */
+    kiln_status_t ct = kiln_chat_template_load(dir, &e->chat);
+    if (ct && kiln_status_code(ct) != KILN_ERR_NOT_FOUND) {
+      if (kiln_status_code(ct) == KILN_ERR_OUT_OF_MEMORY) return ct;
+      KILN_LOG_W("chat template of %s: %s", dir, kiln_status_message(ct));
+      e->chat_error = strdup(kiln_status_message(ct));
+    }
+    kiln_status_free(ct);
   }
   if (c->num_eos > 0) {
     if (!(e->eos = dup_mem(c->eos_token_ids, (size_t)c->num_eos * 4)))
@@ -1334,6 +1356,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   }
   if (nb > (1 << 30)) nb = 1 << 30;
   if ((st = kiln_model_kv_create(e->model, (int32_t)nb, e->bs, &e->kvc))) return st;
+  kiln_model_graphs_capture(e->model, e->kvc,
+                            kiln_config_get_float(cfg, "graph", "capture_budget_s"));
   *num_blocks = (int32_t)nb;
   kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens (%.1f MiB)", (long long)nb, e->bs,
            (double)nb * (double)block_bytes / 1048576.0);
@@ -1451,6 +1475,8 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   kiln_kv_cache_free(e->kvc);
   kiln_model_free(e->model);
   kiln_tokenizer_free(e->own_tok);
+  kiln_chat_template_free(e->chat);
+  free(e->chat_error);
   if (e->plugin) {
     if (e->stream) e->plugin->table.stream_destroy(e->stream);
     if (e->dev) e->plugin->table.device_close(e->dev);
@@ -1524,6 +1550,65 @@ kiln_status_t kiln_engine_detokenize(const kiln_engine_t *e, const int32_t *ids,
   if (!st && !(*out_text = strdup(kiln_strbuf_ok(&sb) ? kiln_strbuf_cstr(&sb) : "")))
     st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "detokenize: out of memory");
   kiln_strbuf_free(&sb);
+  return st;
+}
+
+/* Parses an optional JSON argument of kiln_engine_apply_chat_template: NULL/empty = absent. */
+static kiln_status_t chat_arg(const char *text, size_t len, const char *what, kiln_json_type_t want,
+                              kiln_json_doc_t **out_doc) {
+  *out_doc = NULL;
+  if (!text || !len) return NULL;
+  kiln_status_t st = kiln_json_parse(text, len, what, out_doc);
+  if (st) return st;
+  const kiln_json_t *root = kiln_json_root(*out_doc);
+  if (kiln_json_type(root) != want && kiln_json_type(root) != KILN_JSON_NULL)
+    return bad("%s must be a JSON %s, not %s", what, kiln_json_type_name(want),
+               kiln_json_type_name(kiln_json_type(root)));
+  return NULL;
+}
+
+kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *e, const kiln_chat_args_t *a,
+                                              char **out_prompt, size_t *out_len) {
+  *out_prompt = NULL;
+  if (out_len) *out_len = 0;
+  if (!e->chat) {
+    if (e->chat_error)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "the model's chat template is broken: %s",
+                              e->chat_error);
+    return kiln_status_make(KILN_ERR_NOT_FOUND,
+                            "the model has no chat template (no chat_template in its "
+                            "tokenizer_config.json and no chat_template.jinja)");
+  }
+  kiln_json_doc_t *msgs = NULL, *tools = NULL, *extra = NULL;
+  kiln_strbuf_t sb = KILN_STRBUF_INIT;
+  kiln_status_t st;
+  if ((st = chat_arg(a->messages_json, a->messages_len, "messages", KILN_JSON_ARRAY, &msgs)) ||
+      (st = chat_arg(a->tools_json, a->tools_len, "tools", KILN_JSON_ARRAY, &tools)) ||
+      (st = chat_arg(a->extra_json, a->extra_len, "chat_template_kwargs", KILN_JSON_OBJECT,
+                     &extra)))
+    goto done;
+  if (!msgs) {
+    st = bad("messages: a JSON array is required");
+    goto done;
+  }
+  kiln_template_vars_t v;
+  memset(&v, 0, sizeof(v));
+  v.messages = kiln_json_root(msgs);
+  v.tools = tools && kiln_json_type(kiln_json_root(tools)) == KILN_JSON_ARRAY
+                ? kiln_json_root(tools)
+                : NULL;
+  v.extra = extra && kiln_json_type(kiln_json_root(extra)) == KILN_JSON_OBJECT
+                ? kiln_json_root(extra)
+                : NULL;
+  v.add_generation_prompt = a->add_generation_prompt;
+  if ((st = kiln_chat_template_render(e->chat, &v, &sb))) goto done;
+  if (!kiln_strbuf_ok(&sb) || !(*out_prompt = kiln_strbuf_detach(&sb, out_len)))
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "chat template: out of memory");
+done:
+  kiln_strbuf_free(&sb);
+  kiln_json_doc_free(msgs);
+  kiln_json_doc_free(tools);
+  kiln_json_doc_free(extra);
   return st;
 }
 

@@ -156,6 +156,11 @@ typedef struct kiln_output {
 } kiln_output_t;
 
 typedef void (*kiln_output_fn)(void *user, const kiln_output_t *out);
+/* Poll mode's wake-up: called on the engine thread after an event was queued for
+ * kiln_request_poll, with the request's lock held, so that it never runs after the poll that
+ * took the final event has returned. It must be quick and must not call into libkiln. It lets
+ * one thread wait for several requests (signal a condition variable, write to a pipe...). */
+typedef void (*kiln_notify_fn)(void *user);
 
 typedef struct kiln_request_desc {
   uint32_t struct_size;
@@ -166,6 +171,7 @@ typedef struct kiln_request_desc {
   const kiln_sampling_params_t *params; /* NULL = defaults */
   kiln_output_fn on_output;    /* NULL = queue events for kiln_request_poll */
   void *user;
+  kiln_notify_fn on_queued;    /* poll mode only: NULL, or called as each event is queued */
 } kiln_request_desc_t;
 
 /* Validates and queues a request. Errors (nothing is queued): KILN_ERR_INVALID_ARGUMENT for a
@@ -225,6 +231,29 @@ kiln_status_t kiln_engine_tokenize(const kiln_engine_t *eng, const char *text, s
  * outside the tokenizer's vocabulary, OUT_OF_MEMORY. Thread-safe. */
 kiln_status_t kiln_engine_detokenize(const kiln_engine_t *eng, const int32_t *ids, size_t n,
                                      bool skip_special, char **out_text);
+
+/* A chat conversation to render with the model's chat template (kiln_engine_apply_chat_template).
+ * JSON texts need not be NUL-terminated; a NULL or empty tools/extra text means "none". */
+typedef struct kiln_chat_args {
+  const char *messages_json; /* [{"role": "...", "content": "..."}, ...] (required) */
+  size_t messages_len;
+  const char *tools_json;    /* a JSON array of tool definitions, or NULL */
+  size_t tools_len;
+  const char *extra_json;    /* a JSON object of extra template variables
+                                ({"enable_thinking": false}), or NULL */
+  size_t extra_len;
+  bool add_generation_prompt; /* end with the assistant's turn header (usually true) */
+} kiln_chat_args_t;
+
+/* Renders messages into a prompt exactly as transformers' apply_chat_template(messages,
+ * tools=..., add_generation_prompt=..., **extra) does with the model's template. The prompt
+ * already holds the special tokens the template writes (BOS...): tokenize it with
+ * add_special = false. *out_prompt is malloc'ed (free()); out_len may be NULL. Errors:
+ * KILN_ERR_NOT_FOUND when the model has no chat template; KILN_ERR_INVALID_ARGUMENT for
+ * malformed JSON or a template error (its raise_exception message, e.g. "Conversation roles
+ * must alternate"). Thread-safe. */
+kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *eng, const kiln_chat_args_t *args,
+                                              char **out_prompt, size_t *out_len);
 
 /* ---- metrics ----------------------------------------------------------------------------- */
 

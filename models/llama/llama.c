@@ -15,6 +15,9 @@
  *   x     = down(act(h @ Wgate) * (h @ Wup))    gate and up as one GEMM
  *
  * then logits = lm_head(rmsnorm(resid += x)) for the requested rows only (gathered first).
+ *
+ * Only HAL ops, with every size taken from the model_pass_t and every index from m->meta, so
+ * that the same call records a decode graph (models/model.c) as well as it runs eagerly.
  */
 #include <math.h>
 #include <string.h>
@@ -112,11 +115,10 @@ static kiln_status_t rmsnorm(kiln_model_t *m, kiln_hal_tensor_t x, kiln_hal_tens
   return NULL;
 }
 
-kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                            int32_t max_query_len, int32_t max_seq_len) {
+kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pass_t *p) {
   const kiln_model_config_t *c = &m->cfg;
   const int32_t dt = m->dtype;
-  const int64_t T = b->num_tokens, S = b->num_seqs, R = b->num_logits;
+  const int64_t T = p->num_tokens, S = p->num_seqs, R = p->num_logits, MB = p->bt_width;
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t NH = c->num_heads, NKV = c->num_kv_heads, D = c->head_dim;
   const int64_t QD = NH * D, KD = NKV * D, QKV = QD + 2 * KD;
@@ -161,7 +163,7 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_bat
   const int64_t rope_shape[2] = {m->max_len, c->rope.rotary_dim};
   const kiln_hal_tensor_t rope_tab = kiln_hal_tensor_make(m->rope, 0, KILN_HAL_F32, 2, rope_shape);
 
-  const int64_t NB = kv->num_blocks, BS = kv->block_size;
+  const int64_t NB = kv->pool_blocks, BS = kv->block_size;
   for (layer = 0; layer < c->num_layers; layer++) {
     const model_layer_t *L = &m->layers[layer];
     if ((st = rmsnorm(m, x, resid, vec(m, L->in_norm, H), h, layer, "input_layernorm"))) return st;
@@ -227,13 +229,12 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_bat
     aa.k_cache = kc;
     aa.v_cache = vc;
     aa.out = attn;
-    aa.block_table = view2(m->meta, (uint64_t)m->m_bt * 4, KILN_HAL_I32, S, b->max_blocks_per_seq,
-                           b->max_blocks_per_seq);
+    aa.block_table = view2(m->meta, (uint64_t)m->m_bt * 4, KILN_HAL_I32, S, MB, MB);
     aa.seq_lens = meta1(m, m->m_seq_lens, S);
     aa.query_start_loc = meta1(m, m->m_qsl, S + 1);
     aa.num_seqs = (int32_t)S;
-    aa.max_query_len = max_query_len;
-    aa.max_seq_len = max_seq_len;
+    aa.max_query_len = p->max_query_len;
+    aa.max_seq_len = p->max_seq_len;
     aa.scale = (float)(1.0 / sqrt((double)D));
     aa.causal = true;
     aa.sliding_window = L->window;
@@ -262,10 +263,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_bat
   /* The final norm adds the last residual for every row (cheap: [T, H]); only the R rows that
    * need logits are gathered (an embedding lookup into h) and multiplied by lm_head. */
   if ((st = rmsnorm(m, x, resid, vec(m, m->final_norm, H), h, layer, "norm"))) return st;
-  kiln_hal_tensor_t rows = h;
-  bool identity = R == T;
-  for (int64_t i = 0; identity && i < R; i++) identity = b->logits_rows[i] == i;
-  if (!identity) {
+  kiln_hal_tensor_t rows = view2(m->act, m->h, dt, R, H, H); /* rows 0..R-1 (R <= T) */
+  if (p->gather) {
     rows = view2(m->act, m->gather, dt, R, H, H);
     kiln_hal_embedding_args_t ga;
     memset(&ga, 0, sizeof(ga));
