@@ -28,7 +28,7 @@ function(kiln_find_dep target pcname header)
   elseif(NOT D_OPTIONAL)
     message(FATAL_ERROR "${target}: ${pcname} not found. On Debian: apt-get install "
       "libinih-dev libcmocka-dev libopenblas-dev libpcre2-dev libutf8proc-dev libxxhash-dev "
-      "pkg-config "
+      "libcurl4-openssl-dev libmicrohttpd-dev pkg-config "
       "(or run `make deps`).")
   endif()
 endfunction()

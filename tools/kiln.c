@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cmd_bench.h"
 #include "kiln/hal.h"
 
 static int cmd_config(kiln_cli_t *cli) {
@@ -31,6 +32,12 @@ static const kiln_command_t commands[] = {
      "continue a prompt (--prompt TEXT | --ids 1,2,3) or a JSONL batch (--input FILE)"},
     {"perplexity", kiln_cmd_perplexity,
      "perplexity of a text file (--model DIR --file TEXT [--ctx N] [--json])"},
+#ifdef KILN_HTTP
+    {"serve", kiln_cmd_serve,
+     "the OpenAI-compatible HTTP server (--model DIR --port N; [server] in the INI file)"},
+#endif
+    {"bench", kiln_cmd_bench,
+     "benchmarks: serve (an HTTP server under load), latency, throughput (the engine)"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
 };
 

@@ -28,7 +28,8 @@ echo "== configure + build"
 if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$sys/usr" \
         -DCMAKE_LIBRARY_PATH="$ml;$ml/openblas-pthread" \
         -DCMAKE_INCLUDE_PATH="$sys/usr/include;$sys/usr/include/x86_64-linux-gnu" \
-        -DKILN_TOKENIZER_CACHE="$deps/tok" &&
+        -DKILN_TOKENIZER_CACHE="$deps/tok" -DKILN_HTTP=OFF \
+        ${KILN_CUDA_ARCHS:+-DKILN_CUDA_ARCHS="$KILN_CUDA_ARCHS"} &&
        cmake --build build -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1
 fi
@@ -59,8 +60,16 @@ if [ -n "${SANITIZE_ATTN:-}" ]; then
     >>"$OUT/sanitize_attn.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|Race reported|hazard|attn " "$OUT/sanitize_attn.log" | tail -12
 fi
-echo "== ctest (all, default backends)"
-(cd build && timeout 300 ctest 2>&1 | tail -15) | tee "$OUT/ctest.txt"
+if [ -n "${CTEST-1}" ]; then
+  echo "== ctest (all, default backends)"
+  (cd build && timeout 300 ctest 2>&1 | tail -15) | tee "$OUT/ctest.txt"
+fi
+if [ -n "${GRAPHS:-}" ]; then
+  echo "== decode graphs on cuda: test_graphs, and test_engine with graphs on (the default)"
+  (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+     KILN_TEST_BACKEND=cuda timeout 300 ./test_graphs) >"$OUT/graphs_cuda.log" 2>&1
+  echo "test_graphs rc=$?"; grep -E "OK|FAIL|PASSED|differ|error" "$OUT/graphs_cuda.log" | head -20
+fi
 if [ -n "${MODELS:-}" ]; then
   echo "== model parity fixtures on cuda (fp32 + bf16)"
   (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
@@ -81,11 +90,17 @@ if [ -n "${ENGINE:-}" ]; then
     ./build/bin/kiln perplexity --set backend.name=cuda --dtype $dt --file tests/fixtures/default_model/heldout.txt --json 2>&1 | tail -1
   done
   ./build/bin/kiln generate --set backend.name=cuda --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1 2>&1 | tail -3
-  for shape in ${ENGINE_SHAPES:-qwen2-0.5b}; do
+  for shape in ${ENGINE_SHAPES-qwen2-0.5b}; do
     timeout 400 python3 bench/engine_offline.py --kiln ./build/bin/kiln --work /tmp/mb --shape "$shape" \
       ${ENGINE_ARGS:-} --out "$OUT/engine_offline_$shape.json" 2>&1 | grep -v Warning | tail -6
   done
 fi
+for shape in ${BENCH7B:-}; do
+  echo "== $shape: Kiln (kiln bench latency/throughput) vs transformers, with the card's ceilings"
+  timeout "${BENCH7B_TIMEOUT:-500}" python3 bench/cuda_7b.py --kiln ./build/bin/kiln --work /tmp/m7 --shape "$shape" \
+    --steps "${BENCH7B_STEPS:-ceilings,hf,latency,prefill,throughput}" --out "$OUT/bench7b_$shape.json" 2>&1 |
+    grep -v -i warn | tail -40
+done
 if [ -d "$deps/tok" ] && [ -f "$deps/bench.txt" ]; then
   echo "== Kiln tokenizer encode speed (one thread)"
   for n in qwen3 llama3 llama2; do

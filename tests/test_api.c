@@ -1,0 +1,411 @@
+/* test_api.c - the HTTP API's request parser and response writers (server/api.c), without a
+ * server: every field's type and range errors name the field, the prompt and message forms,
+ * defaults per route, and the writers' bodies parse back with the values put in. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/json.h"
+#include "server/api.h"
+
+static kiln_api_limits_t limits(void) {
+  kiln_api_limits_t l;
+  kiln_api_limits_default(&l);
+  l.vocab_size = 1000;
+  l.max_n = 4;
+  return l;
+}
+
+static kiln_api_request_t *parse_ok(kiln_api_kind_t kind, const char *body) {
+  kiln_api_limits_t l = limits();
+  kiln_api_request_t *r = NULL;
+  kiln_api_error_t err;
+  if (!kiln_api_parse(kind, body, strlen(body), &l, &r, &err))
+    fail_msg("refused %s: %d %s (param %s)", body, err.status, err.message, err.param);
+  assert_non_null(r);
+  return r;
+}
+
+/* The body is refused with status, naming param (NULL: none) and containing each fragment. */
+static void parse_bad(kiln_api_kind_t kind, const char *body, int status, const char *param,
+                      const char *fragment) {
+  kiln_api_limits_t l = limits();
+  kiln_api_request_t *r = NULL;
+  kiln_api_error_t err;
+  if (kiln_api_parse(kind, body, strlen(body), &l, &r, &err)) fail_msg("accepted %s", body);
+  assert_null(r);
+  if (err.status != status)
+    fail_msg("%s: status %d, want %d (%s)", body, err.status, status, err.message);
+  if (param && strcmp(err.param, param) != 0)
+    fail_msg("%s: param '%s', want '%s' (%s)", body, err.param, param, err.message);
+  if (!param && err.param[0]) fail_msg("%s: param '%s', want none", body, err.param);
+  if (fragment && !strstr(err.message, fragment))
+    fail_msg("%s: message '%s' lacks '%s'", body, err.message, fragment);
+}
+
+static void test_completion_defaults(void **state) {
+  (void)state;
+  kiln_api_request_t *r = parse_ok(KILN_API_COMPLETIONS, "{\"prompt\": \"hello\"}");
+  assert_int_equal(r->num_prompts, 1);
+  assert_string_equal(r->prompts[0].text, "hello");
+  assert_int_equal(r->sp.max_tokens, 16); /* OpenAI's completions default */
+  assert_false(r->max_tokens_given);
+  assert_true(r->sp.temperature == 1.0f);
+  assert_int_equal(r->sp.n, 1);
+  assert_int_equal(r->logprobs, -1);
+  assert_false(r->stream);
+  assert_true(r->add_special_tokens);
+  assert_null(r->model);
+  kiln_api_request_free(r);
+
+  r = parse_ok(KILN_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}");
+  assert_int_equal(r->sp.max_tokens, -1); /* chat: the rest of the context */
+  assert_true(r->add_generation_prompt);
+  assert_false(r->add_special_tokens); /* the template writes BOS itself */
+  kiln_api_request_free(r);
+}
+
+static void test_every_field(void **state) {
+  (void)state;
+  kiln_api_request_t *r = parse_ok(
+      KILN_API_COMPLETIONS,
+      "{\"model\": \"m\", \"prompt\": [[1, 2, 3], [4]], \"max_tokens\": 7, \"temperature\": 0.5,"
+      " \"top_p\": 0.9, \"top_k\": 5, \"min_p\": 0.1, \"n\": 2, \"best_of\": 2,"
+      " \"stop\": [\"x\", \"yz\"], \"seed\": -3, \"presence_penalty\": 0.5,"
+      " \"frequency_penalty\": -0.5, \"repetition_penalty\": 1.2, \"logit_bias\": {\"7\": -100,"
+      " \"9\": 2.5}, \"logprobs\": 3, \"echo\": true, \"ignore_eos\": true, \"user\": \"u\","
+      " \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"min_tokens\": 2,"
+      " \"stop_token_ids\": [5, 6], \"skip_special_tokens\": false, \"unknown_field\": {\"a\": "
+      "1}}");
+  assert_string_equal(r->model, "m");
+  assert_int_equal(r->num_prompts, 2);
+  assert_int_equal(r->prompts[0].num_ids, 3);
+  assert_int_equal(r->prompts[0].ids[2], 3);
+  assert_int_equal(r->prompts[1].ids[0], 4);
+  assert_int_equal(r->sp.max_tokens, 7);
+  assert_true(r->max_tokens_given);
+  assert_true(r->sp.temperature == 0.5f && r->sp.top_p == 0.9f && r->sp.top_k == 5);
+  assert_true(r->sp.min_p == 0.1f && r->sp.n == 2);
+  assert_int_equal(r->sp.num_stop, 2);
+  assert_string_equal(r->sp.stop[1], "yz");
+  assert_true(r->sp.has_seed);
+  assert_true(r->sp.seed == (uint64_t)-3);
+  assert_true(r->sp.presence_penalty == 0.5f && r->sp.frequency_penalty == -0.5f);
+  assert_true(r->sp.repetition_penalty == 1.2f);
+  assert_int_equal(r->sp.num_logit_bias, 2);
+  assert_int_equal(r->sp.logit_bias_ids[0], 7);
+  assert_true(r->sp.logit_bias_values[0] == -100.0f && r->sp.logit_bias_values[1] == 2.5f);
+  assert_int_equal(r->logprobs, 3);
+  assert_int_equal(r->sp.logprobs, 3);
+  assert_int_equal(r->sp.prompt_logprobs, 3); /* echo + logprobs: the prompt's too */
+  assert_true(r->echo && r->sp.ignore_eos && r->stream && r->include_usage);
+  assert_string_equal(r->user, "u");
+  assert_int_equal(r->sp.min_tokens, 2);
+  assert_int_equal(r->sp.num_stop_token_ids, 2);
+  assert_int_equal(r->sp.stop_token_ids[1], 6);
+  assert_false(r->sp.skip_special_tokens);
+  kiln_api_request_free(r);
+
+  /* nulls read as absent; max_completion_tokens wins over max_tokens; top_k -1 = off */
+  r = parse_ok(KILN_API_CHAT,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": null,"
+               " \"max_tokens\": 3, \"max_completion_tokens\": 9, \"top_k\": -1,"
+               " \"logprobs\": true, \"top_logprobs\": 4, \"stop\": \"END\"}");
+  assert_true(r->sp.temperature == 1.0f);
+  assert_int_equal(r->sp.max_tokens, 9);
+  assert_int_equal(r->sp.top_k, 0);
+  assert_true(r->chat_logprobs);
+  assert_int_equal(r->logprobs, 4);
+  assert_int_equal(r->sp.num_stop, 1);
+  assert_string_equal(r->sp.stop[0], "END");
+  kiln_api_request_free(r);
+}
+
+static void test_field_errors(void **state) {
+  (void)state;
+  const kiln_api_kind_t C = KILN_API_COMPLETIONS, H = KILN_API_CHAT;
+  parse_bad(C, "{\"prompt\": \"x\", \"max_tokens\": -1}", 400, "max_tokens", "at least 1");
+  parse_bad(C, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "max_tokens", "got 0");
+  parse_bad(C, "{\"prompt\": \"x\", \"max_tokens\": \"5\"}", 400, "max_tokens", "integer");
+  parse_bad(C, "{\"prompt\": \"x\", \"max_tokens\": 1.5}", 400, "max_tokens", "fraction");
+  parse_bad(C, "{\"prompt\": \"x\", \"temperature\": -0.1}", 400, "temperature", "[0, 100]");
+  parse_bad(C, "{\"prompt\": \"x\", \"temperature\": \"hot\"}", 400, "temperature", "number");
+  parse_bad(C, "{\"prompt\": \"x\", \"top_p\": 0}", 400, "top_p", "(0, 1]");
+  parse_bad(C, "{\"prompt\": \"x\", \"top_p\": 1.01}", 400, "top_p", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"top_k\": -2}", 400, "top_k", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"min_p\": 2}", 400, "min_p", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"n\": 0}", 400, "n", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"n\": 5}", 400, "n", "[1, 4]");
+  parse_bad(C, "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of", "best_of == n");
+  parse_bad(C, "{\"prompt\": \"x\", \"presence_penalty\": 3}", 400, "presence_penalty", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"frequency_penalty\": -2.5}", 400, "frequency_penalty", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"repetition_penalty\": 0}", 400, "repetition_penalty", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"seed\": 1.5}", 400, "seed", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"stop\": 3}", 400, "stop", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"stop\": [\"a\", 3]}", 400, "stop", "stop[1]");
+  parse_bad(C, "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400, "stop", "empty");
+  parse_bad(C, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias", "abc");
+  parse_bad(C, "{\"prompt\": \"x\", \"logit_bias\": {\"5000\": 1}}", 400, "logit_bias", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"logit_bias\": [1]}", 400, "logit_bias", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"logprobs\": 21}", 400, "logprobs", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"logprobs\": true}", 400, "logprobs", "integer");
+  parse_bad(C, "{\"prompt\": \"x\", \"echo\": 1}", 400, "echo", "boolean");
+  parse_bad(C, "{\"prompt\": \"x\", \"stream\": \"yes\"}", 400, "stream", "boolean");
+  parse_bad(C, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", 400,
+            "stream_options", "stream is true");
+  parse_bad(C, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
+            400, "stream_options", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"stop_token_ids\": [1, -1]}", 400, "stop_token_ids", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"model\": 5}", 400, "model", "string");
+  parse_bad(C, "{\"prompt\": \"x\", \"suffix\": \"y\"}", 400, "suffix", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", 400,
+            "response_format", "json_object");
+  /* prompts */
+  parse_bad(C, "{}", 400, "prompt", "required");
+  parse_bad(C, "{\"prompt\": \"\"}", 400, "prompt", "empty");
+  parse_bad(C, "{\"prompt\": []}", 400, "prompt", "empty");
+  parse_bad(C, "{\"prompt\": 5}", 400, "prompt", NULL);
+  parse_bad(C, "{\"prompt\": [1, 1000]}", 400, "prompt", "outside the vocabulary");
+  parse_bad(C, "{\"prompt\": [1, -2]}", 400, "prompt", NULL);
+  parse_bad(C, "{\"prompt\": [\"a\", 7]}", 400, "prompt", "prompt[1]");
+  parse_bad(C, "{\"prompt\": [[1], []]}", 400, "prompt", "empty");
+  /* chat */
+  parse_bad(H, "{}", 400, "messages", "required");
+  parse_bad(H, "{\"messages\": []}", 400, "messages", "empty");
+  parse_bad(H, "{\"messages\": {}}", 400, "messages", NULL);
+  parse_bad(H, "{\"messages\": [\"hi\"]}", 400, "messages", "messages[0]");
+  parse_bad(H, "{\"messages\": [{\"content\": \"hi\"}]}", 400, "messages", "role");
+  parse_bad(H, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages", NULL);
+  parse_bad(H,
+            "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\","
+            " \"image_url\": {\"url\": \"x\"}}]}]}",
+            400, "messages", "image_url");
+  parse_bad(H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+            400, "top_logprobs", "logprobs");
+  parse_bad(H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 2}", 400,
+            "logprobs", "boolean");
+  parse_bad(H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", 400,
+            "echo", NULL);
+  parse_bad(H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", 400,
+            "tools", NULL);
+  /* the body itself */
+  parse_bad(C, "", 400, NULL, "malformed JSON");
+  parse_bad(C, "{\"prompt\": \"x\",}", 400, NULL, "malformed JSON");
+  parse_bad(C, "[1, 2]", 400, NULL, "JSON object");
+  parse_bad(C, "\"prompt\"", 400, NULL, "JSON object");
+  parse_bad(KILN_API_DETOKENIZE, "{\"tokens\": [1, 1000]}", 400, "tokens", NULL);
+  parse_bad(KILN_API_DETOKENIZE, "{}", 400, "tokens", NULL);
+  parse_bad(KILN_API_TOKENIZE, "{\"prompt\": 3}", 400, "prompt", NULL);
+}
+
+/* Content-part lists become one string; other members pass through; the result is valid
+ * JSON for the template. */
+static void test_messages_normalized(void **state) {
+  (void)state;
+  kiln_api_request_t *r =
+      parse_ok(KILN_API_CHAT,
+               "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"},"
+               " {\"role\": \"user\", \"name\": \"ann\", \"content\": [{\"type\": \"text\", "
+               "\"text\": \"a\"},"
+               " {\"type\": \"text\", \"text\": \"b\\u00e9\"}]}, {\"role\": \"assistant\", "
+               "\"content\": null}],"
+               " \"tools\": [{\"type\": \"function\"}], \"chat_template_kwargs\": "
+               "{\"enable_thinking\": false}}");
+  kiln_json_doc_t *doc = NULL;
+  assert_null(kiln_json_parse(r->messages_json, r->messages_len, "messages", &doc));
+  const kiln_json_t *m = kiln_json_root(doc);
+  assert_int_equal(kiln_json_len(m), 3);
+  assert_string_equal(kiln_json_string(kiln_json_get(kiln_json_at(m, 1), "content"), NULL),
+                      "a\nb\xc3\xa9");
+  assert_string_equal(kiln_json_string(kiln_json_get(kiln_json_at(m, 1), "name"), NULL), "ann");
+  assert_true(kiln_json_is(kiln_json_get(kiln_json_at(m, 2), "content"), KILN_JSON_NULL));
+  kiln_json_doc_free(doc);
+  assert_non_null(r->tools_json);
+  assert_non_null(strstr(r->template_kwargs_json, "enable_thinking"));
+  kiln_api_request_free(r);
+}
+
+static kiln_json_doc_t *parse_json(const char *text, size_t len) {
+  kiln_json_doc_t *doc = NULL;
+  kiln_status_t st = kiln_json_parse(text, len, "out", &doc);
+  if (st) fail_msg("%s\n%.*s", kiln_status_message(st), (int)len, text);
+  return doc;
+}
+
+static const kiln_json_t *path(const kiln_json_t *v, const char *p) {
+  char buf[128];
+  snprintf(buf, sizeof(buf), "%s", p);
+  for (char *tok = strtok(buf, "."); tok && v; tok = strtok(NULL, "."))
+    v = (tok[0] >= '0' && tok[0] <= '9') ? kiln_json_at(v, (size_t)atoi(tok))
+                                         : kiln_json_get(v, tok);
+  return v;
+}
+
+static kiln_api_token_t tok(int32_t id, float lp, const char *text, const char *alt, float alt_lp) {
+  kiln_api_token_t t;
+  memset(&t, 0, sizeof(t));
+  t.id = id;
+  t.logprob = lp;
+  t.text = strdup(text);
+  t.num_top = 1;
+  t.top_ids = malloc(sizeof(int32_t));
+  t.top_logprobs = malloc(sizeof(float));
+  t.top_text = calloc(1, sizeof(char *));
+  t.top_ids[0] = id + 1;
+  t.top_logprobs[0] = alt_lp;
+  t.top_text[0] = strdup(alt);
+  return t;
+}
+
+static void test_write_completion(void **state) {
+  (void)state;
+  kiln_api_request_t *r =
+      parse_ok(KILN_API_COMPLETIONS, "{\"prompt\": \"x\", \"logprobs\": 1, \"stop\": \"Z\"}");
+  kiln_api_choice_t c[2];
+  memset(c, 0, sizeof(c));
+  c[0].index = 0;
+  c[1].index = 1;
+  kiln_strbuf_append_str(&c[0].text, "He said \"hi\"\n");
+  kiln_api_token_t t = tok(5, -0.25f, "He", "She", -1.5f);
+  assert_true(kiln_api_choice_push_token(&c[0], &t));
+  t = tok(6, -INFINITY, " said", " told", -2.0f);
+  assert_true(kiln_api_choice_push_token(&c[0], &t));
+  c[0].finish = KILN_FINISH_STOP;
+  c[0].stop_str = strdup("Z");
+  c[1].finish = KILN_FINISH_LENGTH;
+  c[1].stop_token = -1;
+  kiln_api_response_t resp = {r, "cmpl-1", "tiny", 42, {3, 5, 1}};
+  kiln_strbuf_t out = KILN_STRBUF_INIT;
+  kiln_api_write_response(&out, &resp, c, 2);
+  kiln_json_doc_t *doc = parse_json(out.data, out.len);
+  const kiln_json_t *root = kiln_json_root(doc);
+  assert_string_equal(kiln_json_string(path(root, "object"), NULL), "text_completion");
+  assert_string_equal(kiln_json_string(path(root, "model"), NULL), "tiny");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.text"), NULL), "He said \"hi\"\n");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "stop");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.stop_reason"), NULL), "Z");
+  assert_string_equal(kiln_json_string(path(root, "choices.1.finish_reason"), NULL), "length");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.logprobs.tokens.1"), NULL), " said");
+  assert_true(kiln_json_number(path(root, "choices.0.logprobs.token_logprobs.0")) == -0.25);
+  assert_true(kiln_json_number(path(root, "choices.0.logprobs.token_logprobs.1")) < -1000);
+  assert_true(kiln_json_number(path(root, "choices.0.logprobs.top_logprobs.0.She")) == -1.5);
+  assert_true(kiln_json_number(path(root, "choices.0.logprobs.text_offset.1")) == 2);
+  assert_true(kiln_json_number(path(root, "usage.total_tokens")) == 8);
+  assert_true(kiln_json_number(path(root, "usage.prompt_tokens_details.cached_tokens")) == 1);
+  kiln_json_doc_free(doc);
+  kiln_strbuf_free(&out);
+  kiln_api_request_free(r);
+  /* a token from stop_token_ids is the stop_reason; the model's EOS is not (null) */
+  r = parse_ok(KILN_API_COMPLETIONS, "{\"prompt\": \"x\", \"stop_token_ids\": [7]}");
+  resp.req = r;
+  free(c[0].stop_str);
+  c[0].stop_str = NULL;
+  kiln_api_choice_reset_tokens(&c[0]);
+  c[0].stop_token = 7;
+  c[1].finish = KILN_FINISH_STOP;
+  c[1].stop_token = 2;
+  kiln_api_write_response(&out, &resp, c, 2);
+  doc = parse_json(out.data, out.len);
+  root = kiln_json_root(doc);
+  assert_true(kiln_json_number(path(root, "choices.0.stop_reason")) == 7);
+  assert_true(kiln_json_is(path(root, "choices.1.stop_reason"), KILN_JSON_NULL));
+  kiln_json_doc_free(doc);
+  kiln_strbuf_free(&out);
+  kiln_api_choice_free(&c[0]);
+  kiln_api_choice_free(&c[1]);
+  kiln_api_request_free(r);
+}
+
+static void test_write_chat_stream(void **state) {
+  (void)state;
+  kiln_api_request_t *r =
+      parse_ok(KILN_API_CHAT,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": true,"
+               " \"stream_options\": {\"include_usage\": true}, \"logprobs\": true,"
+               " \"top_logprobs\": 1}");
+  kiln_api_choice_t c;
+  memset(&c, 0, sizeof(c));
+  c.stop_token = -1;
+  kiln_api_response_t resp = {r, "chatcmpl-1", "tiny", 42, {3, 1, 0}};
+  kiln_strbuf_t out = KILN_STRBUF_INIT;
+  kiln_api_write_chunk(&out, &resp, &c, false); /* the role chunk */
+  kiln_strbuf_append_str(&c.text, "caf\xc3\xa9");
+  kiln_api_token_t t = tok(9, -0.5f, "caf\xc3\xa9", "tea", -3.0f);
+  assert_true(kiln_api_choice_push_token(&c, &t));
+  kiln_api_write_chunk(&out, &resp, &c, false);
+  c.finish = KILN_FINISH_STOP;
+  c.stop_token = 2;
+  kiln_api_write_chunk(&out, &resp, &c, false);
+  kiln_api_write_usage_chunk(&out, &resp);
+  /* four events, each "data: {json}\n\n" */
+  const char *p = out.data;
+  const kiln_json_t *root;
+  kiln_json_doc_t *docs[4];
+  for (int i = 0; i < 4; i++) {
+    assert_memory_equal(p, "data: ", 6);
+    const char *e = strstr(p, "\n\n");
+    assert_non_null(e);
+    docs[i] = parse_json(p + 6, (size_t)(e - p - 6));
+    p = e + 2;
+  }
+  assert_int_equal(*p, 0);
+  root = kiln_json_root(docs[0]);
+  assert_string_equal(kiln_json_string(path(root, "object"), NULL), "chat.completion.chunk");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.delta.role"), NULL), "assistant");
+  assert_true(kiln_json_is(path(root, "usage"), KILN_JSON_NULL));
+  root = kiln_json_root(docs[1]);
+  assert_null(path(root, "choices.0.delta.role"));
+  assert_string_equal(kiln_json_string(path(root, "choices.0.delta.content"), NULL), "caf\xc3\xa9");
+  assert_true(kiln_json_number(path(root, "choices.0.logprobs.content.0.logprob")) == -0.5);
+  assert_true(kiln_json_number(path(root, "choices.0.logprobs.content.0.bytes.3")) == 0xc3);
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.logprobs.content.0.top_logprobs.0.token"), NULL),
+      "tea");
+  assert_true(kiln_json_is(path(root, "choices.0.finish_reason"), KILN_JSON_NULL));
+  root = kiln_json_root(docs[2]);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "stop");
+  assert_true(kiln_json_is(path(root, "choices.0.stop_reason"), KILN_JSON_NULL)); /* EOS */
+  assert_null(path(root, "choices.0.delta.content"));
+  root = kiln_json_root(docs[3]);
+  assert_int_equal(kiln_json_len(path(root, "choices")), 0);
+  assert_true(kiln_json_number(path(root, "usage.completion_tokens")) == 1);
+  for (int i = 0; i < 4; i++) kiln_json_doc_free(docs[i]);
+  kiln_strbuf_free(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+}
+
+static void test_write_error(void **state) {
+  (void)state;
+  kiln_api_error_t e;
+  kiln_api_error_set(&e, 400, "invalid_request_error", "max_tokens", "max_tokens: bad \"%d\"", 3);
+  kiln_strbuf_t out = KILN_STRBUF_INIT;
+  kiln_api_write_error(&out, &e);
+  kiln_json_doc_t *doc = parse_json(out.data, out.len);
+  const kiln_json_t *root = kiln_json_root(doc);
+  assert_string_equal(kiln_json_string(path(root, "error.message"), NULL), "max_tokens: bad \"3\"");
+  assert_string_equal(kiln_json_string(path(root, "error.type"), NULL), "invalid_request_error");
+  assert_string_equal(kiln_json_string(path(root, "error.param"), NULL), "max_tokens");
+  assert_true(kiln_json_number(path(root, "error.code")) == 400);
+  kiln_json_doc_free(doc);
+  kiln_strbuf_free(&out);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_completion_defaults), cmocka_unit_test(test_every_field),
+      cmocka_unit_test(test_field_errors),        cmocka_unit_test(test_messages_normalized),
+      cmocka_unit_test(test_write_completion),    cmocka_unit_test(test_write_chat_stream),
+      cmocka_unit_test(test_write_error),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,159 @@
+/* cmd_serve.c - `kiln serve`: the OpenAI-compatible HTTP server over one engine. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "core/log.h"
+#include "core/strbuf.h"
+#include "kiln/kiln.h"
+#include "server/server.h"
+
+static const char serve_usage[] =
+    "usage: kiln serve [--model DIR|FILE.gguf] [--host ADDR] [--port N] [--api-key KEY]\n"
+    "                  [--served-model-name NAME] [--dtype auto|float32|float16|bfloat16]\n"
+    "                  [--config FILE] [--set section.key=value]...\n"
+    "Serves the configured model over HTTP: POST /v1/completions, /v1/chat/completions,\n"
+    "/tokenize, /detokenize; GET /v1/models, /health, /version, /metrics. [server] in the INI\n"
+    "file holds the address, the API key (or $KILN_API_KEY), limits and timeouts. SIGINT or\n"
+    "SIGTERM drains running requests (up to server.shutdown_timeout) and exits 0.\n";
+
+/* The served name: the configured one, else the model's file or directory name. */
+static char *served_name(const char *configured, const char *model_path) {
+  if (configured && configured[0]) return strdup(configured);
+  const char *p = model_path ? model_path : "model";
+  size_t n = strlen(p);
+  while (n > 1 && p[n - 1] == '/') n--;
+  size_t b = n;
+  while (b > 0 && p[b - 1] != '/') b--;
+  if (n - b == 0) return strdup("model");
+  char *s = malloc(n - b + 1);
+  if (s) {
+    memcpy(s, p + b, n - b);
+    s[n - b] = 0;
+  }
+  return s;
+}
+
+int kiln_cmd_serve(kiln_cli_t *cli) {
+  const char *model = NULL, *dtype = NULL;
+  char **extra = calloc((size_t)cli->num_sets + 8, sizeof(char *));
+  const char **ov = calloc((size_t)cli->num_sets + 8, sizeof(char *));
+  int n_extra = 0, n_ov = 0, rc = 1;
+  kiln_server_t *server = NULL;
+  kiln_engine_t *eng = NULL;
+  char *name = NULL;
+  kiln_status_t st = NULL;
+  if (!extra || !ov) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    goto done;
+  }
+  for (int i = 0; i < cli->num_sets; i++) ov[n_ov++] = cli->sets[i];
+  for (int i = 1; i < cli->argc; i++) {
+    const char *a = cli->argv[i];
+    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
+    const char *key = NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(serve_usage, stdout);
+      rc = 0;
+      goto done;
+    } else if (!strcmp(a, "--model") && v) {
+      model = v;
+    } else if (!strcmp(a, "--dtype") && v) {
+      dtype = v;
+    } else if (!strcmp(a, "--host") && v) {
+      key = "server.host";
+    } else if (!strcmp(a, "--port") && v) {
+      key = "server.port";
+    } else if (!strcmp(a, "--api-key") && v) {
+      key = "server.api_key";
+    } else if (!strcmp(a, "--served-model-name") && v) {
+      key = "server.served_model_name";
+    } else {
+      st = kiln_cli_bad_option("serve", a, serve_usage);
+      goto done;
+    }
+    i++;
+    if (model == v && !key) {
+      if (!(extra[n_extra] = kiln_strprintf("model.path=%s", v))) goto oom;
+    } else if (dtype == v && !key) {
+      if (!(extra[n_extra] = kiln_strprintf("model.dtype=%s", v))) goto oom;
+    } else {
+      if (!(extra[n_extra] = kiln_strprintf("%s=%s", key, v))) goto oom;
+    }
+    ov[n_ov++] = extra[n_extra++];
+    if (n_extra >= 8) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "serve: too many options");
+      goto done;
+    }
+  }
+  /* the command's own options go through the config too, so they are checked the same way */
+  for (int i = cli->num_sets; i < n_ov; i++)
+    if ((st = kiln_config_set(cli->config, ov[i]))) goto done;
+  /* A server logs one line per request, at info: warn (the default) is raised to info; set
+   * [log] level = error to silence them. */
+  if (kiln_log_get_level() == KILN_LOG_WARN) kiln_log_set_level(KILN_LOG_INFO);
+
+  const char *key = kiln_config_get_string(cli->config, "server", "api_key");
+  if (!key[0] && getenv("KILN_API_KEY")) key = getenv("KILN_API_KEY");
+  kiln_server_options_t so;
+  memset(&so, 0, sizeof(so));
+  so.host = kiln_config_get_string(cli->config, "server", "host");
+  so.port = (int)kiln_config_get_int(cli->config, "server", "port");
+  so.api_key = key;
+  so.max_body_bytes = (size_t)kiln_config_get_int(cli->config, "server", "max_body_bytes");
+  so.request_timeout = kiln_config_get_float(cli->config, "server", "request_timeout");
+  so.shutdown_timeout = kiln_config_get_float(cli->config, "server", "shutdown_timeout");
+  so.version = KILN_VERSION_STRING;
+  char model_path[4096];
+  if ((st = kiln_config_model_path(cli->config, model_path, sizeof(model_path)))) goto done;
+  if (!(name = served_name(kiln_config_get_string(cli->config, "server", "served_model_name"),
+                           model_path)))
+    goto oom;
+  so.model_name = name;
+
+  /* Signals are taken by sigwait below: block them before any thread starts. */
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  if ((st = kiln_server_start(&so, &server))) goto done;
+  KILN_LOG_I("listening on http://%s:%d; loading %s", so.host, kiln_server_port(server),
+             model_path);
+  if ((st = kiln_engine_create(cli->config_path, ov, n_ov, &eng))) goto done;
+  kiln_engine_info_t info;
+  kiln_engine_get_info(eng, &info);
+  kiln_server_attach(server, eng);
+  const char *host = so.host;
+  printf(
+      "kiln: serving %s on http://%s%s%s:%d (backend %s, %s; context %lld, %d KV blocks of %d)\n",
+      name, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
+      kiln_server_port(server), info.backend, info.device, (long long)info.max_model_len,
+      info.num_blocks, info.block_size);
+  fflush(stdout);
+  if (key && key[0]) KILN_LOG_I("API key required on /v1 routes");
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  KILN_LOG_I("%s: draining requests (up to %g s), then exiting",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", so.shutdown_timeout);
+  kiln_server_shutdown(server);
+  rc = 0;
+  goto done;
+oom:
+  st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+done:
+  kiln_server_free(server); /* before the engine: no request may outlive it */
+  kiln_engine_destroy(eng);
+  for (int i = 0; i < n_extra; i++) free(extra[i]);
+  free(extra);
+  free(ov);
+  free(name);
+  if (st) return kiln_cli_fail(st);
+  return rc;
+}
