@@ -378,7 +378,8 @@ static void rig_decode(rig_t *r, const int32_t *seqs, int32_t S, bool full, int 
   }
   qsl[S] = S;
   if (full) width = r->W;
-  int32_t *tables = malloc((size_t)S * (size_t)width * sizeof(int32_t));
+  assert_true(S > 0 && width > 0);
+  int32_t *tables = malloc((size_t)(uint32_t)S * (size_t)(uint32_t)width * sizeof(int32_t));
   assert_non_null(tables);
   for (int32_t i = 0; i < S; i++)
     memcpy(tables + (size_t)i * width, r->bt + (size_t)seqs[i] * r->W, (size_t)width * 4);
@@ -734,8 +735,10 @@ static long refused_run(const char *path, long fail_at, int32_t code, bool expec
   kiln_model_graph_stats_t st;
   kiln_model_graph_stats(r.m[1], &st);
   *out_log = errcap_end(&cap);
-  /* The logits of a refused capture's batch come from the same eager ops: bit for bit. */
-  assert_int_equal(r.exact, r.rows);
+  /* The logits of a refused capture's batch come from the same eager ops: bit for bit on the
+   * CPU. A GPU's GEMM may pick another algorithm for the padded shape of the batches that did
+   * replay before the refusal, so there rig_decode's tolerance is the check. */
+  if (strcmp(g_real->name, "cpu") == 0) assert_int_equal(r.exact, r.rows);
   rig_check_kv(&r);
   assert_int_equal(g_inj.begins, g_inj.ends); /* every capture was closed */
   assert_int_equal(st.failed, expect_fallback);
