@@ -29,6 +29,12 @@ SHAPES = {
                        num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
                        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
                        rope_theta=1000000.0, rms_norm_eps=1e-6),
+    # Two layers of Qwen2-7B (hidden 3584, 28 heads / 4 KV heads, head 128, intermediate 18944,
+    # vocab 152064): the real layer shapes at a fraction of the weights.
+    "qwen2-7b-2l": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=2,
+                        num_attention_heads=28, num_key_value_heads=4, intermediate_size=18944,
+                        vocab_size=152064, max_position_embeddings=32768, tie_word_embeddings=False,
+                        rope_theta=1000000.0, rms_norm_eps=1e-6),
     # Llama-3.2-1B: hidden 2048, 16 layers, 32 heads / 8 KV heads, intermediate 8192, tied,
     # llama3 rope scaling.
     "llama3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16,
@@ -114,6 +120,17 @@ def main():
                           "--ids", ",".join(map(str, check_ids)), "--out", npy])
         kiln[dtype_name] = np.load(npy)
     r32 = refs["float32"]
+    # the same logits through Kiln's decode path (one token per forward) and chunked prefill
+    # (37-token chunks over the cached prefix), in bf16
+    for mode, chunk in (("decode", 1), ("chunked", 37)):
+        npy = os.path.join(a.work, f"kiln_bf16_{mode}.npy")
+        run_kiln(a.kiln, ["score", "--set", "backend.name=cuda", "--model", path, "--dtype", "bfloat16",
+                          "--chunk", str(chunk), "--ids", ",".join(map(str, check_ids)), "--out", npy])
+        k = np.load(npy)
+        res[f"rel_err_bfloat16_{mode}_vs_hf_fp32"] = rel_err(k, r32)
+        res[f"argmax_agree_bfloat16_{mode}_vs_fp32"] = float(np.mean(k.argmax(-1) == r32.argmax(-1)))
+        print(f"bf16 {mode} (chunk {chunk}): kiln vs transformers fp32 {res[f'rel_err_bfloat16_{mode}_vs_hf_fp32']:.3g} "
+              f"(argmax {res[f'argmax_agree_bfloat16_{mode}_vs_fp32']:.3f})", flush=True)
     res["rel_err_float32"] = rel_err(kiln["float32"], r32)
     res["rel_err_bfloat16_vs_hf_bf16"] = rel_err(kiln["bfloat16"], refs["bfloat16"])
     res["rel_err_bfloat16_vs_hf_fp32"] = rel_err(kiln["bfloat16"], r32)

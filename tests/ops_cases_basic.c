@@ -62,6 +62,28 @@ static const gemm_case_t gemm_cases[] = {
     {0, 17, 31, 65, false, true, false, false, true, 1.0f, 0.0f, true, 0, false},
     {2, 9, 10, 33, false, true, false, false, false, 1.0f, 0.25f, true, 3, false},
     {0, 64, 48, 96, false, true, false, false, false, 1.0f, 0.0f, false, 0, true},
+    /* Decode shapes: M <= 8, b the [K, N] view of a PyTorch [N, K] weight, K % 8 == 0 and
+     * 16-byte rows (pad 0 or 8). The CUDA plugin runs f16/bf16 ones on its skinny kernel
+     * (cuda_gemv.cu): each compile-time M class padded and exact, N below/within/past a block,
+     * K below one warp's stride and with a tail, bias/alpha/beta, f16/bf16 and f32 c. */
+    {0, 1, 4608, 3584, false, true, false, false, true, 1.0f, 0.0f, false, 0, false},
+    {0, 1, 3584, 3584, false, true, false, false, false, 1.0f, 0.0f, false, 0, false},
+    {0, 1, 1, 4104, false, true, false, false, true, 1.0f, 0.5f, false, 0, false},
+    {0, 1, 3584 * 3 + 5, 64, false, true, false, false, false, -0.5f, 0.0f, false, 8, false},
+    {0, 2, 7, 896, false, true, false, false, true, 0.5f, 0.0f, false, 0, false},
+    {0, 2, 3584 * 3 + 5, 896, false, true, false, false, false, 1.0f, 0.0f, false, 0, false},
+    {0, 3, 1, 64, false, true, false, false, false, 1.0f, 0.75f, false, 0, false},
+    {0, 3, 4608, 4104, false, true, false, false, false, 0.75f, 0.0f, false, 8, false},
+    {0, 5, 3584 * 3 + 5, 4104, false, true, false, false, true, 1.25f, -0.5f, false, 8, false},
+    {0, 5, 7, 896, false, true, false, false, true, 1.0f, 0.0f, true, 0, false},
+    {0, 8, 4608, 896, false, true, false, false, true, 1.0f, 0.0f, false, 0, false},
+    {0, 8, 7, 3584, false, true, false, false, false, -2.0f, 1.0f, false, 8, false},
+    {0, 8, 3584 * 3 + 5, 3584, false, true, false, false, true, 1.0f, 0.0f, false, 0, false},
+    {0, 8, 3584, 64, false, true, false, false, true, 1.0f, 0.25f, true, 0, false},
+    /* Same kind of shapes that must take the general path: rows 2 bytes off 16-byte alignment
+     * (pad 1), and b row-major (strided along K). */
+    {0, 4, 4608, 896, false, true, false, false, true, 1.0f, 0.0f, false, 1, false},
+    {0, 2, 3584, 896, false, false, false, false, true, 1.0f, 0.5f, false, 0, false},
 };
 
 static void gemm_run(const oh_backend_t *be, int32_t dt, const gemm_case_t *g) {

@@ -8,6 +8,8 @@
  *   b row-major (k, n at k*ld + n): column-major N x K -> op N;  column-major b: K x N -> op T
  *   a row-major (m, k at m*ld + k): column-major K x M -> op N;  column-major a: M x K -> op T
  * The bias [N] is then a per-row bias of D', which is what CUBLASLT_EPILOGUE_BIAS adds. */
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -294,6 +296,58 @@ static kiln_hal_error_t *gemm_staged(kiln_hal_stream_t *s, const kiln_hal_gemm_a
   return NULL;
 }
 
+/* Which calls the skinny kernel takes, read once from the environment:
+ *   1 (default) only where it measured faster than cuBLASLt on an H200 (2026-11-29): M <= 2 and
+ *     K <= 8192. At M = 1 it streams W at 3.5 TB/s for K=3584 N=37888 (cuBLASLt 3.1) and 4.3
+ *     TB/s for the lm_head (3.9), but only 2.2 TB/s for K=18944 N=3584, where its 448 blocks
+ *     are too few (cuBLASLt 2.8); at M = 8 cuBLASLt is faster on every large shape.
+ *   2 every call that fits (KILN_CUDA_GEMV=all: for tests of the kernel at M up to 8);
+ *   3 never (KILN_CUDA_NO_GEMV=1: A/B benchmarks). */
+static int gemv_mode(void) {
+  static atomic_int state; /* 0 = not read yet */
+  int v = atomic_load_explicit(&state, memory_order_relaxed);
+  if (v == 0) {
+    const char *off = getenv("KILN_CUDA_NO_GEMV"), *all = getenv("KILN_CUDA_GEMV");
+    v = (off && off[0] && strcmp(off, "0") != 0) ? 3 : (all && !strcmp(all, "all")) ? 2 : 1;
+    atomic_store_explicit(&state, v, memory_order_relaxed);
+  }
+  return v;
+}
+
+/* Fills *p and returns true when the skinny kernel (cuda_gemv.cu) can take the call: one
+ * product (batch 1) of f16/bf16 with M <= 8, a's rows and b's columns (the rows of a [N, K]
+ * weight) contiguous along K, K % 8 == 0, and a, b and their row strides 16-byte aligned. */
+static bool gemv_fits(const kiln_hal_gemm_args_t *a, int64_t M, int64_t N, int64_t K, int64_t batch,
+                      const operand_t *oc, cuda_gemv_params_t *p) {
+  const kiln_hal_tensor_t *ta = &a->a, *tb = &a->b, *tc = &a->c;
+  const int ia = ta->ndim - 2, ib = tb->ndim - 2;
+  if (batch != 1 || M < 1 || M > CUDA_GEMV_MAX_M || N < 1 || K < 8 || K % 8 != 0) return false;
+  if (ta->dtype != KILN_HAL_F16 && ta->dtype != KILN_HAL_BF16) return false;
+  if (tc->dtype != ta->dtype && tc->dtype != KILN_HAL_F32) return false;
+  if (ta->stride[ia + 1] != 1 || tb->stride[ib] != 1) return false; /* unit stride along K */
+  const int64_t ldx = M > 1 ? ta->stride[ia] : K, ldw = N > 1 ? tb->stride[ib + 1] : K;
+  const void *px = cuda_view(ta).ptr, *pw = cuda_view(tb).ptr;
+  if (ldx % 8 != 0 || ldw % 8 != 0 || ((uintptr_t)px | (uintptr_t)pw) % 16 != 0) return false;
+  const int mode = gemv_mode();
+  if (mode == 3 || (mode == 1 && (M > 2 || K > 8192))) return false;
+  memset(p, 0, sizeof(*p));
+  p->x = px;
+  p->w = pw;
+  p->bias = cuda_view(&a->bias).ptr;
+  p->c = cuda_view(tc).ptr;
+  p->ldx = ldx;
+  p->ldw = ldw;
+  p->ldc = oc->ld;
+  p->dtype_ab = ta->dtype;
+  p->dtype_c = tc->dtype;
+  p->M = (int32_t)M;
+  p->N = (int32_t)N;
+  p->K = (int32_t)K;
+  p->alpha = a->alpha;
+  p->beta = a->beta;
+  return true;
+}
+
 kiln_hal_error_t *cuda_gemm(kiln_hal_stream_t *s, const kiln_hal_gemm_args_t *a) {
   kiln_hal_device_t *d = s->device;
   kiln_hal_error_t *err;
@@ -336,6 +390,13 @@ kiln_hal_error_t *cuda_gemm(kiln_hal_stream_t *s, const kiln_hal_gemm_args_t *a)
   }
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
     return cuda_err_unsupported("gemm: dimensions beyond int32");
+
+  /* Decode-sized products stream the weight in one kernel, bias and beta included. */
+  cuda_gemv_params_t gp;
+  if (gemv_fits(a, M, N, K, batch, &oc, &gp)) {
+    cudaError_t e = cuda_launch_gemv(s->stream, d->warp_size, &gp);
+    return e == cudaSuccess ? NULL : cuda_err_rt(e, "gemm: gemv kernel launch");
+  }
 
   size_t es_ab = kiln_hal_dtype_size(ta->dtype), es_c = kiln_hal_dtype_size(tc->dtype);
   const void *pa = cuda_view(ta).ptr, *pb = cuda_view(tb).ptr;

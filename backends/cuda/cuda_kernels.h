@@ -59,6 +59,25 @@ cudaError_t cuda_launch_scale_bias(cudaStream_t st, cuda_view_t c, const void *b
 cudaError_t cuda_launch_gemm_finish(cudaStream_t st, cuda_view_t c, const float *tmp,
                                     const void *bias, float beta);
 
+/* The skinny gemm of decode (cuda_gemv.cu): c = alpha * x @ w^T + beta * c + bias, rounded
+ * once. x: [M, K] with rows contiguous (row stride ldx); w: [N, K] with rows contiguous (row
+ * stride ldw: a PyTorch Linear weight); c: [M, N] row-major (row stride ldc), in dtype_ab or
+ * F32; bias: NULL or [N] contiguous in c's dtype; c is never read when beta == 0.
+ * dtype_ab F16 or BF16; 1 <= M <= CUDA_GEMV_MAX_M; K % 8 == 0; x, w 16-byte aligned, and ldx
+ * (when M > 1) and ldw (when N > 1) multiples of 8. Other calls return cudaErrorInvalidValue
+ * (the alignment is the caller's to check). */
+#define CUDA_GEMV_MAX_M 8
+typedef struct cuda_gemv_params {
+  const void *x, *w, *bias;
+  void *c;
+  int64_t ldx, ldw, ldc; /* elements */
+  int32_t dtype_ab, dtype_c;
+  int32_t M, N, K;
+  float alpha, beta;
+} cuda_gemv_params_t;
+
+cudaError_t cuda_launch_gemv(cudaStream_t st, int warp, const cuda_gemv_params_t *p);
+
 typedef struct cuda_attention_params {
   cuda_view_t q, out;            /* [T, NH, D] */
   const void *k_cache, *v_cache; /* dense [NB, NKV, BS, D] */
