@@ -4,8 +4,10 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -76,11 +78,11 @@ kiln_status_t kiln_cli_init(kiln_cli_t *cli, int argc, char **argv) {
   cli->config_path = config_path;
   for (int i = 0; i < nsets; i++)
     if ((st = kiln_config_set(cli->config, sets[i]))) goto fail;
-  if (log_level && (st = kiln_config_set_value(cli->config, "log", "level", log_level,
-                                               "--log-level")))
+  if (log_level &&
+      (st = kiln_config_set_value(cli->config, "log", "level", log_level, "--log-level")))
     goto fail;
-  kiln_log_set_level((kiln_log_level_t)kiln_log_level_parse(
-      kiln_config_get_string(cli->config, "log", "level")));
+  kiln_log_set_level(
+      (kiln_log_level_t)kiln_log_level_parse(kiln_config_get_string(cli->config, "log", "level")));
   kiln_log_set_format(strcmp(kiln_config_get_string(cli->config, "log", "format"), "json") == 0
                           ? KILN_LOG_JSON
                           : KILN_LOG_TEXT);
@@ -226,4 +228,37 @@ kiln_status_t kiln_cli_dtype(const char *name, int32_t *out_dtype) {
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "--dtype: '%s' is not one of auto, float32, float16, bfloat16", name);
   return NULL;
+}
+
+double kiln_cli_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cli_cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+/* Percentile p of sorted v[n], interpolating between ranks. */
+static double cli_percentile(const double *v, size_t n, double p) {
+  double rank = p / 100.0 * (double)(n - 1);
+  size_t lo = (size_t)floor(rank), hi = (size_t)ceil(rank);
+  return v[lo] + (v[hi] - v[lo]) * (rank - (double)lo);
+}
+
+kiln_cli_stats_t kiln_cli_stats(double *v, size_t n) {
+  kiln_cli_stats_t s = {n, 0, 0, 0, 0, 0, 0};
+  if (!n) return s;
+  qsort(v, n, sizeof(*v), cli_cmp_double);
+  double sum = 0;
+  for (size_t i = 0; i < n; i++) sum += v[i];
+  s.mean = sum / (double)n;
+  s.p50 = cli_percentile(v, n, 50);
+  s.p90 = cli_percentile(v, n, 90);
+  s.p99 = cli_percentile(v, n, 99);
+  s.min = v[0];
+  s.max = v[n - 1];
+  return s;
 }

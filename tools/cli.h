@@ -12,12 +12,12 @@
 #include "hal/loader.h"
 
 typedef struct kiln_cli {
-  int argc;           /* the subcommand's own arguments (after the common ones are removed) */
+  int argc; /* the subcommand's own arguments (after the common ones are removed) */
   char **argv;
   const char *config_path; /* the file loaded, or NULL for built-in defaults */
   kiln_config_t *config;
   kiln_hal_registry_t *registry; /* created by kiln_cli_registry() */
-  const char **sets;   /* the --set overrides, in order (for kiln_engine_create) */
+  const char **sets;             /* the --set overrides, in order (for kiln_engine_create) */
   int num_sets;
 } kiln_cli_t;
 
@@ -65,6 +65,17 @@ kiln_status_t kiln_cli_parse_ids(const char *cmd, const char *s, int32_t **out_i
 /* Parses a --dtype value: "auto" (or NULL) = -1, the checkpoint's dtype; float32, float16,
  * bfloat16 = the KILN_HAL_* dtype. Errors: KILN_ERR_INVALID_ARGUMENT for any other name. */
 kiln_status_t kiln_cli_dtype(const char *name, int32_t *out_dtype);
+
+/* Seconds on the monotonic clock (for timing runs). */
+double kiln_cli_now(void);
+
+/* Summary statistics of v[n] in v's own units; v is sorted in place. Percentiles interpolate
+ * linearly between ranks (numpy's default). All zero when n is 0. */
+typedef struct kiln_cli_stats {
+  size_t count;
+  double mean, p50, p90, p99, min, max;
+} kiln_cli_stats_t;
+kiln_cli_stats_t kiln_cli_stats(double *v, size_t n);
 
 int kiln_cmd_info(kiln_cli_t *cli);
 int kiln_cmd_selftest(kiln_cli_t *cli);

@@ -28,12 +28,6 @@
 #include "core/strbuf.h"
 #include "kiln/kiln.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 typedef struct off_args {
   const char *model, *dtype, *dataset, *json;
   int64_t input_len, output_len, batch, iters, warmup, num_prompts, seed;
@@ -56,7 +50,7 @@ typedef struct off_run {
 
 static void off_on_output(void *user, const kiln_output_t *o) {
   off_req_t *r = user;
-  double t = now_s();
+  double t = kiln_cli_now();
   if (o->num_tokens > 0 && r->t_first == 0) r->t_first = t;
   r->out_tokens += o->num_tokens;
   if (o->finish_reason == KILN_FINISH_ERROR || o->finish_reason == KILN_FINISH_ABORT) {
@@ -90,30 +84,11 @@ static void off_prompt(int32_t *ids, int64_t n, int32_t vocab, uint64_t *rng) {
   for (int64_t i = 0; i < n; i++) ids[i] = lo + (int32_t)(off_rand(rng) % (uint64_t)span);
 }
 
-static int off_cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-typedef struct off_stat {
-  double mean, p50, p90, p99, min, max;
-} off_stat_t;
+typedef kiln_cli_stats_t off_stat_t;
 
 /* Sorts v in place. */
 static off_stat_t off_stats(double *v, int64_t n) {
-  off_stat_t s = {0, 0, 0, 0, 0, 0};
-  if (n <= 0) return s;
-  qsort(v, (size_t)n, sizeof(double), off_cmp);
-  double sum = 0;
-  for (int64_t i = 0; i < n; i++) sum += v[i];
-  s.mean = sum / (double)n;
-  /* nearest rank */
-  s.p50 = v[(int64_t)ceil(0.50 * (double)n) - 1];
-  s.p90 = v[(int64_t)ceil(0.90 * (double)n) - 1];
-  s.p99 = v[(int64_t)ceil(0.99 * (double)n) - 1];
-  s.min = v[0];
-  s.max = v[n - 1];
-  return s;
+  return kiln_cli_stats(v, (size_t)(n > 0 ? n : 0));
 }
 
 static void off_print_stat(const char *name, off_stat_t s, double scale, const char *unit) {
@@ -200,9 +175,9 @@ static kiln_status_t off_engine(kiln_cli_t *cli, const off_args_t *a, kiln_engin
   if (a->model && !(ov[n++] = own[no++] = kiln_strprintf("model.path=%s", a->model))) goto oom;
   if (a->dtype && !(ov[n++] = own[no++] = kiln_strprintf("model.dtype=%s", a->dtype))) goto oom;
   for (int i = 0; i < cli->num_sets && n < 64; i++) ov[n++] = cli->sets[i];
-  double t0 = now_s();
+  double t0 = kiln_cli_now();
   st = kiln_engine_create(cli->config_path, ov, n, out);
-  *out_startup = now_s() - t0;
+  *out_startup = kiln_cli_now() - t0;
   goto done;
 oom:
   st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -234,7 +209,7 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
     d.params = &sp;
     d.on_output = off_on_output;
     d.user = &req[i];
-    req[i].t_submit = now_s();
+    req[i].t_submit = kiln_cli_now();
     kiln_request_t *h = NULL;
     kiln_status_t st = kiln_engine_submit(eng, &d, &h);
     if (st) {
@@ -308,7 +283,7 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
           (long long)a.output_len, (long long)a.iters, (long long)a.warmup, startup);
   for (int64_t it = 0; it < runs; it++) {
     for (int64_t i = 0; i < B; i++) off_prompt(prompts[i], a.input_len, info.vocab_size, &rng);
-    double t0 = now_s();
+    double t0 = kiln_cli_now();
     if ((st = off_submit(eng, &run, req, prompts, lens, mt, B))) goto done;
     double t_end = 0, t_first = 0;
     for (int64_t i = 0; i < B; i++) {
@@ -497,7 +472,7 @@ int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
   }
   fprintf(stderr, "bench throughput: %s on %s (%s), %lld requests; start-up %.2f s\n",
           info.model_name, info.backend, info.device, (long long)N, startup);
-  double t0 = now_s();
+  double t0 = kiln_cli_now();
   if ((st = off_submit(eng, &run, req, prompts, lens, mt, N))) goto done;
   double t_end = 0;
   int64_t in_tok = 0, out_tok = 0;

@@ -252,12 +252,6 @@ static kiln_status_t bs_parse(kiln_cli_t *cli, bs_args_t *a) {
 
 /* ---- small helpers -------------------------------------------------------------------------- */
 
-static double bs_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static bool bs_dvec_push(bs_dvec_t *d, double x) {
   if (d->len == d->cap) {
     size_t cap = d->cap ? 2 * d->cap : 64;
@@ -638,7 +632,7 @@ static bool bs_sse_feed(bs_req_t *r, const char *p, size_t n, double t) {
 static size_t bs_on_data(char *ptr, size_t size, size_t nmemb, void *ud) {
   bs_req_t *r = ud;
   size_t n = size * nmemb;
-  double t = bs_now();
+  double t = kiln_cli_now();
   if (!r->status_known) {
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &r->http_status);
     r->status_known = true;
@@ -724,7 +718,7 @@ static kiln_status_t bs_launch(bs_t *b, size_t index, bool warmup, bs_result_t *
     return kiln_status_make(KILN_ERR_INTERNAL, "%s: curl_multi_add_handle: %s", BS_CMD,
                             curl_multi_strerror(mc));
   }
-  r->t_start = bs_now();
+  r->t_start = kiln_cli_now();
   res->start = r->t_start - t0;
   r->next = b->live;
   if (b->live) b->live->prev = r;
@@ -754,7 +748,7 @@ static void bs_http_error(bs_req_t *r, kiln_strbuf_t *out) {
 /* A transfer ended (cc says how): fills the result and frees the request. */
 static void bs_finish(bs_t *b, bs_req_t *r, CURLcode cc) {
   bs_result_t *res = r->res;
-  double t_end = bs_now();
+  double t_end = kiln_cli_now();
   kiln_strbuf_t msg = KILN_STRBUF_INIT;
   curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &r->http_status);
   res->http_status = r->http_status;
@@ -822,9 +816,9 @@ static kiln_status_t bs_run(bs_t *b, size_t n, bool warmup, const double *arriva
   bool tty = isatty(STDERR_FILENO);
   const char *what = warmup ? "warmup" : BS_CMD;
   kiln_status_t st = NULL;
-  double t0 = bs_now(), shown = 0;
+  double t0 = kiln_cli_now(), shown = 0;
   while (done < n) {
-    double t = bs_now() - t0;
+    double t = kiln_cli_now() - t0;
     while (next < n && in_flight < cap && (!arrivals || arrivals[next] <= t)) {
       if ((st = bs_launch(b, next, warmup, &results[next], t0))) goto fail;
       next++;
@@ -851,15 +845,15 @@ static kiln_status_t bs_run(bs_t *b, size_t n, bool warmup, const double *arriva
       done++;
       in_flight--;
     }
-    if (tty && (bs_now() - shown > 0.25 || done == n)) {
-      shown = bs_now();
+    if (tty && (kiln_cli_now() - shown > 0.25 || done == n)) {
+      shown = kiln_cli_now();
       bs_progress(what, done, failed, n, done == n);
     }
     if (done == n) break;
     /* Sleep until the network has news, the next arrival is due, or 1 s has passed. */
     int wait_ms = 1000;
     if (next < n && in_flight < cap) {
-      double dt = arrivals ? arrivals[next] - (bs_now() - t0) : 0;
+      double dt = arrivals ? arrivals[next] - (kiln_cli_now() - t0) : 0;
       wait_ms = dt <= 0 ? 0 : dt >= 1 ? 1000 : (int)ceil(dt * 1000.0);
     }
     if (wait_ms > 0 && (mc = curl_multi_poll(b->multi, NULL, 0, wait_ms, NULL))) {
@@ -868,7 +862,7 @@ static kiln_status_t bs_run(bs_t *b, size_t n, bool warmup, const double *arriva
       goto fail;
     }
   }
-  *out_duration = bs_now() - t0;
+  *out_duration = kiln_cli_now() - t0;
   return NULL;
 fail:
   while (b->live) {
@@ -983,29 +977,10 @@ typedef struct bs_stat {
   double mean, p50, p90, p99; /* ms */
 } bs_stat_t;
 
-static int bs_cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
-
-/* Percentile p of sorted v[n] with linear interpolation between ranks (numpy's default). */
-static double bs_percentile(const double *v, size_t n, double p) {
-  double rank = p / 100.0 * (double)(n - 1);
-  size_t lo = (size_t)floor(rank), hi = (size_t)ceil(rank);
-  return v[lo] + (v[hi] - v[lo]) * (rank - (double)lo);
-}
-
 /* Statistics of v[n] (seconds; sorted in place) in ms. */
 static bs_stat_t bs_stat(double *v, size_t n) {
-  bs_stat_t s = {n, 0, 0, 0, 0};
-  if (!n) return s;
-  qsort(v, n, sizeof(*v), bs_cmp_double);
-  double sum = 0;
-  for (size_t i = 0; i < n; i++) sum += v[i];
-  s.mean = 1e3 * sum / (double)n;
-  s.p50 = 1e3 * bs_percentile(v, n, 50);
-  s.p90 = 1e3 * bs_percentile(v, n, 90);
-  s.p99 = 1e3 * bs_percentile(v, n, 99);
+  kiln_cli_stats_t c = kiln_cli_stats(v, n);
+  bs_stat_t s = {n, 1e3 * c.mean, 1e3 * c.p50, 1e3 * c.p90, 1e3 * c.p99};
   return s;
 }
 

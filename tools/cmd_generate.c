@@ -211,12 +211,6 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
 
 /* ---- small helpers -------------------------------------------------------------------------- */
 
-static double gen_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void gen_ids_push(gen_ids_t *l, int32_t x) {
   if (l->len == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 16;
@@ -493,7 +487,7 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
     d.prompt = a->prompt;
   else
     d.prompt_ids = pids.v, d.num_prompt_ids = (int32_t)pids.len;
-  double t0 = gen_now(), t1 = 0, t2;
+  double t0 = kiln_cli_now(), t1 = 0, t2;
   if (!st) st = kiln_engine_submit(eng, &d, &req);
   /* Stream one sequence as it comes (text, or ids without a tokenizer); n > 1 prints at the
    * end. */
@@ -503,7 +497,7 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
   while (!st) {
     kiln_output_t *o = NULL;
     if ((st = kiln_request_poll(req, -1, &o)) || !o) break;
-    if (o->num_tokens > 0 && t1 == 0) t1 = gen_now();
+    if (o->num_tokens > 0 && t1 == 0) t1 = kiln_cli_now();
     gen_job_take(j, o);
     if (stream && info.has_tokenizer && o->text_len) {
       fwrite(o->text, 1, o->text_len, stdout);
@@ -516,7 +510,7 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
     kiln_output_free(o);
     if (last) break;
   }
-  t2 = gen_now();
+  t2 = kiln_cli_now();
   if (t1 == 0) t1 = t2;
   if (stream) {
     printf("\n");
@@ -793,7 +787,7 @@ static void gen_progress(gen_batch_t *b, bool final) {
   pthread_mutex_lock(&b->mu);
   int64_t done = b->finished, toks = b->gen_tokens;
   pthread_mutex_unlock(&b->mu);
-  double now = gen_now(), el = now - b->t0;
+  double now = kiln_cli_now(), el = now - b->t0;
   double tps = el > 0 ? (double)toks / el : 0;
   if (b->tty) {
     if (!final && now - b->last_draw < 0.1) return;
@@ -996,7 +990,7 @@ static int gen_batch(kiln_cli_t *cli, const gen_args_t *a) {
   kiln_engine_get_info(eng, &info);
   kiln_sampling_params_t base;
   gen_base_params(a, &base);
-  b.t0 = gen_now();
+  b.t0 = kiln_cli_now();
   int64_t line_no = 0, index = 0;
   bool eof = false;
   while (!st) {
@@ -1069,7 +1063,7 @@ static int gen_batch(kiln_cli_t *cli, const gen_args_t *a) {
     pthread_mutex_unlock(&b.mu);
   }
   if (!st && wst) st = wst, wst = NULL;
-  wall = gen_now() - b.t0;
+  wall = kiln_cli_now() - b.t0;
   gen_progress(&b, true);
 done:
   /* After an error: cancel what still runs; destroy delivers every final event (to jobs still
