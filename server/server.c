@@ -127,9 +127,6 @@ static enum MHD_Result respond(struct MHD_Connection *c, kiln_server_t *s, int s
   if (retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   if (status == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-  if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
-    MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "POST");
-  }
   enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
   MHD_destroy_response(r);
   stats_add(s, status);
