@@ -129,6 +129,7 @@ typedef struct kiln_api_choice {
   int32_t num_tokens, cap_tokens;
   size_t text_offset; /* completions logprobs' text_offset of the next token */
   bool started;       /* streaming: the first chunk (chat role, echo) went out */
+  bool finish_sent;   /* streaming: the chunk with the finish reason went out */
   kiln_finish_reason_t finish;
   char *stop_str;     /* the matched stop string, or NULL */
   int32_t stop_token; /* the stop token, or -1 */

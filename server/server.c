@@ -706,7 +706,8 @@ static void job_stream_emit(job_t *j) {
   for (int32_t ci = 0; ci < j->nchoices; ci++) {
     kiln_api_choice_t *c = &j->choices[ci];
     if (!job_echo(j, ci)) continue;
-    bool finished_now = c->finish != KILN_FINISH_NONE && c->finish != KILN_FINISH_ERROR;
+    bool finished_now =
+        c->finish != KILN_FINISH_NONE && c->finish != KILN_FINISH_ERROR && !c->finish_sent;
     bool role_first = r->kind == KILN_API_CHAT && !c->started;
     if (!c->text.len && !c->num_tokens && !role_first && !finished_now) continue;
     if (finished_now && (c->text.len || c->num_tokens || role_first)) {
@@ -718,8 +719,7 @@ static void job_stream_emit(job_t *j) {
     }
     if (finished_now) {
       kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
-      c->finish = KILN_FINISH_ERROR; /* reported: never again */
-      c->stop_token = -1;
+      c->finish_sent = true;
     } else {
       kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
     }
