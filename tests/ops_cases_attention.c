@@ -529,6 +529,9 @@ static void attn_check(oh_buf_t *ob, const kiln_hal_attention_args_t *a, int32_t
 static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t *c) {
   const int64_t NH = c->NH, NKV = c->NKV, D = c->D, BS = c->BS, S = c->nseq;
   const size_t es = kiln_hal_dtype_size(dt);
+  double work = 0; /* multiply-adds of the reference: q rows x visible keys x heads x dims x 2 */
+  for (int64_t s = 0; s < S; s++) work += 2.0 * c->seqs[s].q_len * c->seqs[s].seq_len * NH * D;
+  if (oh_skip_big(work)) return;
   const float scale = c->scale > 0 ? c->scale : (float)(1.0 / sqrt((double)D));
   int32_t qsl[ATTN_MAX_SEQS + 1], lens[ATTN_MAX_SEQS], qlens[ATTN_MAX_SEQS];
   int64_t MB = 1, nblocks = 0;

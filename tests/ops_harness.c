@@ -14,9 +14,14 @@
 #include "hal/loader.h"
 #include "hal/ref/ops_ref.h"
 
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+
 oh_backend_t oh_backends[OH_MAX_BACKENDS];
 int oh_num_backends;
 uint64_t oh_seed;
+bool oh_quick;
 
 const int32_t oh_float_dtypes[3] = {KILN_HAL_F32, KILN_HAL_F16, KILN_HAL_BF16};
 
@@ -42,6 +47,12 @@ static bool oh_name_wanted(const char *list, const char *name) {
 
 int oh_setup(const char **out_why) {
   *out_why = NULL;
+  const char *quick = getenv("KILN_TEST_QUICK");
+  oh_quick = quick && *quick && strcmp(quick, "0") != 0;
+#ifdef RUNNING_ON_VALGRIND
+  if (RUNNING_ON_VALGRIND) oh_quick = true;
+#endif
+  if (oh_quick) printf("test_ops: quick mode: cases over %.0e multiply-adds are skipped\n", OH_QUICK_WORK);
   kiln_hal_registry_options_t opts;
   memset(&opts, 0, sizeof(opts));
   kiln_status_t st = kiln_hal_registry_create(&opts, &g_registry);
@@ -153,6 +164,7 @@ static char g_label[512];
 static const char *g_test = "";
 static int g_failures;
 static int g_cases;   /* oh_case() calls in this test */
+static int g_skipped; /* cases skipped by quick mode in this test */
 static int g_printed; /* failure lines printed in this test (capped to keep logs readable) */
 enum { OH_MAX_PRINTED = 300 };
 
@@ -173,6 +185,7 @@ void oh_test_begin(const char *name) {
   g_test = name;
   g_failures = 0;
   g_cases = 0;
+  g_skipped = 0;
   g_printed = 0;
   snprintf(g_label, sizeof(g_label), "%s", name);
 }
@@ -181,8 +194,18 @@ void oh_test_end(void) {
   oh_free_all();
   int n = g_failures;
   g_failures = 0;
-  printf("test_ops: %s: %d case(s) checked, %d failure(s)\n", g_test, g_cases, n);
+  if (g_skipped)
+    printf("test_ops: %s: %d case(s) checked, %d failure(s), %d big case(s) skipped (quick)\n",
+           g_test, g_cases, n, g_skipped);
+  else
+    printf("test_ops: %s: %d case(s) checked, %d failure(s)\n", g_test, g_cases, n);
   if (n) fail_msg("%s: %d check(s) failed (seed %llu)", g_test, n, (unsigned long long)oh_seed);
+}
+
+bool oh_skip_big(double work) {
+  if (!oh_quick || work <= OH_QUICK_WORK) return false;
+  g_skipped++;
+  return true;
 }
 
 void oh_case(const oh_backend_t *be, const char *op, int32_t dtype, const char *fmt, ...) {

@@ -38,6 +38,14 @@ extern oh_backend_t oh_backends[OH_MAX_BACKENDS];
 extern int oh_num_backends;
 extern uint64_t oh_seed;
 
+/* Quick mode, under valgrind or with KILN_TEST_QUICK=1: cases bigger than OH_QUICK_WORK
+ * multiply-adds are skipped (and counted). The valgrind pass looks for leaks and uninitialised
+ * reads, which the small cases reach as well; the release and sanitizer runs keep every case. */
+#define OH_QUICK_WORK 1.0e6
+extern bool oh_quick;
+/* True (and counted as skipped) when quick mode is on and `work` exceeds OH_QUICK_WORK. */
+bool oh_skip_big(double work);
+
 /* Loads the registry, opens every usable backend (restricted by $KILN_TEST_BACKENDS) and
  * prints them. Returns the number of backends under test. *out_why is NULL when all is well,
  * else a static explanation of why the suite must fail (no backend at all, or one that was
