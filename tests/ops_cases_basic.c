@@ -84,6 +84,12 @@ static const gemm_case_t gemm_cases[] = {
      * (pad 1), and b row-major (strided along K). */
     {0, 4, 4608, 896, false, true, false, false, true, 1.0f, 0.0f, false, 1, false},
     {0, 2, 3584, 896, false, false, false, false, true, 1.0f, 0.5f, false, 0, false},
+    /* Enough 128 x 128 tiles (M, N > 64; >= 256 of them) for Kiln's own gemm kernel
+     * (cuda_gemm_kernel.cu) to take its large tiles, each product with partial tiles in M, N
+     * and K; and a batch past a grid's 65535 blocks along z. */
+    {64, 130, 129, 40, true, true, false, false, true, 1.0f, 0.5f, false, 1, false},
+    {80, 129, 200, 33, false, false, true, false, false, -1.0f, 0.0f, true, 0, false},
+    {66000, 3, 5, 7, false, true, false, false, true, 1.0f, 0.5f, true, 0, false},
 };
 
 static void gemm_run(const oh_backend_t *be, int32_t dt, const gemm_case_t *g) {
@@ -91,6 +97,7 @@ static void gemm_run(const oh_backend_t *be, int32_t dt, const gemm_case_t *g) {
   const int32_t cdt = g->c_f32 ? KILN_HAL_F32 : dt;
   const int64_t M = g->M, N = g->N, K = g->K, B = g->batch ? g->batch : 1;
   const size_t es = kiln_hal_dtype_size(dt), ces = kiln_hal_dtype_size(cdt);
+  if (oh_skip_big((double)M * (double)N * (double)(K > 0 ? K : 1) * (double)B)) return;
   oh_case(be, "gemm", dt,
           "batch=%lld M=%lld N=%lld K=%lld a=%s%s b=%s%s bias=%d alpha=%g beta=%g c=%s pad=%lld%s",
           (long long)g->batch, (long long)M, (long long)N, (long long)K, g->a_col ? "col" : "row",

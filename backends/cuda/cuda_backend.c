@@ -13,6 +13,22 @@
 #define CUDA_STR2(x) #x
 #define CUDA_STR(x) CUDA_STR2(x)
 
+/* The build description `kiln info` shows. KILN_GPU_ARCH_LIST comes from CMake. */
+#ifndef KILN_GPU_ARCH_LIST
+#define KILN_GPU_ARCH_LIST "?"
+#endif
+#if defined(__HIP_PLATFORM_AMD__)
+#include <hip/hip_version.h>
+#define CUDA_BUILD_INFO                                                                       \
+  "HIP " CUDA_STR(HIP_VERSION_MAJOR) "." CUDA_STR(HIP_VERSION_MINOR) " (libamdhip64; rocBLAS " \
+  "loaded at run time, else Kiln's GEMM kernel), archs " KILN_GPU_ARCH_LIST
+#else
+#include <cublasLt.h> /* for its version only: every cuBLASLt call is in cuda_blas_lt.c */
+#define CUDA_BUILD_INFO                                                                \
+  "CUDA " CUDA_STR(CUDART_VERSION) " (cudart static, cuBLASLt " CUDA_STR(             \
+      CUBLAS_VER_MAJOR) "." CUDA_STR(CUBLAS_VER_MINOR) "), archs " KILN_GPU_ARCH_LIST
+#endif
+
 static const kiln_hal_host_t *g_host;
 
 /* ============================================================================================
@@ -38,14 +54,6 @@ kiln_hal_error_t *cuda_err_unsupported(const char *fmt, ...) {
 kiln_hal_error_t *cuda_err_rt(cudaError_t e, const char *what) {
   int32_t code = e == cudaErrorMemoryAllocation ? KILN_HAL_ERR_OUT_OF_MEMORY : KILN_HAL_ERR_DEVICE;
   return kiln_hal_error_new(code, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
-kiln_hal_error_t *cuda_err_blas(cublasStatus_t s, const char *what) {
-  int32_t code = s == CUBLAS_STATUS_ALLOC_FAILED    ? KILN_HAL_ERR_OUT_OF_MEMORY
-                 : s == CUBLAS_STATUS_NOT_SUPPORTED ? KILN_HAL_ERR_UNSUPPORTED
-                                                    : KILN_HAL_ERR_DEVICE;
-  return kiln_hal_error_new(code, "%s: %s: %s", what, cublasLtGetStatusName(s),
-                            cublasLtGetStatusString(s));
 }
 
 /* A launcher's result as an error object. */
@@ -112,32 +120,103 @@ cuda_view_t cuda_view(const kiln_hal_tensor_t *t) {
  * Probe, init, devices
  * ==========================================================================================*/
 
+/* ---- what differs between NVIDIA and AMD devices ---------------------------------------- */
+
+#if defined(__HIP_PLATFORM_AMD__)
+#define GPU_MAKER "AMD"
+#define GPU_API "hip"
+/* "gfx90a" out of "gfx90a:sramecc+:xnack-". */
+static void device_arch(const struct cudaDeviceProp *p, char *buf, size_t n) {
+  snprintf(buf, n, "%.*s", (int)strcspn(p->gcnArchName, ":"), p->gcnArchName);
+}
+/* Whether this build holds code for arch: hipcc emits code objects only for the listed
+ * targets, and a launch on any other fails (hipErrorNoBinaryForGpu) mid-run. */
+static bool arch_built(const char *arch) {
+  const char *list = KILN_GPU_ARCH_LIST;
+  size_t n = strlen(arch);
+  for (const char *p = list; *p;) {
+    size_t len = strcspn(p, " ;");
+    if (len == n && strncmp(p, arch, n) == 0) return true;
+    p += len;
+    p += strspn(p, " ;");
+  }
+  return false;
+}
+/* NULL when the plugin can drive the device, else why not. */
+static kiln_hal_error_t *device_refusal(const struct cudaDeviceProp *p, const char *op) {
+  char arch[64];
+  device_arch(p, arch, sizeof(arch));
+  if (arch_built(arch)) return NULL;
+  return cuda_err_unsupported("%s: %s is %s; this rocm plugin was built for %s (rebuild with "
+                              "-DKILN_ROCM_ARCHS=%s)",
+                              op, p->name, arch, KILN_GPU_ARCH_LIST, arch);
+}
+#else
+#define GPU_MAKER "NVIDIA"
+#define GPU_API "cuda"
+static void device_arch(const struct cudaDeviceProp *p, char *buf, size_t n) {
+  snprintf(buf, n, "sm_%d%d", p->major, p->minor);
+}
+static kiln_hal_error_t *device_refusal(const struct cudaDeviceProp *p, const char *op) {
+  if (p->major >= 8) return NULL;
+  return cuda_err_unsupported("%s: %s is sm_%d%d; this build needs sm_80 or newer", op, p->name,
+                              p->major, p->minor);
+}
+#endif
+
 static kiln_hal_error_t *cuda_probe(int32_t *out_score) {
   if (!out_score) return cuda_err_arg("probe: out_score is NULL");
   *out_score = 0;
+#if !defined(__HIP_PLATFORM_AMD__)
   /* The driver library first: without it the runtime can only say "insufficient driver". The
-   * handle is kept (libcuda is never unloaded; the runtime opens it again itself). */
+   * handle is kept (the driver is never unloaded; the runtime opens it again itself). The HIP
+   * runtime needs no such check: the plugin links it, so it is loaded if we got this far. */
   dlerror();
   void *h = dlopen(KILN_GPU_DRIVER_SONAME, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
-    return kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE, "no NVIDIA driver: %s",
+    return kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE, "no " GPU_MAKER " driver: %s",
                               why ? why : KILN_GPU_DRIVER_SONAME ": dlopen failed");
   }
+#endif
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess)
-    return kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE, "cudaGetDeviceCount: %s: %s",
-                              cudaGetErrorName(e), cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    /* HIP 5's error strings repeat the name: print it once then. */
+    const char *name = cudaGetErrorName(e), *text = cudaGetErrorString(e);
+    return kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE, "%s: %s%s%s", GPU_API "GetDeviceCount", name,
+                              strcmp(name, text) ? ": " : "", strcmp(name, text) ? text : "");
+  }
   if (n <= 0)
     return kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE,
-                              "the NVIDIA driver is loaded but reports no CUDA device");
-  *out_score = 200;
-  return NULL;
+                              "the " GPU_MAKER " driver is loaded but reports no device");
+  /* Usable only if some device is one this build can drive; else say why the first is not. */
+  kiln_hal_error_t *why = NULL;
+  for (int i = 0; i < n; i++) {
+    struct cudaDeviceProp p;
+    e = cudaGetDeviceProperties(&p, i);
+    kiln_hal_error_t *r = e != cudaSuccess ? cuda_err_rt(e, "probe: cudaGetDeviceProperties")
+                                           : device_refusal(&p, "probe");
+    if (!r) {
+      if (why) why->destroy(why);
+      *out_score = 200;
+      return NULL;
+    }
+    if (why)
+      r->destroy(r);
+    else
+      why = r;
+  }
+  return why;
 }
 
 static kiln_hal_error_t *cuda_init(const kiln_hal_host_t *host) {
   g_host = host;
+  if (host && KILN_HAL_HAS(host, log) && host->log) {
+    char line[700];
+    snprintf(line, sizeof(line), "gemm library: %s", cuda_blas_describe());
+    host->log(host->ctx, KILN_HAL_LOG_INFO, line);
+  }
   return NULL;
 }
 
@@ -181,11 +260,15 @@ static kiln_hal_error_t *cuda_device_info(int32_t index, kiln_hal_device_info_t 
   if (e != cudaSuccess) return cuda_err_rt(e, "device_info: cudaMemGetInfo");
   info.kind = KILN_HAL_DEVICE_GPU;
   snprintf(info.name, sizeof(info.name), "%.127s", p.name);
-  snprintf(info.arch, sizeof(info.arch), "sm_%d%d", p.major, p.minor);
+  device_arch(&p, info.arch, sizeof(info.arch));
   info.total_memory = total_b;
   info.free_memory = free_b;
   info.caps = KILN_HAL_CAP_F16 | KILN_HAL_CAP_GRAPHS | KILN_HAL_CAP_DEVICE_SAMPLING;
+#if defined(__HIP_PLATFORM_AMD__)
+  info.caps |= KILN_HAL_CAP_BF16; /* converted in registers: any gfx9+ target */
+#else
   if (p.major >= 8) info.caps |= KILN_HAL_CAP_BF16 | KILN_HAL_CAP_TF32;
+#endif
   info.warp_size = p.warpSize;
   info.compute_units = p.multiProcessorCount;
   info.pci_bus_id =
@@ -204,9 +287,7 @@ static kiln_hal_error_t *cuda_device_open(int32_t index, kiln_hal_device_t **out
   struct cudaDeviceProp p;
   cudaError_t e = cudaGetDeviceProperties(&p, index);
   if (e != cudaSuccess) return cuda_err_rt(e, "device_open: cudaGetDeviceProperties");
-  if (p.major < 8)
-    return cuda_err_unsupported("device_open: %s is sm_%d%d; this build needs sm_80 or newer",
-                                p.name, p.major, p.minor);
+  CHECK(device_refusal(&p, "device_open"));
   e = cudaSetDevice(index);
   if (e == cudaSuccess) e = cudaFree(NULL); /* creates the primary context now, not mid-op */
   if (e != cudaSuccess) return cuda_err_rt(e, "device_open: creating the context");
@@ -215,7 +296,11 @@ static kiln_hal_error_t *cuda_device_open(int32_t index, kiln_hal_device_t **out
   d->index = index;
   d->warp_size = p.warpSize;
   d->sm_count = p.multiProcessorCount;
+#if defined(__HIP_PLATFORM_AMD__)
+  d->smem_optin = (int64_t)p.sharedMemPerBlock; /* LDS per workgroup: no opt-in step on AMD */
+#else
   d->smem_optin = (int64_t)p.sharedMemPerBlockOptin;
+#endif
   atomic_init(&d->capturing, 0);
   *out_device = d;
   return NULL;
@@ -315,20 +400,7 @@ static kiln_hal_error_t *cuda_stream_create(kiln_hal_device_t *device,
     err = cuda_err_rt(e, "stream_create: cudaStreamCreateWithFlags");
     goto fail;
   }
-  cublasStatus_t bs = cublasLtCreate(&s->lt);
-  if (bs != CUBLAS_STATUS_SUCCESS) {
-    s->lt = NULL;
-    err = cuda_err_blas(bs, "stream_create: cublasLtCreate");
-    goto fail;
-  }
-  s->workspace_size = CUDA_GEMM_WORKSPACE_BYTES;
-  e = cudaMalloc(&s->workspace, s->workspace_size);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    s->workspace = NULL;
-    err = cuda_err_rt(e, "stream_create: cudaMalloc(cuBLASLt workspace)");
-    goto fail;
-  }
+  if ((err = cuda_blas_create(s, &s->blas))) goto fail;
   e = cudaMalloc((void **)&s->stage, CUDA_GEMM_STAGE_BYTES);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -347,8 +419,7 @@ static kiln_hal_error_t *cuda_stream_create(kiln_hal_device_t *device,
   return NULL;
 fail:
   if (s->stage) (void)cudaFree(s->stage);
-  if (s->workspace) (void)cudaFree(s->workspace);
-  if (s->lt) cublasLtDestroy(s->lt);
+  cuda_blas_destroy(s->blas);
   if (s->stream) (void)cudaStreamDestroy(s->stream);
   free(s);
   return err;
@@ -365,10 +436,8 @@ static void cuda_stream_destroy(kiln_hal_stream_t *s) {
     atomic_fetch_sub(&s->device->capturing, 1);
   }
   (void)cudaStreamSynchronize(s->stream);
-  cuda_gemm_plans_release(s);
-  if (s->lt) cublasLtDestroy(s->lt);
+  cuda_blas_destroy(s->blas);
   (void)cudaStreamDestroy(s->stream);
-  if (s->workspace) (void)cudaFree(s->workspace);
   if (s->stage) (void)cudaFree(s->stage);
   if (s->attn_scratch) (void)cudaFree(s->attn_scratch);
   free(s);
@@ -806,18 +875,12 @@ static void cuda_graph_destroy(kiln_hal_graph_t *graph) {
  * The table
  * ==========================================================================================*/
 
-#ifndef KILN_CUDA_ARCH_LIST
-#define KILN_CUDA_ARCH_LIST "?"
-#endif
-
 static const kiln_hal_backend_t g_table = {
     .struct_size = sizeof(kiln_hal_backend_t),
     .abi_major = KILN_HAL_ABI_MAJOR,
     .abi_minor = KILN_HAL_ABI_MINOR,
-    .name = "cuda",
-    .build_info =
-        KILN_GPU_VENDOR " " CUDA_STR(CUDART_VERSION) " (cudart static, cuBLASLt " CUDA_STR(
-            CUBLAS_VER_MAJOR) "." CUDA_STR(CUBLAS_VER_MINOR) "), archs " KILN_CUDA_ARCH_LIST,
+    .name = KILN_GPU_PLUGIN_NAME,
+    .build_info = CUDA_BUILD_INFO,
     .init = cuda_init,
     .shutdown = cuda_shutdown,
     .probe = cuda_probe,

@@ -14,7 +14,7 @@
 
 static __device__ __forceinline__ float to_f32(float v) { return v; }
 static __device__ __forceinline__ float to_f32(kiln_f16 v) { return __half2float(v); }
-static __device__ __forceinline__ float to_f32(kiln_bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ float to_f32(kiln_bf16 v) { return kiln_bf16_to_f32(v); }
 
 template <typename T>
 static __device__ __forceinline__ T from_f32(float v);
@@ -28,7 +28,7 @@ __device__ __forceinline__ kiln_f16 from_f32<kiln_f16>(float v) {
 }
 template <>
 __device__ __forceinline__ kiln_bf16 from_f32<kiln_bf16>(float v) {
-  return __float2bfloat16_rn(v);
+  return kiln_f32_to_bf16(v);
 }
 
 /* v rounded to what T holds, back in f32. */
@@ -53,7 +53,7 @@ static __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-/* Sum over the block; every thread gets the result. `scratch` holds >= 1024/WARP + 1 values
+/* Sum over the block; every thread gets the result. `scratch` holds >= ceil(blockDim.x/WARP) values
  * and may be reused right after the call returns (the function ends with a barrier). */
 template <int WARP, typename T>
 static __device__ T block_sum(T v, T *scratch) {

@@ -7,8 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cublasLt.h>
-
 #include "kiln/hal.h"
 #include "kiln/hal_check.h"
 #include "kiln/hal_util.h"
@@ -18,8 +16,6 @@
 
 /* cudaMalloc aligns to 256 bytes at least, which the ABI asks for. */
 
-/* Workspace each stream hands cuBLASLt (NVIDIA recommends 32 MiB on Hopper). */
-#define CUDA_GEMM_WORKSPACE_BYTES (32u << 20)
 /* f32 staging for gemms with a half-precision output and a bias or beta != 0 (cuda_gemm.c):
  * the product is formed in f32 here, row chunk by row chunk, then rounded once. */
 #define CUDA_GEMM_STAGE_BYTES (32u << 20)
@@ -27,8 +23,6 @@
  * the decode rows, f32. Fixed per stream so captured graphs replay against the same address;
  * a launch whose splits would not fit uses fewer (down to none). */
 #define CUDA_ATTN_SCRATCH_BYTES (16u << 20)
-/* Heuristic results cached per stream (plans keyed by shape, layout and alignment). */
-#define CUDA_GEMM_CACHE_SIZE 64
 
 /* ---- handles ----------------------------------------------------------------------------- */
 
@@ -47,34 +41,19 @@ struct kiln_hal_buffer {
   bool pinned;
 };
 
-/* One cached GEMM plan: the key fields describe the call, the rest is what cuBLASLt needs. */
-typedef struct cuda_gemm_plan {
-  bool used;
-  uint64_t stamp; /* LRU clock */
-  /* key */
-  int32_t dtype_ab, dtype_c, compute;
-  int32_t trans_a, trans_b; /* of the cuBLASLt operands (A' = b, B' = a) */
-  int64_t m, n, k, lda, ldb, ldc, batch, stride_a, stride_b, stride_c;
-  int32_t align_a, align_b, align_c, epilogue;
-  /* value */
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t la, lb, lc;
-  cublasLtMatmulAlgo_t algo;
-} cuda_gemm_plan_t;
+/* The GEMM library's state for one stream: cuBLASLt (cuda_blas_lt.c) in the CUDA plugin,
+ * rocBLAS (backends/rocm/rocm_blas.c) in the ROCm one. Opaque to everything else. */
+typedef struct cuda_blas cuda_blas_t;
 
-/* A stream owns its cuBLASLt handle, workspace and plan cache: it is used by one thread at a
- * time (hal.h), so none of these needs a lock. */
+/* A stream owns its GEMM library state and scratch buffers: it is used by one thread at a time
+ * (hal.h), so none of these needs a lock. */
 struct kiln_hal_stream {
   kiln_hal_device_t *device;
   cudaStream_t stream;
-  cublasLtHandle_t lt;
-  void *workspace;
-  size_t workspace_size;
+  cuda_blas_t *blas;  /* NULL when the plugin has no GEMM library (rocBLAS absent) */
   float *stage;       /* CUDA_GEMM_STAGE_BYTES of f32 staging, fixed for the stream's life */
   void *attn_scratch; /* CUDA_ATTN_SCRATCH_BYTES for attention's split-KV partials, likewise */
-  cuda_gemm_plan_t plans[CUDA_GEMM_CACHE_SIZE];
-  uint64_t clock;
-  bool capturing; /* between graph_begin and graph_end */
+  bool capturing;     /* between graph_begin and graph_end */
 };
 
 struct kiln_hal_graph {
@@ -92,8 +71,6 @@ kiln_hal_error_t *cuda_err_unsupported(const char *fmt, ...) __attribute__((form
 /* An error for a failed runtime call: "<what>: <cudaGetErrorName>: <cudaGetErrorString>"; code
  * OUT_OF_MEMORY for allocation failures, else DEVICE. */
 kiln_hal_error_t *cuda_err_rt(cudaError_t e, const char *what);
-/* Same for a failed cuBLASLt call. */
-kiln_hal_error_t *cuda_err_blas(cublasStatus_t s, const char *what);
 
 /* Makes the stream's device current on the calling thread. */
 kiln_hal_error_t *cuda_stream_enter(kiln_hal_stream_t *s);
@@ -107,10 +84,40 @@ kiln_hal_check_env_t cuda_check_env(kiln_hal_device_t *dev);
 /* The device view of a validated tensor (ptr NULL for an absent one). */
 cuda_view_t cuda_view(const kiln_hal_tensor_t *t);
 
-/* ---- GEMM (cuda_gemm.c) -------------------------------------------------------------------- */
+/* ---- GEMM (cuda_gemm.c: the op, on a library or Kiln's own kernel) ------------------------ */
 
 kiln_hal_error_t *cuda_gemm(kiln_hal_stream_t *s, const kiln_hal_gemm_args_t *args);
-/* Releases the stream's cached plans. */
-void cuda_gemm_plans_release(kiln_hal_stream_t *s);
+
+/* ---- the GEMM library (cuda_blas_lt.c; backends/rocm/rocm_blas.c) -------------------------- */
+
+/* One column-major product, or a strided batch of them, in BLAS terms:
+ *     D'[m x n] = alpha * op(A') op(B') + beta * D' (+ bias[i] on row i of D')
+ * A' is m x k after op (stored k x m when trans_a), B' is k x n after op (n x k when trans_b).
+ * cuda_gemm.c maps kiln's row-major views onto it (see there). dtype_c is dtype_ab or F32;
+ * bias, when not NULL, is [m] in dtype_c and is only passed with an F32 D'. */
+typedef struct cuda_blas_call {
+  int32_t dtype_ab, dtype_c;
+  bool tf32; /* F32 inputs may use reduced-precision matrix units */
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  const void *a, *b;
+  void *d;
+  int64_t lda, ldb, ldd;
+  int64_t stride_a, stride_b, stride_d; /* elements between batch members */
+  int64_t batch;                        /* >= 1; strides are not 0 when batch > 1 */
+  float alpha, beta;
+  const void *bias;
+} cuda_blas_call_t;
+
+/* Creates the library state for stream s (handle, workspace); *out stays NULL, with no error,
+ * when the plugin has no library at all (the caller then uses Kiln's own kernel). */
+kiln_hal_error_t *cuda_blas_create(kiln_hal_stream_t *s, cuda_blas_t **out);
+void cuda_blas_destroy(cuda_blas_t *b);
+/* Enqueues the product on s's stream. *bias_done is false when the library could not fuse the
+ * bias (the caller adds it). UNSUPPORTED when the library has no algorithm for the call. */
+kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t *c,
+                                   bool *bias_done);
+/* "cuBLASLt 13.0", "rocBLAS 4.1 (librocblas.so.4)", for build_info and logs. */
+const char *cuda_blas_describe(void);
 
 #endif /* KILN_CUDA_INTERNAL_H */

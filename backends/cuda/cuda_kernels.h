@@ -78,6 +78,25 @@ typedef struct cuda_gemv_params {
 
 cudaError_t cuda_launch_gemv(cudaStream_t st, int warp, const cuda_gemv_params_t *p);
 
+/* Kiln's own gemm (cuda_gemm_kernel.cu; the ROCm plugin's when rocBLAS is absent), all of
+ * hal.h's gemm on CUDA cores: c = alpha * a @ b + beta * c + bias per product, f32
+ * accumulation, rounded once to c's dtype. Any strides (row-major, column-major or neither;
+ * negative or 0), any pointer alignment, int64 sizes, batch stride 0 = broadcast. K == 0 gives
+ * beta * c + bias. c is never read when beta == 0. M, N or batch == 0 does nothing. Returns
+ * cudaErrorInvalidValue for a dtype pair it does not take. warp is unused (no warp-level ops). */
+typedef struct cuda_gemm_kernel_params {
+  const void *a, *b, *bias; /* bias: NULL or [N] contiguous in c's dtype */
+  void *c;
+  int32_t dtype_ab, dtype_c; /* a, b: F32/F16/BF16 (the same); c: dtype_ab or F32 */
+  int64_t M, N, K, batch;
+  int64_t a_rs, a_cs, a_bs; /* element strides of a[batch][m][k]: row (m), col (k), batch */
+  int64_t b_rs, b_cs, b_bs; /* b[batch][k][n]: row (k), col (n), batch */
+  int64_t c_rs, c_bs;       /* c[batch][m][n]: row stride, batch stride; column stride 1 */
+  float alpha, beta;
+} cuda_gemm_kernel_params_t;
+
+cudaError_t cuda_launch_gemm_kernel(cudaStream_t st, int warp, const cuda_gemm_kernel_params_t *p);
+
 typedef struct cuda_attention_params {
   cuda_view_t q, out;            /* [T, NH, D] */
   const void *k_cache, *v_cache; /* dense [NB, NKV, BS, D] */

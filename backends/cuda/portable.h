@@ -13,15 +13,24 @@
 #ifndef KILN_CUDA_PORTABLE_H
 #define KILN_CUDA_PORTABLE_H
 
+/* hipcc compiles for AMD (clang defines __HIP__) but does not itself define the platform
+ * macro the HIP headers want; the build passes it, and a bare `hipcc -x hip` gets it here. */
+#if defined(__HIP__) && !defined(__HIP_PLATFORM_AMD__) && !defined(__HIP_PLATFORM_NVIDIA__)
+#define __HIP_PLATFORM_AMD__ 1
+#endif
 #if defined(__HIP_PLATFORM_AMD__)
 /* ------------------------------------------------------------------ HIP (ROCm) ----------- */
 #include <hip/hip_runtime_api.h>
 #if defined(__HIPCC__)
-#include <hip/hip_bf16.h>
+#include <hip/hip_bfloat16.h>
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
-typedef __hip_bfloat16 kiln_bf16;
+/* hip_bfloat16 exists from ROCm 5.2 (Debian 12) through 6.x; its float constructor rounds to
+ * nearest even, as hal.h asks. (__hip_bfloat16 of <hip/hip_bf16.h> is 5.7+ only.) */
+typedef hip_bfloat16 kiln_bf16;
 typedef __half kiln_f16;
+static __device__ __forceinline__ float kiln_bf16_to_f32(kiln_bf16 v) { return (float)v; }
+static __device__ __forceinline__ kiln_bf16 kiln_f32_to_bf16(float v) { return kiln_bf16(v); }
 #endif
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
@@ -33,6 +42,7 @@ typedef __half kiln_f16;
 #define cudaGetLastError hipGetLastError
 #define cudaGetDeviceCount hipGetDeviceCount
 #define cudaSetDevice hipSetDevice
+#define cudaGetDevice hipGetDevice
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaGetDeviceProperties hipGetDeviceProperties
 #define cudaMemGetInfo hipMemGetInfo
@@ -64,8 +74,8 @@ typedef __half kiln_f16;
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define cudaDriverGetVersion hipDriverGetVersion
 #define cudaRuntimeGetVersion hipRuntimeGetVersion
-#define KILN_GPU_DRIVER_SONAME "libamdhip64.so"
 #define KILN_GPU_VENDOR "ROCm"
+#define KILN_GPU_PLUGIN_NAME "rocm"
 #else
 /* ------------------------------------------------------------------ CUDA ----------------- */
 #include <cuda_runtime_api.h>
@@ -75,10 +85,13 @@ typedef __half kiln_f16;
 #include <cuda_runtime.h>
 typedef __nv_bfloat16 kiln_bf16;
 typedef __half kiln_f16;
+static __device__ __forceinline__ float kiln_bf16_to_f32(kiln_bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ kiln_bf16 kiln_f32_to_bf16(float v) { return __float2bfloat16_rn(v); }
 #endif
 #define kiln_graph_instantiate(exec, graph) cudaGraphInstantiate((exec), (graph), 0)
 #define KILN_GPU_DRIVER_SONAME "libcuda.so.1"
 #define KILN_GPU_VENDOR "CUDA"
+#define KILN_GPU_PLUGIN_NAME "cuda"
 #endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -102,7 +115,8 @@ __device__ __forceinline__ T kiln_shfl_xor(T v, int lane_mask) {
 template <int WARP, typename T>
 __device__ __forceinline__ T kiln_shfl(T v, int src_lane) {
 #if defined(__HIP_PLATFORM_AMD__)
-  return __shfl(v, src_lane, WARP);
+  /* HIP before 6.2 does not reduce src_lane modulo the width, as CUDA does. */
+  return __shfl(v, src_lane & (WARP - 1), WARP);
 #else
   return __shfl_sync((unsigned)kiln_full_mask<WARP>(), v, src_lane, WARP);
 #endif
