@@ -14,6 +14,9 @@
 #include "cuda_common.cuh"
 
 #define SAMPLE_THREADS 1024
+/* The block helpers below count whole warps (blockDim.x / WARP): a block is always a whole
+ * number of warps of either width. */
+static_assert(SAMPLE_THREADS % 64 == 0, "SAMPLE_THREADS must be a whole number of 64-lane wavefronts");
 
 /* Order-preserving map f32 -> u32 (larger float, larger key) and back. */
 static __device__ __forceinline__ uint32_t fkey(float f) {

@@ -3,7 +3,10 @@
 # Debian libraries carried as .deb files, then run kiln info, the op conformance suite and
 # kiln selftest on the cuda backend, the op benchmarks (BENCH=1), the attention kernels under
 # compute-sanitizer (SANITIZE_ATTN=seconds per tool), ctest, and (when the tokenizer cache is
-# carried) the Hugging Face goldens and tokenizer reference timing.
+# carried) the Hugging Face goldens and tokenizer reference timing; GEMM_KERNEL=1 runs the op
+# suite and the gemm benchmark with Kiln's own GEMM kernel (KILN_GPU_GEMM=kernel, the ROCm
+# plugin's fallback); PORTABILITY=1 runs `kiln info` with the ROCm plugin and Debian's HIP and
+# Level Zero runtimes from DEPS_DIR/hip/ beside the NVIDIA GPU.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
 #   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD); without it, the
@@ -59,6 +62,29 @@ if [ -n "${SANITIZE_ATTN:-}" ]; then
     ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so --only attn --quick --reps 1 --no-ceilings \
     >>"$OUT/sanitize_attn.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|Race reported|hazard|attn " "$OUT/sanitize_attn.log" | tail -12
+fi
+if [ -n "${GEMM_KERNEL:-}" ]; then
+  echo "== test_ops on cuda with every gemm on Kiln's own kernel (KILN_GPU_GEMM=kernel)"
+  for seed in ${SEEDS-1 2}; do
+    (cd build/tests && KILN_GPU_GEMM=kernel KILN_TEST_SEED=$seed KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+       KILN_TEST_BACKENDS=cuda timeout 300 ./test_ops) >"$OUT/test_ops_gemmkernel_$seed.log" 2>&1
+    echo "seed $seed rc=$?"; grep -E "^FAIL|failure\(s\)|PASSED|FAILED" "$OUT/test_ops_gemmkernel_$seed.log" | grep -v " 0 failure" | head -30
+  done
+  echo "== gemm benchmark: cuBLASLt, then Kiln's own kernel"
+  timeout 200 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so --only gemm 2>&1 | tee "$OUT/bench_gemm_lt.txt"
+  KILN_GPU_GEMM=kernel timeout 200 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so --only gemm --no-ceilings 2>&1 | tee "$OUT/bench_gemm_kernel.txt"
+fi
+if [ -n "${PORTABILITY:-}" ] && [ -d "$deps/hip" ]; then
+  echo "== kiln info with the ROCm plugin (built on the CPU machine) and Debian's HIP/Level Zero runtimes"
+  mkdir -p /tmp/hipsys /tmp/plugins-all
+  for f in "$deps"/hip/*.deb; do dpkg -x "$f" /tmp/hipsys 2>/dev/null; done
+  cp "$deps"/hip/libkiln-backend-rocm.so /tmp/plugins-all/
+  hl=/tmp/hipsys/usr/lib/x86_64-linux-gnu
+  echo "-- without the HIP runtime on the library path"
+  KILN_BACKEND_PATH=/tmp/plugins-all ./build/bin/kiln info 2>&1 | tee "$OUT/info_portability_nohip.txt"
+  echo "-- with Debian's HIP 5.2 and Level Zero loader on the library path"
+  LD_LIBRARY_PATH=$hl:$LD_LIBRARY_PATH KILN_BACKEND_PATH=/tmp/plugins-all ./build/bin/kiln info 2>&1 | tee "$OUT/info_portability.txt"
+  LD_LIBRARY_PATH=$hl:$LD_LIBRARY_PATH KILN_BACKEND_PATH=/tmp/plugins-all ./build/bin/kiln generate --prompt "Once upon a time" --max-tokens 8 2>&1 | tail -3
 fi
 if [ -n "${CTEST-1}" ]; then
   echo "== ctest (all, default backends)"
