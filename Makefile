@@ -9,7 +9,7 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev \
               libpcre2-dev libutf8proc-dev libxxhash-dev libcurl4-openssl-dev libmicrohttpd-dev \
-              valgrind
+              valgrind hipcc
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build run test test-release test-asan test-memcheck clean
