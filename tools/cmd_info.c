@@ -3,7 +3,18 @@
 #include <string.h>
 
 #include "cli.h"
+#include "hal/gpus.h"
 #include "kiln/hal_util.h"
+
+/* The PCI addresses of the devices the open plugins listed, to tell which plugin drives each
+ * GPU the vendors' libraries see. A fixed table: beyond 256 devices the rest go unmatched. */
+typedef struct info_seen {
+  int count;
+  struct {
+    uint32_t pci_bus_id;
+    const char *plugin; /* borrowed from the registry */
+  } devices[256];
+} info_seen_t;
 
 static const char *info_state_name(int state) {
   switch (state) {
@@ -33,8 +44,30 @@ static void info_caps(char *buf, size_t n, uint64_t caps) {
   }
 }
 
-/* Lists the devices of an initialised plugin. */
-static void info_devices(const kiln_hal_plugin_t *p) {
+static void info_seen_add(info_seen_t *seen, uint32_t pci_bus_id, const char *plugin) {
+  if (!pci_bus_id || seen->count >= (int)(sizeof(seen->devices) / sizeof(seen->devices[0]))) return;
+  seen->devices[seen->count].pci_bus_id = pci_bus_id;
+  seen->devices[seen->count].plugin = plugin;
+  seen->count++;
+}
+
+/* Records the devices of a plugin that was not listed (one chosen by path), quietly. */
+static void info_seen_add_plugin(info_seen_t *seen, const kiln_hal_plugin_t *p) {
+  const kiln_hal_backend_t *t = &p->table;
+  int32_t count = 0;
+  kiln_hal_error_t *err = t->device_count(&count);
+  for (int32_t i = 0; !err && i < count; i++) {
+    kiln_hal_device_info_t di;
+    memset(&di, 0, sizeof(di));
+    di.struct_size = sizeof(di);
+    if ((err = t->device_info(i, &di))) break;
+    info_seen_add(seen, di.pci_bus_id, p->name);
+  }
+  kiln_hal_error_free(err);
+}
+
+/* Lists the devices of an initialised plugin, recording their PCI addresses in seen. */
+static void info_devices(const kiln_hal_plugin_t *p, info_seen_t *seen) {
   const kiln_hal_backend_t *t = &p->table;
   int32_t count = 0;
   kiln_hal_error_t *err = t->device_count(&count);
@@ -52,6 +85,7 @@ static void info_devices(const kiln_hal_plugin_t *p) {
       kiln_hal_error_free(err);
       continue;
     }
+    info_seen_add(seen, di.pci_bus_id, p->name);
     char total[32], avail[32], caps[160];
     info_caps(caps, sizeof(caps), di.caps);
     printf("           device %d: %s | arch %s | memory %s (%s free) | %d %s | warp %d\n", i,
@@ -62,6 +96,96 @@ static void info_devices(const kiln_hal_plugin_t *p) {
   }
 }
 
+/* The plugin meant for a vendor's GPUs, by name: the first entry that is not shadowed. */
+static const kiln_hal_plugin_t *info_find_plugin(kiln_hal_registry_t *reg, const char *name) {
+  for (int i = 0; i < kiln_hal_registry_count(reg); i++) {
+    const kiln_hal_plugin_t *p = kiln_hal_registry_get(reg, i);
+    if (p->state != KILN_HAL_PLUGIN_SHADOWED && strcmp(p->name, name) == 0) return p;
+  }
+  return NULL;
+}
+
+/* Why no plugin drives a GPU of this vendor, into buf. */
+static void info_why_unused(char *buf, size_t n, kiln_hal_registry_t *reg, int vendor,
+                            const kiln_gpu_device_t *g, const kiln_hal_plugin_t *chosen) {
+  const char *want = vendor == KILN_GPU_NVIDIA ? "cuda" : vendor == KILN_GPU_AMD ? "rocm" : NULL;
+  if (!want) {
+    if (chosen)
+      snprintf(buf, n, "Kiln has no Level Zero backend yet; this machine runs on %s", chosen->name);
+    else
+      snprintf(buf, n, "Kiln has no Level Zero backend yet");
+    return;
+  }
+  const kiln_hal_plugin_t *p = info_find_plugin(reg, want);
+  if (!p)
+    snprintf(buf, n, "no plugin for %s GPUs is installed (libkiln-backend-%s.so)",
+             vendor == KILN_GPU_NVIDIA ? "NVIDIA" : "AMD", want);
+  else if (p->state == KILN_HAL_PLUGIN_REJECTED)
+    snprintf(buf, n, "no installed plugin drives it: the %s plugin was rejected: %s", want,
+             p->reason ? p->reason : "(no reason given)");
+  else if (!g->pci_bus_id)
+    snprintf(buf, n, "its PCI address is unknown, so which plugin drives it cannot be told");
+  else
+    snprintf(buf, n,
+             "no installed plugin drives it: the %s plugin does not list a device at "
+             "this PCI address",
+             want);
+}
+
+/* The GPUs each vendor's driver library sees, whether or not a plugin drives them. */
+static void info_gpus(kiln_hal_registry_t *reg, const info_seen_t *seen,
+                      const kiln_hal_plugin_t *chosen) {
+  printf("\nGPUs seen through the vendors' driver libraries (independent of the plugins above):\n");
+  kiln_gpu_scan_t *scan = NULL;
+  kiln_status_t st = kiln_gpu_scan(&scan);
+  if (st) {
+    printf("  error: %s\n", kiln_status_message(st));
+    kiln_status_free(st);
+    return;
+  }
+  for (int v = 0; v < KILN_GPU_VENDOR_COUNT; v++) {
+    const kiln_gpu_driver_t *d = &scan->drivers[v];
+    printf("  %-8s %s%s%s: ", d->vendor_name, d->library, d->version[0] ? ", " : "", d->version);
+    switch (d->state) {
+      case KILN_GPU_DRIVER_MISSING: printf("not installed\n"); break;
+      case KILN_GPU_DRIVER_UNLOADABLE: printf("cannot be loaded: %s\n", d->error); break;
+      case KILN_GPU_DRIVER_FAILED: printf("%s\n", d->error); break;
+      default:
+        if (d->device_count == 0)
+          printf("no devices");
+        else
+          printf("%d device%s", d->device_count, d->device_count == 1 ? "" : "s");
+        if (d->missing[0]) printf(" (the library lacks %s)", d->missing);
+        printf("\n");
+        break;
+    }
+    for (int i = 0; i < d->device_count; i++) {
+      const kiln_gpu_device_t *g = &d->devices[i];
+      printf("           device %d: %s", i, g->name[0] ? g->name : "(unnamed)");
+      if (g->arch[0]) printf(" | %s", g->arch);
+      if (g->total_memory) {
+        char mem[32];
+        printf(" | %s", kiln_cli_bytes(mem, sizeof(mem), g->total_memory));
+      }
+      if (g->pci_bus_id)
+        printf(" | PCI %04x:%02x:%02x.0", g->pci_bus_id >> 16, (g->pci_bus_id >> 8) & 0xff,
+               g->pci_bus_id & 0xff);
+      const char *user = NULL;
+      for (int k = 0; g->pci_bus_id && !user && k < seen->count; k++)
+        if (seen->devices[k].pci_bus_id == g->pci_bus_id) user = seen->devices[k].plugin;
+      if (user) {
+        printf(" | used by plugin %s\n", user);
+      } else {
+        char why[1024];
+        info_why_unused(why, sizeof(why), reg, v, g, chosen);
+        printf("\n                     %s\n", why);
+      }
+      if (g->error[0]) printf("                     error: %s\n", g->error);
+    }
+  }
+  kiln_gpu_scan_free(scan);
+}
+
 int kiln_cmd_info(kiln_cli_t *cli) {
   kiln_status_t st = kiln_cli_registry(cli);
   if (st) return kiln_cli_fail(st);
@@ -70,6 +194,8 @@ int kiln_cmd_info(kiln_cli_t *cli) {
          KILN_HAL_ABI_MINOR);
   printf("config: %s\n", cli->config_path ? cli->config_path : "(built-in defaults)");
   printf("plugin search path: %s\n\n", kiln_hal_registry_search_path(reg));
+  info_seen_t seen;
+  seen.count = 0;
   int n = kiln_hal_registry_count(reg);
   if (n == 0) printf("no backend plugins found\n");
   for (int i = 0; i < n; i++) {
@@ -91,11 +217,13 @@ int kiln_cmd_info(kiln_cli_t *cli) {
     printf("\n");
     if (p->reason) printf("           reason: %s\n", p->reason);
     if (p->build_info && *p->build_info) printf("           build: %s\n", p->build_info);
-    if (p->state == KILN_HAL_PLUGIN_OPEN) info_devices(p);
+    if (p->state == KILN_HAL_PLUGIN_OPEN) info_devices(p, &seen);
   }
   const char *want = kiln_config_get_string(cli->config, "backend", "name");
   const kiln_hal_plugin_t *chosen = NULL;
   st = kiln_hal_registry_open(reg, want, &chosen);
+  if (!st && kiln_hal_registry_count(reg) > n) info_seen_add_plugin(&seen, chosen);
+  info_gpus(reg, &seen, chosen);
   if (st) {
     printf("\nbackend = %s: cannot be used: %s\n", want, kiln_status_message(st));
     kiln_status_free(st);
