@@ -1134,6 +1134,13 @@ const char *kiln_config_get_raw(const kiln_config_t *cfg, const char *section, c
   return e >= 0 ? cfg->extras[e].raw : NULL;
 }
 
+const char *kiln_config_section_key(const kiln_config_t *cfg, const char *section, size_t index) {
+  CONFIG_CHECK(cfg && section, "NULL argument");
+  for (size_t e = 0; e < cfg->n_extras; e++)
+    if (strcmp(cfg->extras[e].section, section) == 0 && index-- == 0) return cfg->extras[e].key;
+  return NULL;
+}
+
 const char *kiln_config_origin(const kiln_config_t *cfg, const char *section, const char *key) {
   CONFIG_CHECK(cfg && section && key, "NULL argument");
   int r = config_find_row(section, key);

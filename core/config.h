@@ -122,6 +122,12 @@ size_t kiln_config_get_int_list(const kiln_config_t *cfg, const char *section, c
  * aborts. Borrowed. This is how plugins read their [plugin.<name>] keys. */
 const char *kiln_config_get_raw(const kiln_config_t *cfg, const char *section, const char *key);
 
+/* The index-th key (from 0, in the order the keys were first set) of a [plugin.<name>] section,
+ * or NULL past the last (and for table sections, whose keys are all in the table). With
+ * kiln_config_get_raw() this lists what a plugin's section holds, so that the plugin can reject
+ * keys it does not know. Borrowed: valid until the config is freed (keys are never removed). */
+const char *kiln_config_section_key(const kiln_config_t *cfg, const char *section, size_t index);
+
 /* Where the current value of a key came from: "default", "<file>:<line>", "--set", or the origin
  * passed to kiln_config_set_value(). NULL for an unknown or unset key. Borrowed. */
 const char *kiln_config_origin(const kiln_config_t *cfg, const char *section, const char *key);

@@ -10,21 +10,43 @@
  * Every candidate is dlopen'ed (RTLD_NOW | RTLD_LOCAL), queried, version-checked and probed;
  * one that fails is kept in the registry with the exact reason, for `kiln info`.
  *
- * Plugin life cycle (per entry):
+ * Plugin life cycle, as one registry sees an entry:
  *
  *     found --dlopen/query/version--> rejected (reason)            kiln_hal_registry_create()
  *       |
  *       +--probe() score 0----------> rejected (probe's reason)
  *       |
  *       +--probe() score > 0--------> usable --init()--> initialised  kiln_hal_registry_open()
- *                                                            |
- *                                                  shutdown() at kiln_hal_registry_free()
+ *                                                            |   (init only if no other
+ *                                                            |    registry holds it open)
+ *                                                  shutdown() at kiln_hal_registry_free() of
+ *                                                  the last registry (or wrapper) holding it
  *
  * Plugins are never dlclose'd: GPU runtimes install threads and atexit handlers that crash
  * when their code is unmapped.
  *
- * Thread-safety: a registry is built and opened from one thread; the tables it hands out are
- * immutable and may be used from any thread under the ABI's own rules.
+ * One life cycle per plugin file, shared by all registries (hal.h, LIFETIME). A plugin file is
+ * dlopen'ed once per process however many registries scan it, so init()/shutdown() are not
+ * per entry: the loader keeps a process-wide record per dlopen handle, reference-counted
+ * under a mutex. The first registry to open the plugin creates the record and calls init();
+ * a registry that opens it meanwhile takes a reference; kiln_hal_registry_free() drops its
+ * references (in reverse order of opening) and the last one calls shutdown(). The record owns
+ * the kiln_hal_host_t handed to init() and what it returns:
+ *   - config: at the first open the record copies the plugin's whole [plugin.<name>] section
+ *     from that registry's options (config_key lists the keys, config_get reads them), so the
+ *     values outlive that registry and its config. With options that have config_get but no
+ *     config_key, the host's config_key is NULL and each value is copied when first read:
+ *     from the first opener while it lives, else from another registry holding the plugin.
+ *   - num_threads: the first opener's.
+ *   - load_backend: opens the backend in a registry holding the plugin (the first opener while
+ *     it lives) and gives the plugin the wrapped backend's record's table; the record of the
+ *     plugin that loaded it holds a reference on the wrapped one, dropped after its own
+ *     shutdown, so a wrapper always shuts down before what it wraps, across registries too.
+ *   - log: kiln_log, prefixed with the plugin's name.
+ *
+ * Thread-safety: a registry is built and opened from one thread; different registries may be
+ * created, opened and freed from different threads at once. The tables a registry hands out
+ * are immutable and may be used from any thread under the ABI's own rules.
  */
 #ifndef KILN_HAL_LOADER_H
 #define KILN_HAL_LOADER_H
@@ -54,7 +76,7 @@ typedef struct kiln_hal_plugin {
   uint32_t abi_major, abi_minor; /* what the plugin reported (0.0 if it never answered) */
   /* The plugin's table normalised to this host's layout: members the plugin did not have
    * are NULL, so callers test members for NULL instead of checking struct_size. Valid for
-   * usable/open plugins. */
+   * usable/open plugins, until the registry is freed. */
   kiln_hal_backend_t table;
   const char *build_info; /* borrowed from the plugin, "" when absent */
 } kiln_hal_plugin_t;
@@ -64,9 +86,13 @@ typedef struct kiln_hal_registry_options {
   bool skip_env;            /* ignore $KILN_BACKEND_PATH (tests) */
   bool skip_default_dirs;   /* search only the explicit directories (tests) */
   int32_t num_threads;      /* passed to plugins through kiln_hal_host_t */
-  /* Raw values for [plugin.<name>] sections: returns NULL when unset. May be NULL. */
+  /* Raw values for [plugin.<name>] sections: returns NULL when unset. May be NULL (then
+   * plugins see no keys). The strings need to last only for the call: the loader copies them. */
   const char *(*config_get)(void *ctx, const char *plugin_name, const char *key);
-  void *config_ctx;
+  /* The index-th key set in [plugin.<plugin_name>] (0, 1, ... in a stable order), NULL past
+   * the last. May be NULL: plugins then get no host->config_key (see above). */
+  const char *(*config_key)(void *ctx, const char *plugin_name, int32_t index);
+  void *config_ctx; /* passed to both; must outlive the registry */
 } kiln_hal_registry_options_t;
 
 /* Scans the search path and fills a registry. Fails only on out-of-memory: plugins that do
@@ -74,7 +100,8 @@ typedef struct kiln_hal_registry_options {
 kiln_status_t kiln_hal_registry_create(const kiln_hal_registry_options_t *options,
                                        kiln_hal_registry_t **out_registry);
 
-/* Shuts down every plugin that was initialised and frees the registry. NULL is a no-op. */
+/* Releases every plugin the registry opened (shutting down those no other registry or
+ * wrapper holds, wrappers first) and frees the registry. NULL is a no-op. */
 void kiln_hal_registry_free(kiln_hal_registry_t *registry);
 
 /* Number of entries, and entry i (borrowed). */

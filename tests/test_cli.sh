@@ -61,7 +61,7 @@ for ex in "$src"/etc/examples/*.ini; do
 done
 check "--help-config lists keys" 0 'gpu_memory_utilization' -- "$kiln" --help-config
 check "unknown command" 2 "unknown command 'frobnicate'" -- "$kiln" frobnicate
-check "version" 0 'backend ABI 1\.0' -- "$kiln" --version
+check "version" 0 'backend ABI [0-9]+\.[0-9]+\)' -- "$kiln" --version
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -1,6 +1,8 @@
 /* test_loader.c - the plugin loader against purpose-built bad plugins: wrong ABI major,
  * missing entry symbol, missing dependency, shorter (older) and longer (newer) tables, a
- * probe of 0, a NULL required member, an op that fails, bad file names, auto selection. */
+ * plugin built against ABI 1.0 under this (1.1) host, a probe of 0, a NULL required member, an
+ * op that fails, bad file names, auto selection. (Several registries sharing one plugin:
+ * test_registry_nesting.c.) */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -88,6 +90,14 @@ static const kiln_hal_plugin_t *find(scenario_t *s, const char *name) {
   return NULL;
 }
 
+/* "plugin ABI 2.0, host ABI <this host's major.minor>" */
+static const char *major2_reason(void) {
+  static char buf[64];
+  snprintf(buf, sizeof(buf), "plugin ABI 2.0, host ABI %d.%d", KILN_HAL_ABI_MAJOR,
+           KILN_HAL_ABI_MINOR);
+  return buf;
+}
+
 #define assert_contains(hay, needle)                                                     \
   do {                                                                                   \
     const char *h_ = (hay);                                                              \
@@ -112,9 +122,9 @@ static void test_wrong_major(void **state) {
   const kiln_hal_plugin_t *p = find(&s, "badabi");
   assert_int_equal(p->state, KILN_HAL_PLUGIN_REJECTED);
   assert_int_equal(p->abi_major, 2);
-  assert_contains(p->reason, "plugin ABI 2.0, host ABI 1.0");
+  assert_contains(p->reason, major2_reason());
   /* Naming a rejected backend explicitly is a hard error quoting the reason. */
-  assert_open_fails(&s, "badabi", "plugin ABI 2.0, host ABI 1.0");
+  assert_open_fails(&s, "badabi", major2_reason());
   scenario_free(&s);
 }
 
@@ -171,6 +181,67 @@ static void test_newer_minor_accepted(void **state) {
   assert_int_equal(p->abi_major, KILN_HAL_ABI_MAJOR);
   assert_int_equal(p->abi_minor, 7);
   assert_int_equal(p->table.struct_size, sizeof(kiln_hal_backend_t));
+  scenario_free(&s);
+}
+
+/* A plugin built against ABI 1.0 (FAKE_MINOR=0: it reports minor 0, its table has 1.0's size
+ * and it reads kiln_hal_host_t only up to num_threads, as 1.0 declared it) works under this host:
+ * it loads, init gets a host it can read (a larger struct_size, the 1.0 members in place), and
+ * config_get answers through the 1.0 layout. */
+static const char *v10_config_get(void *ctx, const char *plugin, const char *key) {
+  if (strcmp(plugin, "v10") != 0) return NULL;
+  if (strcmp(key, "counts_file") == 0) return ctx;
+  if (strcmp(key, "greeting") == 0) return "hello-1.0";
+  return NULL;
+}
+
+static const char *v10_config_key(void *ctx, const char *plugin, int32_t index) {
+  (void)ctx;
+  static const char *const keys[] = {"counts_file", "greeting"};
+  return strcmp(plugin, "v10") == 0 && index >= 0 && index < 2 ? keys[index] : NULL;
+}
+
+static void test_abi_1_0_plugin_under_1_1_host(void **state) {
+  /* What changed in 1.1 is appended: 1.0's members keep their offsets, the table its size. */
+  assert_int_equal(offsetof(kiln_hal_host_t, num_threads), 40);
+  assert_true(offsetof(kiln_hal_host_t, config_key) >=
+              offsetof(kiln_hal_host_t, num_threads) + sizeof(int32_t));
+  assert_int_equal(offsetof(kiln_hal_backend_t, graph_destroy) + sizeof(void *),
+                   sizeof(kiln_hal_backend_t));
+  scenario_t s;
+  scenario_init(&s);
+  scenario_add(&s, "v10", "libkiln-backend-v10.so");
+  char counts[300];
+  snprintf(counts, sizeof(counts), "%s/counts.txt", s.dir);
+  kiln_hal_registry_options_t o = {0};
+  o.config_path = s.dir;
+  o.skip_env = o.skip_default_dirs = true;
+  o.config_get = v10_config_get;
+  o.config_key = v10_config_key;
+  o.config_ctx = counts;
+  assert_null(kiln_hal_registry_create(&o, &s.reg));
+  const kiln_hal_plugin_t *p = NULL;
+  kiln_status_t st = kiln_hal_registry_open(s.reg, "v10", &p);
+  if (st) fail_msg("open v10: %s", kiln_status_message(st));
+  assert_int_equal(p->state, KILN_HAL_PLUGIN_OPEN);
+  assert_int_equal(p->abi_major, 1);
+  assert_int_equal(p->abi_minor, 0);
+  assert_non_null(p->table.sample);
+  int32_t n = 0;
+  assert_null(p->table.device_count(&n)); /* the plugin reads config through its 1.0 view */
+  assert_int_equal(n, 1);
+  FILE *f = fopen(counts, "r");
+  assert_non_null(f);
+  char text[2048] = "";
+  size_t len = fread(text, 1, sizeof(text) - 1, f);
+  text[len] = '\0';
+  fclose(f);
+  char want[64];
+  snprintf(want, sizeof(want), "v10 init inits=1 shutdowns=0 host_size=%zu",
+           sizeof(kiln_hal_host_t));
+  assert_contains(text, want);
+  assert_contains(text, "v10 touch inits=1 shutdowns=0 greeting=hello-1.0 kept=hello-1.0 "
+                        "keys=(ABI 1.0: no config_key)");
   scenario_free(&s);
 }
 
@@ -278,7 +349,7 @@ static void test_auto_without_cpu_fails(void **state) {
   scenario_init(&s);
   scenario_add(&s, "badabi", "libkiln-backend-badabi.so");
   scenario_load(&s);
-  assert_open_fails(&s, "auto", "plugin ABI 2.0, host ABI 1.0");
+  assert_open_fails(&s, "auto", major2_reason());
   scenario_free(&s);
 }
 
@@ -339,6 +410,7 @@ int main(void) {
       cmocka_unit_test(test_missing_dependency),
       cmocka_unit_test(test_shorter_table_reads_as_null),
       cmocka_unit_test(test_newer_minor_accepted),
+      cmocka_unit_test(test_abi_1_0_plugin_under_1_1_host),
       cmocka_unit_test(test_probe_zero),
       cmocka_unit_test(test_null_required_member),
       cmocka_unit_test(test_op_error_is_reported),

@@ -34,6 +34,14 @@ static const char *cli_plugin_config_get(void *ctx, const char *plugin, const ch
   return kiln_config_get_raw((const kiln_config_t *)ctx, section, key);
 }
 
+/* The index-th key of [plugin.<plugin>] (host->config_key of ABI 1.1). */
+static const char *cli_plugin_config_key(void *ctx, const char *plugin, int32_t index) {
+  char section[160];
+  snprintf(section, sizeof(section), "plugin.%s", plugin);
+  return index < 0 ? NULL
+                   : kiln_config_section_key((const kiln_config_t *)ctx, section, (size_t)index);
+}
+
 kiln_status_t kiln_cli_init(kiln_cli_t *cli, int argc, char **argv) {
   memset(cli, 0, sizeof(*cli));
   kiln_status_t st = NULL;
@@ -103,6 +111,7 @@ kiln_status_t kiln_cli_registry(kiln_cli_t *cli) {
   opts.config_path = kiln_config_get_string(cli->config, "backend", "path");
   opts.num_threads = (int32_t)kiln_config_get_int(cli->config, "backend", "threads");
   opts.config_get = cli_plugin_config_get;
+  opts.config_key = cli_plugin_config_key;
   opts.config_ctx = cli->config;
   return kiln_hal_registry_create(&opts, &cli->registry);
 }

@@ -66,8 +66,14 @@ static void build_info_update(int threads) {
            __VERSION__, cpu_gemm_blas_name(), cpu_vec_features(), th);
 }
 
+/* The host calls init once per process while the plugin stays initialised, however many
+ * registries open it, and keeps host valid until shutdown (hal.h, LIFETIME); init may run again
+ * after a shutdown, so shutdown puts everything back. A second init while live would be a host
+ * bug: refuse it rather than share or leak the pool. */
 static kiln_hal_error_t *be_init(const kiln_hal_host_t *host) {
-  if (cpu_g_pool) return NULL;
+  if (cpu_g_pool)
+    return kiln_hal_error_new(KILN_HAL_ERR_INTERNAL,
+                              "cpu: init called while already initialised (a host bug)");
   g_host = host;
   cpu_vec_init();
   int threads = 0;
@@ -77,9 +83,11 @@ static kiln_hal_error_t *be_init(const kiln_hal_host_t *host) {
     threads = n > 0 ? (int)n : 1;
   }
   cpu_g_pool = cpu_pool_create(threads);
-  if (!cpu_g_pool)
+  if (!cpu_g_pool) {
+    g_host = NULL;
     return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY,
                               "cpu: cannot start a pool of %d threads", threads);
+  }
   g_threads = cpu_pool_threads(cpu_g_pool);
   cpu_gemm_init(g_threads);
   build_info_update(g_threads);
@@ -93,6 +101,7 @@ static void be_shutdown(void) {
   cpu_pool_destroy(cpu_g_pool);
   cpu_g_pool = NULL;
   g_host = NULL;
+  g_threads = 0;
 }
 
 static kiln_hal_error_t *be_probe(int32_t *out_score) {

@@ -1239,6 +1239,14 @@ static const char *engine_config_get(void *ctx, const char *plugin, const char *
   return kiln_config_get_raw((const kiln_config_t *)ctx, section, key);
 }
 
+/* The index-th key of [plugin.<plugin>] (host->config_key of ABI 1.1). */
+static const char *engine_config_key(void *ctx, const char *plugin, int32_t index) {
+  char section[160];
+  snprintf(section, sizeof(section), "plugin.%s", plugin);
+  return index < 0 ? NULL
+                   : kiln_config_section_key((const kiln_config_t *)ctx, section, (size_t)index);
+}
+
 /* Opens the backend and loads the model, tokenizer and KV pool named by the config. */
 static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int32_t *num_blocks) {
   char pathbuf[4096];
@@ -1251,6 +1259,7 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   ro.config_path = kiln_config_get_string(cfg, "backend", "path");
   ro.num_threads = (int32_t)kiln_config_get_int(cfg, "backend", "threads");
   ro.config_get = engine_config_get;
+  ro.config_key = engine_config_key;
   ro.config_ctx = (void *)cfg;
   st = kiln_hal_registry_create(&ro, &e->registry);
   if (!st)

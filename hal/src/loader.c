@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +22,71 @@
 #define PLUGIN_PREFIX "libkiln-backend-"
 #define PLUGIN_SUFFIX ".so"
 
-/* Per-plugin context behind the kiln_hal_host_t handed to init(). */
+typedef struct plugin_record plugin_record_t;
+
+/* One file a registry looked at. */
 typedef struct loader_entry {
-  kiln_hal_plugin_t pub;
+  kiln_hal_plugin_t pub;     /* first member: a kiln_hal_plugin_t * is a loader_entry_t * */
   void *handle;              /* dlopen handle, never dlclose'd once the plugin ran */
-  kiln_hal_host_t host;      /* services given to this plugin (must outlive it) */
   kiln_hal_registry_t *registry;
-  int open_order;            /* order of init(), for shutdown in reverse */
-  int opening;               /* inside init(): a wrapper cycle would re-enter */
+  plugin_record_t *record;   /* while OPEN: the plugin's process-wide record, one reference */
+  int open_order;            /* order of opening in this registry, for release in reverse */
 } loader_entry_t;
+
+/* A key of [plugin.<name>] and its value, copied from a registry's config. */
+typedef struct record_kv {
+  char *key;
+  char *value; /* NULL: read and unset (cached miss; lazy mode only) */
+} record_kv_t;
+
+/* The process-wide state of one initialised plugin file (one dlopen handle), shared by every
+ * registry that opened it: the context behind the kiln_hal_host_t handed to init(). Lives from
+ * the first open (before init) to the last release (after shutdown). */
+struct plugin_record {
+  plugin_record_t *next;
+  void *handle; /* identity */
+  char *name;   /* immutable while the record lives: host_log reads it without a lock */
+  char *path;
+  kiln_hal_backend_t table; /* normalised copy: what load_backend hands to wrappers */
+  kiln_hal_host_t host;     /* ctx = this record */
+  int refs;                 /* registries holding it open + records that loaded it */
+  bool initialising;        /* inside init(): opening it again is a wrapper cycle */
+  /* Registries holding it open, in the order they opened it; [0] serves lazy config reads
+   * and load_backend. Changed under both locks. */
+  kiln_hal_registry_t **regs;
+  int nregs, capregs;
+  plugin_record_t **deps; /* backends it loaded (host->load_backend), one reference each */
+  int ndeps, capdeps;
+  /* [plugin.<name>]: the whole section when kv_complete (copied at creation), else the keys
+   * read so far. Under g_cfg_lock. */
+  record_kv_t *kv;
+  size_t nkv, capkv;
+  bool kv_complete;
+};
+
+/* g_lock (recursive: init() re-enters the loader through load_backend) guards g_records and
+ * every record's refs, deps, initialising and the calls of init/shutdown/probe. g_cfg_lock
+ * guards records' regs and kv, so that config_get never waits for an init. Order: g_lock,
+ * then g_cfg_lock. */
+static pthread_mutex_t g_lock;
+static pthread_once_t g_lock_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_cfg_lock = PTHREAD_MUTEX_INITIALIZER;
+static plugin_record_t *g_records;
+
+static void loader_lock_init(void) {
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&g_lock, &a);
+  pthread_mutexattr_destroy(&a);
+}
+
+static void loader_lock(void) {
+  pthread_once(&g_lock_once, loader_lock_init);
+  pthread_mutex_lock(&g_lock);
+}
+
+static void loader_unlock(void) { pthread_mutex_unlock(&g_lock); }
 
 struct kiln_hal_registry {
   loader_entry_t **entries; /* pointers, so entries keep their address as the array grows */
@@ -99,41 +156,273 @@ static const char *loader_basename(const char *path) {
   return s ? s + 1 : path;
 }
 
-/* ---- host services handed to plugins ---------------------------------------------------- */
+/* ---- host services handed to plugins ------------------------------------------------------
+ * ctx is the plugin's record, which outlives every registry's use of it: nothing here may
+ * reach a registry except through record->regs, under the locks. */
 
 static void host_log(void *ctx, int32_t level, const char *message) {
-  loader_entry_t *e = ctx;
+  plugin_record_t *rec = ctx;
   kiln_log_level_t lv = level <= KILN_HAL_LOG_ERROR  ? KILN_LOG_ERROR
                         : level == KILN_HAL_LOG_WARN ? KILN_LOG_WARN
                         : level == KILN_HAL_LOG_INFO ? KILN_LOG_INFO
                                                      : KILN_LOG_DEBUG;
-  kiln_log(lv, "backend %s: %s", e->pub.name, message);
+  kiln_log(lv, "backend %s: %s", rec->name, message ? message : "(null)");
+}
+
+/* Index of key in rec->kv, or -1. g_cfg_lock held. */
+static long record_kv_find(const plugin_record_t *rec, const char *key) {
+  for (size_t i = 0; i < rec->nkv; i++)
+    if (strcmp(rec->kv[i].key, key) == 0) return (long)i;
+  return -1;
+}
+
+/* Appends copies of key and value (value may be NULL). Returns the new pair, NULL when out of
+ * memory (then rec->kv is unchanged). g_cfg_lock held, or the record not yet shared. */
+static record_kv_t *record_kv_add(plugin_record_t *rec, const char *key, const char *value) {
+  if (rec->nkv == rec->capkv) {
+    size_t cap = rec->capkv ? rec->capkv * 2 : 8;
+    record_kv_t *n = realloc(rec->kv, cap * sizeof(*n));
+    if (!n) return NULL;
+    rec->kv = n;
+    rec->capkv = cap;
+  }
+  record_kv_t kv = {strdup(key), value ? strdup(value) : NULL};
+  if (!kv.key || (value && !kv.value)) {
+    free(kv.key);
+    free(kv.value);
+    return NULL;
+  }
+  rec->kv[rec->nkv] = kv;
+  return &rec->kv[rec->nkv++];
 }
 
 static const char *host_config_get(void *ctx, const char *key) {
-  loader_entry_t *e = ctx;
-  const kiln_hal_registry_options_t *o = &e->registry->options;
-  if (!o->config_get) return NULL;
-  return o->config_get(o->config_ctx, e->pub.name, key);
+  plugin_record_t *rec = ctx;
+  if (!key) return NULL;
+  pthread_mutex_lock(&g_cfg_lock);
+  const char *value = NULL;
+  long i = record_kv_find(rec, key);
+  if (i >= 0) {
+    value = rec->kv[i].value;
+  } else if (!rec->kv_complete && rec->nregs > 0) {
+    /* Lazy mode (the options list no keys): copy the value from the first registry still
+     * holding the plugin, once; later reads return the same copy. */
+    const kiln_hal_registry_options_t *o = &rec->regs[0]->options;
+    const char *raw = o->config_get ? o->config_get(o->config_ctx, rec->name, key) : NULL;
+    record_kv_t *kv = record_kv_add(rec, key, raw);
+    value = kv ? kv->value : NULL;
+  }
+  pthread_mutex_unlock(&g_cfg_lock);
+  return value;
+}
+
+/* Installed only when the record holds the whole section (kv_complete): every pair is a key
+ * that is set. */
+static const char *host_config_key(void *ctx, int32_t index) {
+  plugin_record_t *rec = ctx;
+  pthread_mutex_lock(&g_cfg_lock);
+  const char *key = index >= 0 && (size_t)index < rec->nkv ? rec->kv[index].key : NULL;
+  pthread_mutex_unlock(&g_cfg_lock);
+  return key;
+}
+
+/* Copies the whole [plugin.<name>] section of the registry's config into a new record, when
+ * its options can list the keys. Out of memory is an error. */
+static kiln_status_t record_snapshot_config(plugin_record_t *rec,
+                                            const kiln_hal_registry_options_t *o) {
+  if (!o->config_get) {
+    rec->kv_complete = true; /* no config at all: no keys */
+    return NULL;
+  }
+  if (!o->config_key) return NULL; /* lazy: values copied as they are read */
+  for (int32_t i = 0; i < INT32_MAX; i++) {
+    const char *key = o->config_key(o->config_ctx, rec->name, i);
+    if (!key) break;
+    if (record_kv_find(rec, key) >= 0) continue;
+    const char *value = o->config_get(o->config_ctx, rec->name, key);
+    if (!value) continue; /* listed but unset: not a key that is set */
+    if (!record_kv_add(rec, key, value))
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  }
+  rec->kv_complete = true;
+  return NULL;
+}
+
+/* True when from (transitively) loaded to. g_lock held. */
+static bool record_depends_on(const plugin_record_t *from, const plugin_record_t *to) {
+  if (from == to) return true;
+  for (int i = 0; i < from->ndeps; i++)
+    if (record_depends_on(from->deps[i], to)) return true;
+  return false;
 }
 
 static const kiln_hal_backend_t *host_load_backend(void *ctx, const char *name,
                                                    kiln_hal_error_t **out_error) {
-  loader_entry_t *e = ctx;
+  plugin_record_t *rec = ctx;
+  kiln_hal_error_t *ignored = NULL;
+  if (!out_error) out_error = &ignored;
   *out_error = NULL;
-  if (strcmp(name, e->pub.name) == 0) {
+  if (!name || !*name) {
+    *out_error = kiln_hal_error_new(KILN_HAL_ERR_INVALID_ARGUMENT, "load_backend: no name");
+    return NULL;
+  }
+  if (strcmp(name, rec->name) == 0) {
     *out_error = kiln_hal_error_new(KILN_HAL_ERR_INVALID_ARGUMENT,
                                     "backend '%s' cannot wrap itself", name);
     return NULL;
   }
+  const kiln_hal_backend_t *table = NULL;
+  loader_lock();
+  kiln_hal_registry_t *r = rec->nregs > 0 ? rec->regs[0] : NULL;
+  if (!r) {
+    *out_error = kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE,
+                                    "backend '%s': no registry holds it open any more, so "
+                                    "'%s' cannot be loaded for it",
+                                    rec->name, name);
+    goto done;
+  }
   const kiln_hal_plugin_t *p = NULL;
-  kiln_status_t st = kiln_hal_registry_open(e->registry, name, &p);
+  kiln_status_t st = kiln_hal_registry_open(r, name, &p);
   if (st) {
     *out_error = kiln_hal_error_new(KILN_HAL_ERR_NO_DEVICE, "%s", kiln_status_message(st));
     kiln_status_free(st);
-    return NULL;
+    goto done;
   }
-  return &p->table;
+  plugin_record_t *dep = ((const loader_entry_t *)p)->record;
+  if (record_depends_on(dep, rec)) {
+    *out_error = kiln_hal_error_new(KILN_HAL_ERR_INVALID_ARGUMENT,
+                                    "backend '%s' cannot wrap '%s', which wraps it (or is it)",
+                                    rec->name, p->name);
+    goto done;
+  }
+  int have = 0;
+  for (int i = 0; i < rec->ndeps && !have; i++) have = rec->deps[i] == dep;
+  if (!have) {
+    if (rec->ndeps == rec->capdeps) {
+      int cap = rec->capdeps ? rec->capdeps * 2 : 4;
+      plugin_record_t **n = realloc(rec->deps, (size_t)cap * sizeof(*n));
+      if (!n) {
+        *out_error = kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY,
+                                        "load_backend: out of memory");
+        goto done;
+      }
+      rec->deps = n;
+      rec->capdeps = cap;
+    }
+    rec->deps[rec->ndeps++] = dep;
+    dep->refs++;
+  }
+  table = &dep->table;
+done:
+  loader_unlock();
+  kiln_hal_error_free(ignored);
+  return table;
+}
+
+/* ---- plugin records ------------------------------------------------------------------------ */
+
+static plugin_record_t *record_find(void *handle) {
+  for (plugin_record_t *r = g_records; r; r = r->next)
+    if (r->handle == handle) return r;
+  return NULL;
+}
+
+static void record_free(plugin_record_t *rec) {
+  if (!rec) return;
+  for (size_t i = 0; i < rec->nkv; i++) {
+    free(rec->kv[i].key);
+    free(rec->kv[i].value);
+  }
+  free(rec->kv);
+  free(rec->regs);
+  free(rec->deps);
+  free(rec->name);
+  free(rec->path);
+  free(rec);
+}
+
+static void record_unlink(plugin_record_t *rec) {
+  for (plugin_record_t **pp = &g_records; *pp; pp = &(*pp)->next)
+    if (*pp == rec) {
+      *pp = rec->next;
+      return;
+    }
+}
+
+/* Adds r to the registries holding rec. g_lock held. */
+static kiln_status_t record_add_registry(plugin_record_t *rec, kiln_hal_registry_t *r) {
+  kiln_status_t st = NULL;
+  pthread_mutex_lock(&g_cfg_lock);
+  if (rec->nregs == rec->capregs) {
+    int cap = rec->capregs ? rec->capregs * 2 : 4;
+    kiln_hal_registry_t **n = realloc(rec->regs, (size_t)cap * sizeof(*n));
+    if (!n) {
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+      goto done;
+    }
+    rec->regs = n;
+    rec->capregs = cap;
+  }
+  rec->regs[rec->nregs++] = r;
+done:
+  pthread_mutex_unlock(&g_cfg_lock);
+  return st;
+}
+
+static void record_remove_registry(plugin_record_t *rec, kiln_hal_registry_t *r) {
+  pthread_mutex_lock(&g_cfg_lock);
+  for (int i = 0; i < rec->nregs; i++)
+    if (rec->regs[i] == r) {
+      memmove(&rec->regs[i], &rec->regs[i + 1],
+              (size_t)(rec->nregs - i - 1) * sizeof(*rec->regs));
+      rec->nregs--;
+      break;
+    }
+  pthread_mutex_unlock(&g_cfg_lock);
+}
+
+/* Drops one reference; the last one shuts the plugin down, then releases what it loaded (so a
+ * wrapper goes before what it wraps) and frees the record. g_lock held. */
+static void record_unref(plugin_record_t *rec) {
+  if (--rec->refs > 0) return;
+  rec->table.shutdown();
+  for (int i = rec->ndeps - 1; i >= 0; i--) record_unref(rec->deps[i]);
+  record_unlink(rec);
+  record_free(rec);
+}
+
+/* A new record for entry e opened by its registry (references: that registry), linked into
+ * g_records, not yet initialised. g_lock held. */
+static kiln_status_t record_create(loader_entry_t *e, plugin_record_t **out) {
+  *out = NULL;
+  plugin_record_t *rec = calloc(1, sizeof(*rec));
+  if (!rec) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  rec->handle = e->handle;
+  rec->name = strdup(e->pub.name);
+  rec->path = strdup(e->pub.path);
+  kiln_status_t st = NULL;
+  if (!rec->name || !rec->path)
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "plugin registry: out of memory");
+  const kiln_hal_registry_options_t *o = &e->registry->options;
+  if (!st) st = record_snapshot_config(rec, o);
+  if (!st) st = record_add_registry(rec, e->registry);
+  if (st) {
+    record_free(rec);
+    return st;
+  }
+  rec->table = e->pub.table;
+  rec->host.struct_size = sizeof(rec->host);
+  rec->host.ctx = rec;
+  rec->host.log = host_log;
+  rec->host.config_get = host_config_get;
+  rec->host.load_backend = host_load_backend;
+  rec->host.num_threads = o->num_threads;
+  rec->host.config_key = rec->kv_complete ? host_config_key : NULL;
+  rec->refs = 1;
+  rec->next = g_records;
+  g_records = rec;
+  *out = rec;
+  return NULL;
 }
 
 /* ---- registry ---------------------------------------------------------------------------- */
@@ -253,7 +542,9 @@ static void entry_load(loader_entry_t *e) {
     return;
   }
   int32_t score = 0;
+  loader_lock(); /* probe is serialised with every init/shutdown (hal.h, LIFETIME) */
   kiln_hal_error_t *err = nt->probe(&score);
+  loader_unlock();
   if (err || score <= 0) {
     entry_reject(e, "probe found no usable device%s%s", err ? ": " : "",
                  err && err->message ? err->message : "");
@@ -485,13 +776,21 @@ kiln_status_t kiln_hal_registry_create(const kiln_hal_registry_options_t *option
 
 void kiln_hal_registry_free(kiln_hal_registry_t *r) {
   if (!r) return;
-  /* Shut plugins down in reverse order of init, so a wrapper goes before what it wraps. */
+  /* Release plugins in reverse order of opening. A plugin is shut down with its last
+   * reference, and a wrapper's record holds one on each backend it loaded, so a wrapper goes
+   * before what it wraps whichever registry goes first. */
+  loader_lock();
   for (int order = r->next_open_order - 1; order >= 0; order--) {
     for (int i = 0; i < r->count; i++) {
       loader_entry_t *e = r->entries[i];
-      if (e->pub.state == KILN_HAL_PLUGIN_OPEN && e->open_order == order) e->pub.table.shutdown();
+      if (e->pub.state == KILN_HAL_PLUGIN_OPEN && e->record && e->open_order == order) {
+        record_remove_registry(e->record, r);
+        record_unref(e->record);
+        e->record = NULL;
+      }
     }
   }
+  loader_unlock();
   for (int i = 0; i < r->count; i++) entry_free(r->entries[i]); /* handles stay mapped */
   free(r->entries);
   free(r->search_path);
@@ -507,35 +806,53 @@ const kiln_hal_plugin_t *kiln_hal_registry_get(const kiln_hal_registry_t *r, int
 
 const char *kiln_hal_registry_search_path(const kiln_hal_registry_t *r) { return r->search_path; }
 
+/* Opens e in its registry: takes a reference on the plugin's record when another registry has
+ * it initialised, else creates the record and calls init(). */
 static kiln_status_t entry_open(loader_entry_t *e) {
   if (e->pub.state == KILN_HAL_PLUGIN_OPEN) return NULL;
   if (e->pub.state != KILN_HAL_PLUGIN_USABLE)
     return kiln_status_make(KILN_ERR_NOT_FOUND, "backend '%s' (%s) cannot be used: %s",
                             e->pub.name, e->pub.path, e->pub.reason ? e->pub.reason : "unknown");
-  e->host.struct_size = sizeof(e->host);
-  e->host.ctx = e;
-  e->host.log = host_log;
-  e->host.config_get = host_config_get;
-  e->host.load_backend = host_load_backend;
-  e->host.num_threads = e->registry->options.num_threads;
-  if (e->opening)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "backend '%s' is already starting: plugins wrap each other in a cycle",
-                            e->pub.name);
-  e->opening = 1;
-  kiln_hal_error_t *err = e->pub.table.init(&e->host);
-  e->opening = 0;
-  if (err) {
-    kiln_status_t st = kiln_hal_status_from_error(err, "init");
-    entry_reject(e, "%s", kiln_status_message(st));
-    st = kiln_status_annotate(st, "backend '%s' (%s)", e->pub.name, e->pub.path);
-    return st;
+  kiln_hal_registry_t *r = e->registry;
+  kiln_status_t st = NULL;
+  bool shared = false;
+  loader_lock();
+  plugin_record_t *rec = record_find(e->handle);
+  if (rec && rec->initialising) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "backend '%s' is already starting: plugins wrap each other in a cycle",
+                          e->pub.name);
+    goto done;
   }
+  if (rec) { /* initialised for another registry (or earlier in this one, by another path) */
+    if ((st = record_add_registry(rec, r))) goto done;
+    rec->refs++;
+    shared = true;
+  } else {
+    if ((st = record_create(e, &rec))) goto done;
+    rec->initialising = true;
+    kiln_hal_error_t *err = rec->table.init(&rec->host);
+    rec->initialising = false;
+    if (err) {
+      /* No shutdown after a failed init; drop what it loaded, and the record. */
+      record_unlink(rec);
+      for (int i = rec->ndeps - 1; i >= 0; i--) record_unref(rec->deps[i]);
+      record_free(rec);
+      st = kiln_hal_status_from_error(err, "init");
+      entry_reject(e, "%s", kiln_status_message(st));
+      st = kiln_status_annotate(st, "backend '%s' (%s)", e->pub.name, e->pub.path);
+      goto done;
+    }
+  }
+  e->record = rec;
   e->pub.state = KILN_HAL_PLUGIN_OPEN;
-  e->open_order = e->registry->next_open_order++;
+  e->open_order = r->next_open_order++;
   KILN_LOG_I("backend %s: %s (ABI %u.%u, probe score %d)", e->pub.name, e->pub.path,
              e->pub.abi_major, e->pub.abi_minor, e->pub.score);
-  return NULL;
+  if (shared) KILN_LOG_D("backend %s: already initialised in this process: shared", e->pub.name);
+done:
+  loader_unlock();
+  return st;
 }
 
 /* One line per plugin that could not be used, for error messages. */
@@ -551,8 +868,21 @@ static char *registry_reasons(kiln_hal_registry_t *r) {
   return s;
 }
 
+static kiln_status_t registry_open_locked(kiln_hal_registry_t *r, const char *name,
+                                          const kiln_hal_plugin_t **out_plugin);
+
+/* Under g_lock as a whole: a plugin's load_backend may open plugins in this registry from the
+ * plugin's own thread. */
 kiln_status_t kiln_hal_registry_open(kiln_hal_registry_t *r, const char *name,
                                      const kiln_hal_plugin_t **out_plugin) {
+  loader_lock();
+  kiln_status_t st = registry_open_locked(r, name, out_plugin);
+  loader_unlock();
+  return st;
+}
+
+static kiln_status_t registry_open_locked(kiln_hal_registry_t *r, const char *name,
+                                          const kiln_hal_plugin_t **out_plugin) {
   *out_plugin = NULL;
   loader_entry_t *e = NULL;
   kiln_status_t st = NULL;

@@ -18,8 +18,34 @@
  *   plugin appended. The first four members of kiln_hal_backend_t (struct_size, abi_major,
  *   abi_minor, name) are frozen across all majors so a host can always say why it refused.
  *   kiln_backend_query() should return its table even when its major differs from the host's
- *   (the host then refuses it with "plugin ABI 2.0, host ABI 1.0"); NULL means the plugin
+ *   (the host then refuses it with "plugin ABI 2.0, host ABI 1.1"); NULL means the plugin
  *   declined for its own reasons. _Static_asserts at the end pin each layout on LP64.
+ *   History: 1.0 the first ABI. 1.1 appended kiln_hal_host_t.config_key (a plugin can list the
+ *   keys of its INI section, e.g. to reject a misspelt one).
+ *
+ * LIFETIME (one process, any number of registries)
+ *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
+ *   tools have theirs), but a plugin file is loaded once per process, so the host keeps one
+ *   life cycle per plugin file, shared by every registry that opens it:
+ *   - init() is called when the first registry opens the plugin; a registry that opens it while
+ *     it is initialised shares that initialisation (init is not called again). shutdown() is
+ *     called when the last registry that opened it is freed (for a backend loaded by another
+ *     plugin's load_backend, not before that plugin's shutdown). init and shutdown alternate and
+ *     never nest: init is never called while an earlier init is live. After shutdown a
+ *     registry created later may call init again, so shutdown leaves the plugin ready to start
+ *     afresh. A failed init is not followed by shutdown (the host it got is valid during that
+ *     init only), and a later registry may try init again.
+ *   - The kiln_hal_host_t given to init, its ctx and every string it returns belong to the
+ *     host's per-process record of the plugin: valid from init until shutdown returns,
+ *     whichever registry is freed first. Its values (num_threads, the [plugin.<name>] keys) are
+ *     those of the registry that opened the plugin first, copied when it did (a host without
+ *     config_key copies each value when it is first read, from the first registry still
+ *     holding the plugin); later registries do not reconfigure an initialised plugin.
+ *   - A backend loaded with host->load_backend() stays initialised, and its table valid, until
+ *     the shutdown of the plugin that loaded it has returned: the host shuts a wrapper down
+ *     before the backends it loaded, however many registries hold either.
+ *   - init, shutdown and probe are serialised process-wide (never two at once, from any
+ *     registry). probe may run while the plugin is initialised (another registry scanning).
  *
  * OWNERSHIP
  *   - Handles (device, buffer, stream, graph) are created by the plugin, owned by the caller,
@@ -35,10 +61,12 @@
  *
  * THREAD-SAFETY
  *   The backend table's global members (init, shutdown, probe, device_count, device_info) are
- *   called by the host from one thread. device_open/close, buffer_alloc/free and
- *   stream_create/destroy are safe to call concurrently from several threads. A stream is
- *   used by one thread at a time; ops on one stream execute in call order. Work on different
- *   streams is unordered unless synchronised through the host.
+ *   called by the host from one thread at a time within a registry; init, shutdown and probe
+ *   are serialised across registries too (LIFETIME), while device_count and device_info may be
+ *   called from two registries' threads at once after init. device_open/close,
+ *   buffer_alloc/free and stream_create/destroy are safe to call concurrently from several
+ *   threads. A stream is used by one thread at a time; ops on one stream execute in call order.
+ *   Work on different streams is unordered unless synchronised through the host.
  *
  * EXECUTION MODEL
  *   Ops are enqueued on a stream and may run asynchronously (GPU backends); the CPU backend runs
@@ -60,7 +88,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 0
+#define KILN_HAL_ABI_MINOR 1
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -170,7 +198,9 @@ typedef struct kiln_hal_device_info {
 
 /* ============================================================================================
  * Host services, handed to the plugin by init(). All members may be NULL on older hosts
- * (check with KILN_HAL_HAS). Callable from any thread.
+ * (check with KILN_HAL_HAS). Callable from any thread. The struct, its ctx and the strings its
+ * members return are the host's and stay valid from init until shutdown returns (see
+ * LIFETIME: not tied to any one registry); a plugin may keep the pointer until then.
  * ==========================================================================================*/
 
 enum { KILN_HAL_LOG_ERROR = 0, KILN_HAL_LOG_WARN = 1, KILN_HAL_LOG_INFO = 2, KILN_HAL_LOG_DEBUG = 3 };
@@ -182,16 +212,25 @@ typedef struct kiln_hal_host {
   void *ctx; /* passed back to every member */
   /* Writes one line to the host's log. */
   void (*log)(void *ctx, int32_t level, const char *message);
-  /* The raw value of `key` in the INI section [plugin.<plugin name>], or NULL when unset.
-   * The string stays valid until shutdown. */
+  /* The raw value of `key` in the INI section [plugin.<plugin name>] of the configuration
+   * that first opened the plugin, or NULL when unset. The string is the host's own copy: it
+   * stays valid, and unchanged, until shutdown returns. */
   const char *(*config_get)(void *ctx, const char *key);
   /* Loads and initialises another backend by name ("cpu", "cuda") or path, for plugins that
-   * wrap others. Returns NULL and sets *out_error on failure. The table stays valid until
-   * the process exits; the host shuts it down. */
+   * wrap others. Returns NULL and sets *out_error on failure. The table is the host's and
+   * stays valid until this plugin's shutdown has returned; the host shuts the loaded backend
+   * down itself, after this plugin's shutdown (never before). Loading the same backend again
+   * returns the same table. A plugin cannot load itself, nor a backend that loaded it. */
   const struct kiln_hal_backend *(*load_backend)(void *ctx, const char *name_or_path,
                                                  kiln_hal_error_t **out_error);
   /* Number of threads the user asked the backend to use ([backend] threads; 0 = choose). */
   int32_t num_threads;
+  /* ---- 1.1 ---- */
+  /* The index-th key (from 0, in the order the keys were first set) of the INI section
+   * [plugin.<plugin name>], or NULL past the last; with config_get, a plugin can reject keys
+   * it does not know. The same configuration and lifetime as config_get's strings. NULL when
+   * the host cannot list the keys (an application that supplies config_get only). */
+  const char *(*config_key)(void *ctx, int32_t index);
 } kiln_hal_host_t;
 
 /* ============================================================================================
@@ -421,15 +460,18 @@ typedef struct kiln_hal_backend {
   /* Free-form build description for `kiln info`: compiler, toolkit, target archs. */
   const char *build_info;
 
-  /* Called once, before any other member but probe. host is borrowed until shutdown.
-   * Required. */
+  /* Called before any other member but probe: once per process for as long as the plugin
+   * stays initialised, however many registries open it (see LIFETIME). host stays valid until
+   * shutdown returns. Required. */
   kiln_hal_error_t *(*init)(const kiln_hal_host_t *host);
-  /* Called once at exit, after every handle was released. Plugins are never dlclose'd.
-   * Required. */
+  /* Called once per successful init, when the last registry that opened the plugin is freed,
+   * after every handle was released and before any backend this plugin loaded with
+   * host->load_backend() is shut down. Plugins are never dlclose'd. Required. */
   void (*shutdown)(void);
   /* How well this plugin can serve here: 0 = not at all (the error, if any, says why: "no
    * CUDA driver: libcuda.so.1: cannot open shared object file"), 1..99 = CPU-class, 100+ =
-   * an accelerator. Called before init; must be cheap and side-effect free. Required. */
+   * an accelerator. Called before init (and again by each registry that scans the plugin,
+   * possibly while it is initialised); must be cheap and side-effect free. Required. */
   kiln_hal_error_t *(*probe)(int32_t *out_score);
 
   kiln_hal_error_t *(*device_count)(int32_t *out_count);
@@ -532,6 +574,7 @@ KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_tensor_t) == 88, "kiln_hal_tensor_t layou
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_error_t, destroy) == 16, "kiln_hal_error_t layout changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_device_info_t, pci_bus_id) == 232, "device_info layout changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_host_t, num_threads) == 40, "kiln_hal_host_t layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_host_t, config_key) == 48, "kiln_hal_host_t 1.1 changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_args_t, allow_tf32) == 368, "gemm args layout changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_embedding_args_t, out) == 184, "embedding args layout changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_rmsnorm_args_t, weight_offset) == 364, "rmsnorm args layout changed");
