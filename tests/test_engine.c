@@ -54,6 +54,14 @@ static kiln_engine_t *make_engine(const char *const *extra, int32_t nextra) {
   ov[n++] = be;
   ov[n++] = "backend.threads=2";
   ov[n++] = "model.dtype=float32";
+  /* KILN_TEST_SET: more overrides, ';'-separated, e.g. a wrapper's section with
+   * KILN_TEST_BACKEND=trace: "plugin.trace.backend=cpu;plugin.trace.output=/tmp/trace.txt". */
+  static char more[1024];
+  const char *env = getenv("KILN_TEST_SET");
+  snprintf(more, sizeof(more), "%s", env ? env : "");
+  char *save = NULL;
+  for (char *tok = strtok_r(more, ";", &save); tok && n < 12; tok = strtok_r(NULL, ";", &save))
+    ov[n++] = tok;
   for (int32_t i = 0; i < nextra; i++) ov[n++] = extra[i];
   kiln_engine_t *e = NULL;
   kiln_status_t st = kiln_engine_create(NULL, ov, n, &e);
