@@ -1,16 +1,9 @@
-/* cpu_pool.c - persistent worker threads that spin briefly, then sleep, between loops.
- *
- * Every wait here is bounded spinning followed by sleeping: the workers waiting for the next
- * loop, and the caller waiting for the workers to finish one. An unbounded spin costs little
- * while every thread has its own core, but a waiter spinning on a thread that was descheduled
- * (a busy machine, more threads than cores, valgrind running one thread at a time) burns its
- * whole time slice per check; that made a 2-thread pool 40x slower beside one busy neighbour. */
+/* cpu_pool.c - persistent worker threads that spin briefly, then sleep, between loops. */
 #include "cpu_pool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -32,9 +25,8 @@ struct cpu_pool {
   int started;
 
   pthread_mutex_t run_lock; /* one loop at a time; others run inline */
-  pthread_mutex_t mu;       /* guards sleeping on cv and done_cv */
-  pthread_cond_t cv;        /* a new loop was published (workers sleep on it) */
-  pthread_cond_t done_cv;   /* the last worker finished the loop (the caller sleeps on it) */
+  pthread_mutex_t mu;       /* guards sleeping on cv */
+  pthread_cond_t cv;
 
   /* The current loop, published by bumping `generation`. */
   cpu_pool_fn fn;
@@ -83,10 +75,7 @@ static void *worker_main(void *argp) {
       while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
              !atomic_load_explicit(&p->stop, memory_order_relaxed)) {
         CPU_RELAX();
-        if ((++spins & 255u) == 0) {
-          if (now_ns() - t0 > POOL_SPIN_NS) break;
-          sched_yield(); /* let a descheduled caller publish the loop */
-        }
+        if ((++spins & 255u) == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
       }
       if (gen == seen) {
         pthread_mutex_lock(&p->mu);
@@ -99,12 +88,7 @@ static void *worker_main(void *argp) {
     if (atomic_load(&p->stop)) break;
     seen = gen;
     run_tasks(p, thread);
-    if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
-      /* The last one out wakes a caller that went to sleep (under mu: no lost wake-up). */
-      pthread_mutex_lock(&p->mu);
-      pthread_cond_signal(&p->done_cv);
-      pthread_mutex_unlock(&p->mu);
-    }
+    atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
   }
   return NULL;
 }
@@ -117,7 +101,6 @@ cpu_pool_t *cpu_pool_create(int threads) {
   pthread_mutex_init(&p->run_lock, NULL);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
-  pthread_cond_init(&p->done_cv, NULL);
   atomic_init(&p->next, 0);
   atomic_init(&p->busy, 0);
   atomic_init(&p->generation, 0);
@@ -153,7 +136,6 @@ void cpu_pool_destroy(cpu_pool_t *p) {
   for (int i = 0; i < p->started; i++) pthread_join(p->workers[i], NULL);
   free(p->workers);
   pthread_cond_destroy(&p->cv);
-  pthread_cond_destroy(&p->done_cv);
   pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->run_lock);
   free(p);
@@ -179,23 +161,8 @@ void cpu_pool_run(cpu_pool_t *p, int64_t ntasks, cpu_pool_fn fn, void *ctx) {
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
   run_tasks(p, 0);
-  /* Every worker checks in, even one that found no task, before the loop's fields change:
-   * spin briefly (the usual case: they finish within microseconds), then sleep. */
-  uint64_t t0 = now_ns();
-  unsigned spins = 0;
-  while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0) {
-    CPU_RELAX();
-    if ((++spins & 255u) == 0) {
-      if (now_ns() - t0 > POOL_SPIN_NS) break;
-      sched_yield();
-    }
-  }
-  if (atomic_load_explicit(&p->busy, memory_order_acquire) != 0) {
-    pthread_mutex_lock(&p->mu);
-    while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0)
-      pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-  }
+  /* Every worker checks in, even one that found no task, before the loop's fields change. */
+  while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0) CPU_RELAX();
   tls_in_pool = false;
   pthread_mutex_unlock(&p->run_lock);
 }
