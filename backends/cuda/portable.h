@@ -74,7 +74,6 @@ static __device__ __forceinline__ kiln_bf16 kiln_f32_to_bf16(float v) { return k
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define cudaDriverGetVersion hipDriverGetVersion
 #define cudaRuntimeGetVersion hipRuntimeGetVersion
-#define KILN_GPU_VENDOR "ROCm"
 #define KILN_GPU_PLUGIN_NAME "rocm"
 #else
 /* ------------------------------------------------------------------ CUDA ----------------- */
@@ -90,7 +89,6 @@ static __device__ __forceinline__ kiln_bf16 kiln_f32_to_bf16(float v) { return _
 #endif
 #define kiln_graph_instantiate(exec, graph) cudaGraphInstantiate((exec), (graph), 0)
 #define KILN_GPU_DRIVER_SONAME "libcuda.so.1"
-#define KILN_GPU_VENDOR "CUDA"
 #define KILN_GPU_PLUGIN_NAME "cuda"
 #endif
 
