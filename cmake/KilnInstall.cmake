@@ -4,6 +4,7 @@
 include(CMakePackageConfigHelpers)
 
 install(FILES hal/include/kiln/hal.h hal/include/kiln/hal_util.h hal/include/kiln/hal_check.h
+        hal/include/kiln/hal_rank.h
         include/kiln/kiln.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln)
 install(FILES hal/plugin.map DESTINATION ${CMAKE_INSTALL_DATADIR}/kiln)

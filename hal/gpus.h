@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 
 typedef enum kiln_gpu_vendor {
   KILN_GPU_NVIDIA = 0, /* the CUDA driver API */

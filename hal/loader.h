@@ -54,7 +54,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 #include "kiln/hal.h"
 
 typedef struct kiln_hal_registry kiln_hal_registry_t;

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/loader/gguf.h"

@@ -37,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 #include "kiln/hal.h"
 #include "models/model_config.h"
 

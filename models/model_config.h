@@ -15,8 +15,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/json.h"
-#include "core/status.h"
+#include "base/json.h"
+#include "base/status.h"
 
 #define KILN_MODEL_MAX_LAYERS 512
 #define KILN_MODEL_MAX_EOS 8

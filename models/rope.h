@@ -22,7 +22,7 @@
 
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 #include "models/model_config.h"
 
 /* The longest context the rope table must cover for this config: max_position_embeddings,

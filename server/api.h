@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/json.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/strbuf.h"
 #include "kiln/kiln.h"
 
 typedef enum kiln_api_kind {

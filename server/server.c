@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/log.h"
-#include "core/strbuf.h"
+#include "base/log.h"
+#include "base/strbuf.h"
 #include "server/api.h"
 
 /* How often a waiting request looks at its socket and deadline (ms). */

@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 #include "kiln/kiln.h"
 
 typedef struct kiln_server kiln_server_t;

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "core/json.h"
+#include "base/json.h"
 #include "server/api.h"
 
 static kiln_api_limits_t limits(void) {

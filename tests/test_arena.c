@@ -1,4 +1,4 @@
-/* test_arena.c - cmocka tests for core/arena: alignment, many small allocations, huge ones,
+/* test_arena.c - cmocka tests for base/arena: alignment, many small allocations, huge ones,
  * strndup, free and reuse, byte accounting, the limit, size hints and overflow. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/arena.h"
+#include "base/arena.h"
 
 static void test_empty_is_valid(void **state) {
   (void)state;

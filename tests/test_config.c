@@ -1,4 +1,4 @@
-/* test_config.c - cmocka tests for core/config: defaults, parsing, every error, --set, writing. */
+/* test_config.c - cmocka tests for base/config: defaults, parsing, every error, --set, writing. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/config.h"
+#include "base/config.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 

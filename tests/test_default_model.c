@@ -24,8 +24,8 @@
 
 #include <cmocka.h>
 
-#include "core/json.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/strbuf.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/model.h"

@@ -19,8 +19,8 @@
 #include <cmocka.h>
 
 #include "core/engine/engine_internal.h"
-#include "core/json.h"
-#include "core/npy.h"
+#include "base/json.h"
+#include "base/npy.h"
 #include "kiln/kiln.h"
 
 #define MAXTOK 128

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 #include "kiln/hal_util.h"
 #include "models/loader/gguf.h"
 #include "models/loader/weights.h"

@@ -31,7 +31,7 @@
 
 #include <cmocka.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "kiln/kiln.h"

@@ -1,4 +1,4 @@
-/* test_json.c - cmocka tests for core/json: every error class with its position, UTF-8 and
+/* test_json.c - cmocka tests for base/json: every error class with its position, UTF-8 and
  * escape handling, nesting limits, duplicate and big objects, numbers, the Python-compatible
  * writers, round trips, and the real tokenizer.json when $KILN_TOKENIZER_CACHE points at one. */
 #define _POSIX_C_SOURCE 200809L
@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "core/json.h"
+#include "base/json.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/json.h"
+#include "base/json.h"
 #include "kiln/hal.h"
 #include "models/model_config.h"
 #include "models/rope.h"

@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "core/json.h"
-#include "core/npy.h"
+#include "base/json.h"
+#include "base/npy.h"
 #include "hal/loader.h"
 #include "models/model.h"
 #include "models/tokenizer/tokenizer.h"

@@ -35,12 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/config.h"
+#include "base/config.h"
 #include "core/engine/engine_internal.h"
-#include "core/json.h"
-#include "core/status.h"
+#include "base/json.h"
+#include "base/status.h"
 #include "core/sched/scheduler.h"
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 #include "hal/loader.h"
 #include "models/loader/gguf.h"
 #include "models/loader/weights.h"

@@ -21,8 +21,8 @@
 
 #include <cmocka.h>
 
-#include "core/json.h"
-#include "core/npy.h"
+#include "base/json.h"
+#include "base/npy.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/model.h"

@@ -21,7 +21,7 @@
 
 #include <cmocka.h>
 
-#include "core/config.h"
+#include "base/config.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 

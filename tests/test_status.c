@@ -1,4 +1,4 @@
-/* test_status.c - cmocka tests for core/status: making, annotating, freeing, code names. */
+/* test_status.c - cmocka tests for base/status: making, annotating, freeing, code names. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "core/status.h"
+#include "base/status.h"
 
 static void test_make(void **state) {
   (void)state;

@@ -1,4 +1,4 @@
-/* test_strbuf.c - cmocka tests for core/strbuf: growth, NUL termination, printf, UTF-8, the
+/* test_strbuf.c - cmocka tests for base/strbuf: growth, NUL termination, printf, UTF-8, the
  * failure flag, reset and detach. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 
 static void test_empty_is_valid(void **state) {
   (void)state;

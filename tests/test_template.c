@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/json.h"
+#include "base/json.h"
 #include "models/template/template.h"
 
 /* ---- the feature table ---------------------------------------------------------------------- */

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "core/engine/textout.h"
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 #include "models/tokenizer/tokenizer.h"
 
 /* ---- a byte-level BPE tokenizer: ids 0..255 are the bytes, then multi-byte tokens ---------- */

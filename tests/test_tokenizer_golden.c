@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/json.h"
+#include "base/json.h"
 #include "models/tokenizer/tokenizer.h"
 
 void tkt_golden_qwen3(void **state);

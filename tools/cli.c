@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/log.h"
+#include "base/log.h"
 
 #ifndef KILN_INSTALL_SYSCONFDIR
 #define KILN_INSTALL_SYSCONFDIR "/usr/local/etc"

@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/config.h"
-#include "core/status.h"
+#include "base/config.h"
+#include "base/status.h"
 #include "hal/loader.h"
 
 typedef struct kiln_cli {

@@ -24,8 +24,8 @@
 
 #include "cli.h"
 #include "cmd_bench.h"
-#include "core/json.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/strbuf.h"
 #include "kiln/kiln.h"
 
 typedef struct off_args {

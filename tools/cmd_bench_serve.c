@@ -33,9 +33,9 @@
 
 #include "cli.h"
 #include "cmd_bench.h"
-#include "core/json.h"
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 
 #ifndef KILN_VERSION_STRING
 #define KILN_VERSION_STRING "dev"

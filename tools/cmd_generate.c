@@ -20,9 +20,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/json.h"
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 #include "kiln/kiln.h"
 /* Only to echo a --prompt's token ids (and to fit max_tokens into the context) in single-request
  * mode: kiln.h has no tokenize call. */

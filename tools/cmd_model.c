@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/npy.h"
+#include "base/npy.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/model.h"

@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/model.h"

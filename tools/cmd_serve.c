@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/log.h"
-#include "core/strbuf.h"
+#include "base/log.h"
+#include "base/strbuf.h"
 #include "kiln/kiln.h"
 #include "server/server.h"
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-#include "../../hal/ref/logit_rank.h"
+#include "kiln/hal_rank.h"
 
 /* logsumexp of a row, without modifying it. */
 static float row_lse(const float *x, int64_t V) {

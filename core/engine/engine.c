@@ -22,13 +22,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/arena.h"
+#include "base/arena.h"
 #include "core/engine/engine_internal.h"
 #include "core/engine/metrics.h"
 #include "core/engine/textout.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/sched/scheduler.h"
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 #include "hal/loader.h"
 #include "models/loader/gguf.h"
 #include "models/rope.h"

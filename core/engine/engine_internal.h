@@ -4,7 +4,7 @@
 #ifndef KILN_CORE_ENGINE_ENGINE_INTERNAL_H
 #define KILN_CORE_ENGINE_ENGINE_INTERNAL_H
 
-#include "core/config.h"
+#include "base/config.h"
 #include "core/engine/runner.h"
 #include "core/kv/block_manager.h"
 #include "kiln/kiln.h"

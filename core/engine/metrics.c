@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 
 /* Upper bounds (the +Inf bucket is implicit). Latencies: 1 ms to 20 min, denser where
  * interactive serving lives (tens of ms to a few s). Inter-token: 1 ms to 80 s. Tokens per

@@ -8,7 +8,7 @@
 #define KILN_CORE_ENGINE_RUNNER_H
 
 #include "core/sample/sampler.h"
-#include "core/status.h"
+#include "base/status.h"
 #include "models/model.h"
 
 typedef struct kiln_runner {

@@ -22,8 +22,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 #include "models/tokenizer/tokenizer.h"
 
 typedef struct kiln_textout kiln_textout_t;

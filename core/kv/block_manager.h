@@ -51,7 +51,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 
 typedef struct kiln_kv_hash {
   uint64_t lo, hi;

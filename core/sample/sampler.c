@@ -40,7 +40,7 @@
 #include <string.h>
 
 #include "hal/loader.h"
-#include "hal/ref/logit_rank.h"
+#include "kiln/hal_rank.h"
 #include "kiln/hal_util.h"
 
 /* Token-list capacity (I32 entries) the device path's input staging starts with. */
@@ -109,7 +109,7 @@ static double row_lse(const float *x, int32_t V) {
  * Host path: top-N (by logit, ties by index)
  * ==========================================================================================*/
 
-/* idx[0..k) = the k best tokens of x[0..V) in rank order (hal/ref/logit_rank.h, the CPU
+/* idx[0..k) = the k best tokens of x[0..V) in rank order (kiln/hal_rank.h, the CPU
  * backend's ranking too). */
 static void top_n(const float *x, int32_t V, int32_t k, int32_t *idx) {
   kiln_rank_select_top(x, V, k, idx);

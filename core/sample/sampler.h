@@ -27,7 +27,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 #include "kiln/hal.h"
 
 typedef struct kiln_sampler kiln_sampler_t;

@@ -42,7 +42,7 @@
 #include <stdint.h>
 
 #include "core/kv/block_manager.h"
-#include "core/status.h"
+#include "base/status.h"
 
 typedef enum kiln_seq_state {
   KILN_SEQ_WAITING = 0,

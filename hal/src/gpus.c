@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/log.h"
+#include "base/log.h"
 
 /* Appends a formatted piece to the NUL-terminated string in buf[n] (truncating). */
 static void gpu_append(char *buf, size_t n, const char *fmt, ...)

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/log.h"
-#include "core/strbuf.h"
+#include "base/log.h"
+#include "base/strbuf.h"
 #include "kiln/hal_util.h"
 
 #ifndef KILN_INSTALL_PLUGINDIR

@@ -53,7 +53,7 @@
 extern "C" {
 #endif
 
-/* ---- status (also declared by libkiln's internal core/status.h) ------------------------- */
+/* ---- status (also declared by libkiln's internal base/status.h) ------------------------- */
 
 typedef struct kiln_status *kiln_status_t;
 /* 0 = OK; then INVALID_ARGUMENT 1, NOT_FOUND 2, OUT_OF_MEMORY 3, UNSUPPORTED 4, IO 5,

@@ -7,8 +7,8 @@
  * without further checks.
  */
 #define _POSIX_C_SOURCE 200809L /* stat */
-#include "core/json.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/strbuf.h"
 #include "models/loader/weights.h"
 #include "models/loader/weights_internal.h"
 

@@ -3,8 +3,8 @@
 #define _POSIX_C_SOURCE 200809L /* open flags, fstat, mmap */
 #include "models/loader/weights.h"
 
-#include "core/arena.h"
-#include "core/strbuf.h"
+#include "base/arena.h"
+#include "base/strbuf.h"
 #include "kiln/hal_util.h"
 #include "models/loader/weights_internal.h"
 

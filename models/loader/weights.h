@@ -28,7 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 
 typedef enum kiln_wtype {
   KILN_WTYPE_F32 = 0,

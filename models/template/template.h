@@ -25,9 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/json.h"
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 
 typedef struct kiln_template kiln_template_t;
 

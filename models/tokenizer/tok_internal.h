@@ -27,10 +27,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/arena.h"
-#include "core/json.h"
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/arena.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 #include "models/tokenizer/tokenizer.h"
 
 /* ---- utilities (ktok_util.c) ------------------------------------------------------------ */

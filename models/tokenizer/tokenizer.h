@@ -22,8 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 
 typedef struct kiln_tokenizer kiln_tokenizer_t;
 

@@ -2,7 +2,7 @@
  * check every lookup, write in all four modes, re-parse, and write again.
  *
  *   clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_json.c \
- *     core/json.c core/strbuf.c core/status.c -lm -o /tmp/fuzz_json && /tmp/fuzz_json
+ *     base/json.c base/strbuf.c base/status.c -lm -o /tmp/fuzz_json && /tmp/fuzz_json
  * -max_total_time=60
  */
 #include <stdint.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/json.h"
+#include "base/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -5,7 +5,7 @@
  *         read the bytes as ids and check decode == stream again.
  *
  *   clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_tokenizer.c \
- *     models/tokenizer/\*.c core/json.c core/strbuf.c core/status.c -lpcre2-8 -lutf8proc \
+ *     models/tokenizer/\*.c base/json.c base/strbuf.c base/status.c -lpcre2-8 -lutf8proc \
  *     -lpthread -lm -o /tmp/fuzz_tokenizer && /tmp/fuzz_tokenizer -max_total_time=60
  */
 #include <stdint.h>

@@ -1,8 +1,8 @@
-/* logit_rank.h - ranking tokens by logit, shared by the CPU backend's sampling ops and
+/* hal_rank.h - ranking tokens by logit, shared by the CPU backend's sampling ops and
  * libkiln's host sampler (one definition of "better token": larger logit, ties to the lower
  * index, NaN ranks with -inf). Header-only: the plugin and libkiln are separate binaries. */
-#ifndef KILN_HAL_REF_LOGIT_RANK_H
-#define KILN_HAL_REF_LOGIT_RANK_H
+#ifndef KILN_HAL_RANK_H
+#define KILN_HAL_RANK_H
 
 #include <math.h>
 #include <stdbool.h>
@@ -61,4 +61,4 @@ static inline void kiln_rank_select_top(const float *x, int64_t V, int64_t m, in
   }
 }
 
-#endif /* KILN_HAL_REF_LOGIT_RANK_H */
+#endif /* KILN_HAL_RANK_H */

@@ -31,8 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
-#include "core/strbuf.h"
+#include "base/status.h"
+#include "base/strbuf.h"
 
 #define KILN_JSON_MAX_DEPTH 512
 

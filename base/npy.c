@@ -1,5 +1,5 @@
 /* npy.c - float32 .npy read and write (see npy.h). */
-#include "core/npy.h"
+#include "base/npy.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "core/status.h"
+#include "base/status.h"
 
 /* Writes rows x cols float32 values (row-major) to path as a 2-D .npy file.
  * Errors: KILN_ERR_IO naming the path and strerror. */

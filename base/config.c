@@ -10,7 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "config.h"
-#include "core/strbuf.h"
+#include "base/strbuf.h"
 
 #include <ctype.h>
 #include <errno.h>
