@@ -285,7 +285,11 @@ kiln_hal_error_t *cuda_gemm(kiln_hal_stream_t *s, const kiln_hal_gemm_args_t *a)
     c.bias = vbias.ptr; /* only with an f32 c: see gemm_staged */
     if ((err = cuda_blas_matmul(s, &c, &bias_done))) return err;
   }
-  if (!bias_done) { /* the library could not fuse it */
+  /* Only a bias the library could not fuse needs the extra pass: cuda_blas_matmul reports
+   * bias_done = false for a call without one too, and an unconditional fix-up here read and
+   * wrote the whole output of every bias-free library gemm once more (since 75d6328; the
+   * suspect of issue 24's prefill and throughput regression on the H200). */
+  if (has_bias && !bias_done) {
     cudaError_t e = cuda_launch_scale_bias(s->stream, c3, vbias.ptr, 1.0f);
     if (e != cudaSuccess) return cuda_err_rt(e, "gemm: bias kernel launch");
   }

@@ -114,7 +114,9 @@ typedef struct cuda_blas_call {
 kiln_hal_error_t *cuda_blas_create(kiln_hal_stream_t *s, cuda_blas_t **out);
 void cuda_blas_destroy(cuda_blas_t *b);
 /* Enqueues the product on s's stream. *bias_done is false when the library could not fuse the
- * bias (the caller adds it). UNSUPPORTED when the library has no algorithm for the call. */
+ * bias (the caller adds it); it means nothing for a call without a bias (c->bias NULL), where
+ * it may be false as well, so the caller tests its own bias first. UNSUPPORTED when the
+ * library has no algorithm for the call. */
 kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t *c,
                                    bool *bias_done);
 /* "cuBLASLt 13.0", "rocBLAS 4.1 (librocblas.so.4)", for build_info and logs. */
