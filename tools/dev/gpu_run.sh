@@ -15,22 +15,16 @@
 #   DEPS_DIR/bench.txt  optional tokenizer benchmark text
 # Logs and results go to $OUT.
 set -uo pipefail
-deps=$(cd "$1" && pwd)
 OUT=${OUT:-/tmp/kiln-gpu-out}
 mkdir -p "$OUT"
-sys=/tmp/sys
-mkdir -p "$sys" /tmp/src
-for f in "$deps"/*.deb; do dpkg -x "$f" "$sys" 2>/dev/null || (cd /tmp && ar x "$f" data.tar.xz && tar xJf data.tar.xz -C "$sys"); done
+# The .debs into /tmp/sys, the search paths exported, KILN_DEPS_CMAKE_ARGS for the configure.
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "$1"
+mkdir -p /tmp/src
 if [ -f "$deps/src.tar" ]; then tar xf "$deps/src.tar" -C /tmp/src; else src=$(pwd); rm -rf /tmp/src; ln -s "$src" /tmp/src; fi
-ml=$sys/usr/lib/x86_64-linux-gnu
-export PKG_CONFIG_PATH=$ml/pkgconfig:$ml/openblas-pthread/pkgconfig PKG_CONFIG_SYSROOT_DIR=$sys
-export LD_LIBRARY_PATH=$ml:$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt" 2>&1; cat "$OUT/gpu.txt"
 cd /tmp/src
 echo "== configure + build"
-if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$sys/usr" \
-        -DCMAKE_LIBRARY_PATH="$ml;$ml/openblas-pthread" \
-        -DCMAKE_INCLUDE_PATH="$sys/usr/include;$sys/usr/include/x86_64-linux-gnu" \
+if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${KILN_DEPS_CMAKE_ARGS[@]}" \
         -DKILN_TOKENIZER_CACHE="$deps/tok" -DKILN_HTTP=OFF \
         ${KILN_CUDA_ARCHS:+-DKILN_CUDA_ARCHS="$KILN_CUDA_ARCHS"} &&
        cmake --build build -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
