@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # gpu_env.sh - sourced (not run) by the GPU machine's scripts (gpu_run.sh, perf_bisect.sh): unpacks
 # the Debian -dev packages carried as .deb files into /tmp/sys and exports what a CMake configure
 # and the built binaries need to find them there.
@@ -14,5 +15,6 @@ done
 ml=$sys/usr/lib/x86_64-linux-gnu
 export PKG_CONFIG_PATH=$ml/pkgconfig:$ml/openblas-pthread/pkgconfig PKG_CONFIG_SYSROOT_DIR=$sys
 export LD_LIBRARY_PATH=$ml:$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# shellcheck disable=SC2034  # used by the scripts that source this file
 KILN_DEPS_CMAKE_ARGS=(-DCMAKE_PREFIX_PATH="$sys/usr" -DCMAKE_LIBRARY_PATH="$ml;$ml/openblas-pthread"
   -DCMAKE_INCLUDE_PATH="$sys/usr/include;$sys/usr/include/x86_64-linux-gnu")

@@ -28,6 +28,7 @@ mkdir -p "$OUT"
 [ $# -eq 2 ] || { echo "usage: $0 DEPS_DIR PERF_DIR" >&2; exit 2; }
 [ -d "$2" ] || { echo "perf_bisect: PERF_DIR '$2' is not a folder" >&2; exit 2; }
 perf=$(cd "$2" && pwd)
+# shellcheck source=tools/dev/gpu_env.sh
 . "$here/tools/dev/gpu_env.sh" "$1"
 work=/tmp/pb
 rm -rf "$work"
