@@ -6,7 +6,10 @@
 # carried) the Hugging Face goldens and tokenizer reference timing; GEMM_KERNEL=1 runs the op
 # suite and the gemm benchmark with Kiln's own GEMM kernel (KILN_GPU_GEMM=kernel, the ROCm
 # plugin's fallback); PORTABILITY=1 runs `kiln info` with the ROCm plugin and Debian's HIP and
-# Level Zero runtimes from DEPS_DIR/hip/ beside the NVIDIA GPU.
+# Level Zero runtimes from DEPS_DIR/hip/ beside the NVIDIA GPU; PERF=1 runs the performance check
+# (bench/perf_check.py: batch-1 decode, prefill 512, offline 1,000 x (512 + 256) and the card's
+# ceilings on a random Qwen2-7B, compared with the newest bench/results/ file; PERF_COMMIT names
+# the commit, which the copied tree cannot tell) and exits 1 when a figure dropped over 5%.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
 #   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD); without it, the
@@ -18,6 +21,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kiln-gpu-out}
 mkdir -p "$OUT"
 # The .debs into /tmp/sys, the search paths exported, KILN_DEPS_CMAKE_ARGS for the configure.
+# shellcheck source=tools/dev/gpu_env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh" "$1"
 mkdir -p /tmp/src
 if [ -f "$deps/src.tar" ]; then tar xf "$deps/src.tar" -C /tmp/src; else src=$(pwd); rm -rf /tmp/src; ln -s "$src" /tmp/src; fi
@@ -121,6 +125,15 @@ for shape in ${BENCH7B:-}; do
     --steps "${BENCH7B_STEPS:-ceilings,hf,latency,prefill,throughput}" --out "$OUT/bench7b_$shape.json" 2>&1 |
     grep -v -i warn | tail -40
 done
+perf_rc=0
+if [ -n "${PERF:-}" ]; then
+  echo "== performance check (issue 24): the 7B figures against the newest bench/results/ file"
+  timeout "${PERF_TIMEOUT:-500}" python3 bench/perf_check.py --kiln ./build/bin/kiln --root /tmp/src \
+    --work /tmp/m7 --commit "${PERF_COMMIT:-}" --results /tmp/src/bench/results --out-dir "$OUT" 2>&1 |
+    grep -v -i warn | tail -30
+  perf_rc=${PIPESTATUS[0]}
+  echo "perf_check rc=$perf_rc (0 ok, 1 a figure dropped, 2 bad input, 3 a run failed, 124 timed out)"
+fi
 if [ -d "$deps/tok" ] && [ -f "$deps/bench.txt" ]; then
   echo "== Kiln tokenizer encode speed (one thread)"
   for n in qwen3 llama3 llama2; do
@@ -155,3 +168,4 @@ if [ -n "${SANITIZE:-}" ]; then
     echo "memcheck parity rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_parity.log" | head
   fi
 fi
+exit "$perf_rc"
