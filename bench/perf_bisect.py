@@ -62,7 +62,7 @@ def read_builds(path):
 
 def table(rows, ref_label):
     ref = next((r for r in rows if r["label"] == ref_label), rows[0] if rows else None)
-    out = ["%-22s %-9s %-10s %-22s %16s %7s %18s %7s" % (
+    out = ["%-18s %-15s %-10s %-20s %20s %6s %14s %6s" % (
         "build", "commit", "archs", "env", "prefill-512 ms", "x ref", "offline tok/s", "x ref")]
 
     def fmt(v, nd):
@@ -75,8 +75,8 @@ def table(rows, ref_label):
         rp = (ref["prefill_ms"] / p) if ref and p and ref.get("prefill_ms") else None
         rt = (t / ref["throughput_tok_s"]) if ref and t and ref.get("throughput_tok_s") else None
         env = ",".join("%s=%s" % kv for kv in r["env"].items()) or "-"
-        out.append("%-22s %-9s %-10s %-22s %16s %7s %18s %7s" % (
-            r["label"], r["commit"][:9], r["archs"], env[:22], ps, fmt(rp, 3), fmt(t, 0),
+        out.append("%-18s %-15s %-10s %-20s %20s %6s %14s %6s" % (
+            r["label"], r["commit"][:15], r["archs"], env[:20], ps, fmt(rp, 3), fmt(t, 0),
             fmt(rt, 3)))
     out.append("x ref: speed relative to row '%s' (above 1 = faster); prefill is the median of "
                "the samples shown" % (ref["label"] if ref else "-"))

@@ -7,6 +7,7 @@ Figures (each a dict from the bench's --json, plus "cmd", "wall_s"; or {"error":
   prefill     kiln bench latency, batch 1, 512 + 1, 10 iterations after 2 warm-ups: ttft_ms p50
   throughput  kiln bench throughput, N x (512 + 256) (N = 1000 for the check's figure)
 """
+import ctypes
 import json
 import os
 import re
@@ -92,13 +93,22 @@ def _run(cmd, cwd=None):
 
 
 def cublaslt_of(plugin):
-    """The cuBLASLt file the plugin loads (ldd, then the symlink's target): 'libcublasLt.so.13.1.0.3'."""
+    """The cuBLASLt the plugin loads (ldd): its version as the library itself reports it
+    (cublasLtGetVersion, e.g. 130100 -> '13.1.0') and its file, or None."""
     for line in _run(["ldd", plugin]).splitlines():
         if "libcublasLt" in line and "=>" in line:
             path = line.split("=>")[1].split("(")[0].strip()
-            if path and path != "not found":
-                return os.path.basename(os.path.realpath(path)) + " (" + path + ")"
-            return line.strip()
+            if not path or path == "not found":
+                return line.strip()
+            ver = "?"
+            try:
+                lib = ctypes.CDLL(path)
+                lib.cublasLtGetVersion.restype = ctypes.c_size_t
+                v = int(lib.cublasLtGetVersion())
+                ver = "%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100)
+            except (OSError, AttributeError) as e:
+                ver = "? (%s)" % e
+            return "%s (%s)" % (ver, os.path.realpath(path))
     return None
 
 
