@@ -1,5 +1,6 @@
-/* cli.h - what every `kiln` subcommand shares: option parsing for --config/--set, the
- * config file search, and opening the configured backend. */
+/* cli.h - what every `kiln` subcommand shares: the common options (--config, --set,
+ * --log-level), the config file search, and opening the configured backend. Each command's own
+ * options are a table of opts.h. */
 #ifndef KILN_TOOLS_CLI_H
 #define KILN_TOOLS_CLI_H
 
@@ -10,6 +11,7 @@
 #include "base/config.h"
 #include "base/status.h"
 #include "hal/loader.h"
+#include "opts.h"
 
 typedef struct kiln_cli {
   int argc; /* the subcommand's own arguments (after the common ones are removed) */
@@ -21,7 +23,11 @@ typedef struct kiln_cli {
   int num_sets;
 } kiln_cli_t;
 
-/* Parses --config FILE and --set section.key=value (repeatable) and --log-level out of argv,
+/* The options every command takes: --config FILE, --set section.key=value (repeatable) and
+ * --log-level LEVEL; each command's table lists them as its `common` options. */
+extern const kiln_opts_t kiln_cli_common_opts;
+
+/* Takes the common options out of argv (anywhere in it; "--config=FILE" works too),
  * loads the config (explicit file, else $KILN_CONFIG, else ./etc/kiln.ini, else the
  * installed one, else built-in defaults), applies the overrides and the [log] settings.
  * The remaining arguments are left in cli->argc/argv (argv[0] = the subcommand name). */
