@@ -140,36 +140,6 @@ const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes) {
   return buf;
 }
 
-kiln_status_t kiln_cli_int(const char *cmd, const char *opt, const char *value, int64_t lo,
-                           int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(value, &end, 10);
-  if (errno || end == value || *end || x < lo || x > hi)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants an integer in [%lld, %lld], got '%s'", cmd, opt,
-                            (long long)lo, (long long)hi, value);
-  *out = x;
-  return NULL;
-}
-
-kiln_status_t kiln_cli_float(const char *cmd, const char *opt, const char *value, double lo,
-                             double hi, double *out) {
-  char *end;
-  errno = 0;
-  double x = strtod(value, &end);
-  if (errno || end == value || *end || !(x >= lo && x <= hi))
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants a number in [%g, %g], got '%s'", cmd, opt, lo, hi, value);
-  *out = x;
-  return NULL;
-}
-
-kiln_status_t kiln_cli_bad_option(const char *cmd, const char *opt, const char *usage) {
-  return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: unknown or incomplete option '%s'%s%s",
-                          cmd, opt, usage ? "\n" : "", usage ? usage : "");
-}
-
 kiln_status_t kiln_cli_parse_ids(const char *cmd, const char *s, int32_t **out_ids,
                                  size_t *out_len) {
   *out_ids = NULL;

@@ -44,22 +44,7 @@ int kiln_cli_fail(kiln_status_t st);
 /* Formats a byte count as "23.4 GiB" into buf. */
 const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes);
 
-/* ---- option values: errors name the command and the option -------------------------------- */
-
-/* Parses option opt's value as a decimal integer in [lo, hi] into *out. Errors:
- * KILN_ERR_INVALID_ARGUMENT, "generate: --n wants an integer in [1, 65536], got 'x'"; *out is
- * unchanged. */
-kiln_status_t kiln_cli_int(const char *cmd, const char *opt, const char *value, int64_t lo,
-                           int64_t hi, int64_t *out);
-
-/* The same for a number (strtod syntax) in [lo, hi]: "... wants a number in [0, 1], got 'x'". */
-kiln_status_t kiln_cli_float(const char *cmd, const char *opt, const char *value, double lo,
-                             double hi, double *out);
-
-/* The error for an option the command does not know, or one missing its value:
- * "score: unknown or incomplete option '--x'", followed by "\n" and usage when usage is not
- * NULL. */
-kiln_status_t kiln_cli_bad_option(const char *cmd, const char *opt, const char *usage);
+/* ---- option values (the options themselves: opts.h) --------------------------------------- */
 
 /* Parses --ids: token ids (non-negative integers that fit int32) separated by commas, spaces
  * allowed after each id. On success *out_ids is a malloc'ed array of *out_len >= 1 ids (the
