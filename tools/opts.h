@@ -128,9 +128,10 @@ typedef struct kiln_opts {
   }
 
 /* Parses argv[1..argc) (argv[0] is the command's name) by table t into args, the struct the
- * rows' offsets are into; fields of options not given keep the values they had. A value is the
- * next argument, whatever it looks like ("--prompt --x" gives the prompt "--x"). --help or -h
- * prints kiln_opts_print_help(t) on stdout, sets *out_help and stops: the command then exits 0.
+ * rows' offsets are into (NULL for a table without rows); fields of options not given keep the
+ * values they had, so set the defaults first. A value is the next argument, whatever it looks
+ * like ("--prompt --x" gives the prompt "--x"). --help or -h prints kiln_opts_print_help(t) on
+ * stdout, sets *out_help and stops (what follows is not looked at): the command then exits 0.
  * Errors, with the first bad argument: KILN_ERR_INVALID_ARGUMENT for an unknown option, a
  * missing value, a value out of range or one the CUSTOM parser rejects (the message names the
  * command and the option, as t->flags ask); KILN_ERR_OUT_OF_MEMORY growing a LIST. args then
