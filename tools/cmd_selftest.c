@@ -436,8 +436,9 @@ static const kiln_opts_t st_opts = {
         "usage: kiln selftest [--seed N]\n"
         "Runs one Llama-style decoder layer plus the LM head through the HAL ops of the\n"
         "configured backend (device 0) over two engine steps, a batch of prefills then a\n"
-        "chunked prefill and a decode in one batch, and checks every step against an fp64\n"
-        "host reference: in float32, and in bfloat16 and float16 where the device has them.\n"
+        "chunked prefill and a decode in one batch, and checks each step's logits and the\n"
+        "device's argmax against an fp64 host reference: in float32, and in bfloat16 and\n"
+        "float16 where the device has them.\n"
         "Exit status: 0 when every check passed.\n",
     .opts = st_rows,
     .num_opts = KILN_OPTS_COUNT(st_rows),
