@@ -29,29 +29,36 @@ typedef struct mc_ctx {
   kiln_tokens_t ids;
 } mc_ctx_t;
 
-static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a) {
-  const char *cmd = cli->argv[0];
+static const kiln_opt_t mc_rows[] = {
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf", mc_args_t, model,
+                    "the model (default: [model] path; empty: the embedded default)"),
+    KILN_OPT_STRING("--ids", "1,2,3", mc_args_t, ids, "the token ids to score (required)"),
+    KILN_OPT_STRING("--out", "FILE.npy", mc_args_t, out,
+                    "where the logits go: float32 [len(ids), vocab] (required)"),
+    KILN_OPT_STRING("--dtype", "NAME", mc_args_t, dtype,
+                    "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_INT("--chunk", "N", mc_args_t, chunk, 0, 1 << 24,
+                 "most tokens per forward pass (default 0: all of them at once)"),
+};
+
+static const kiln_opts_t mc_opts = {
+    .cmd = "score",
+    .usage =
+        "usage: kiln score [--model DIR|FILE.gguf] --ids 1,2,3 --out FILE.npy [--chunk N]\n"
+        "                  [--dtype auto|float32|float16|bfloat16]\n"
+        "Runs the model over the ids (one sequence) and writes the logits of every position\n"
+        "to a .npy file: the command that checks a model against a reference.\n",
+    .opts = mc_rows,
+    .num_opts = KILN_OPTS_COUNT(mc_rows),
+    .common = &kiln_cli_common_opts,
+};
+
+/* Parses the options; *out_help when --help came (and was printed). */
+static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a, bool *out_help) {
+  const char *cmd = mc_opts.cmd;
   memset(a, 0, sizeof(*a));
-  kiln_status_t st = NULL;
-  for (int i = 1; i < cli->argc && !st; i++) {
-    const char *o = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-#define TAKES(name) (strcmp(o, name) == 0 && v && (i++, 1))
-    if (TAKES("--model"))
-      a->model = v;
-    else if (TAKES("--ids"))
-      a->ids = v;
-    else if (TAKES("--dtype"))
-      a->dtype = v;
-    else if (TAKES("--chunk"))
-      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->chunk);
-    else if (TAKES("--out"))
-      a->out = v;
-    else
-      st = kiln_cli_bad_option(cmd, o, NULL);
-#undef TAKES
-  }
-  if (st) return st;
+  kiln_status_t st = kiln_opts_parse(&mc_opts, cli->argc, cli->argv, a, out_help);
+  if (st || *out_help) return st;
   if (!a->model || !a->model[0]) {
     /* [model] path (relative to its INI file), or the embedded default model. */
     kiln_status_t pst = kiln_config_model_path(cli->config, a->model_buf, sizeof(a->model_buf));
@@ -123,7 +130,9 @@ int kiln_cmd_score(kiln_cli_t *cli) {
   mc_ctx_t c;
   memset(&c, 0, sizeof(c));
   float *logits = NULL;
-  kiln_status_t st = mc_parse(cli, &a);
+  bool help = false;
+  kiln_status_t st = mc_parse(cli, &a, &help);
+  if (!st && help) return 0;
   if (!st) st = kiln_cli_parse_ids("score", a.ids, &c.ids.ids, &c.ids.len);
   c.ids.cap = c.ids.len;
   int32_t n = (int32_t)c.ids.len;
