@@ -6,12 +6,14 @@
  *   - alpha is dropped, not composited on white or black (RGBA, grey+alpha, palette+tRNS,
  *     WebP with alpha: the stored colour of each pixel, whatever its alpha);
  *   - grey (1/2/4/8-bit) is replicated into R = G = B, low bit depths scaled to 0..255;
- *   - palette images are looked up; tRNS colour keys are ignored;
+ *   - palette images are looked up (an index past the PLTE entries reads as black, as in
+ *     current Pillow); tRNS alpha tables and colour keys are ignored;
  *   - 16-bit RGB, RGBA and grey+alpha samples keep their high byte (PIL's "RGB;16B" unpacking),
  *     but 16-bit greyscale is clipped to 0..255 (PIL opens it as mode "I;16", whose conversion
  *     to RGB saturates), so a 16-bit grey value of 1000 reads as 255;
  *   - CMYK and YCCK JPEGs are read with Adobe's inverted polarity (PIL's "CMYK;I", always) and
- *     converted as PIL does: R = 255 - K' - C*(255 - K)/255 rounded PIL's way (MULDIV255);
+ *     converted as PIL's cmyk2rgb: R = (255 - K) - C * (255 - K) / 255, the product rounded PIL's
+ *     way (MULDIV255), likewise G from M and B from Y;
  *   - JPEG is decoded by libjpeg(-turbo) with its defaults (accurate integer IDCT, fancy
  *     upsampling), as Pillow leaves them;
  *   - EXIF orientation is NOT applied (PIL does not apply it unless asked:
