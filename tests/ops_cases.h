@@ -15,12 +15,19 @@ void test_ops_copy(void **state);
 /* ops_cases_attention.c */
 void test_ops_kv_write(void **state);
 void test_ops_attention(void **state);
+void test_ops_attention_vision(void **state);
 
 /* ops_cases_sampling.c */
 void test_ops_argmax(void **state);
 void test_ops_topk(void **state);
 void test_ops_penalize(void **state);
 void test_ops_sample(void **state);
+
+/* ops_cases_vision.c (ABI 1.2) */
+void test_ops_layernorm(void **state);
+void test_ops_activation(void **state);
+void test_ops_vision_bad_args(void **state);
+void test_ops_vision_graphs(void **state);
 
 /* ops_cases_misc.c */
 void test_ops_graphs(void **state);
