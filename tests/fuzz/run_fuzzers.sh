@@ -46,6 +46,7 @@ done
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 build=$(cd "$build" && pwd)
 results=$(mktemp -d "${TMPDIR:-/tmp}/kiln-fuzz.XXXXXX")
+trap 'rm -rf "$results"' EXIT
 
 # Leaks are errors; UBSan stops at its first report (the fuzz build lets it recover otherwise).
 # A caller's own options come after ours, so they win.
@@ -142,6 +143,5 @@ for t in "${targets[@]}"; do
   done
   shopt -u nullglob
 done
-rm -rf "$results"
 echo "fuzz: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
