@@ -228,11 +228,34 @@ def make_images(d, seed):
     return paths
 
 
-def make_image_processor():
-    cls = getattr(transformers, "Qwen2VLImageProcessorPil", None)
-    if cls is None:
-        cls = transformers.Qwen2VLImageProcessor  # 4.x: the slow one is the plain class
-    ip = cls(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def make_image_processor(d):
+    """The processor AutoProcessor gives for a published checkpoint's preprocessor_config.json
+    (written here in the published layout, with small min/max_pixels), the slow PIL one."""
+    pc = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 14,
+          "temporal_patch_size": 2, "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
+          "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor"}
+    with open(os.path.join(d, "preprocessor_config.json"), "w", encoding="utf-8") as f:
+        json.dump(pc, f, indent=2)
+        f.write("\n")
+    try:
+        ip = transformers.AutoImageProcessor.from_pretrained(d, use_fast=False)
+    except Exception as e:  # noqa: BLE001
+        print("  note: AutoImageProcessor(use_fast=False) failed (%s); building the class directly" % e)
+        cls = getattr(transformers, "Qwen2VLImageProcessorPil", None)
+        if cls is None:
+            try:
+                from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as cls
+            except Exception:  # noqa: BLE001
+                cls = transformers.Qwen2VLImageProcessor  # 4.x: the slow one is the plain class
+        ip = cls(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    name = type(ip).__name__
+    if "Fast" in name:
+        raise RuntimeError("got the fast image processor %s, want the slow PIL one" % name)
+    print("  image processor: %s" % name)
     return ip
 
 
@@ -467,8 +490,7 @@ def make_fixture(fx, out_root, tok):
                       {n.split(".blocks.")[0] for n in names if ".blocks." in n})
     print("  weights: %d tensors, prefixes %s" % (len(names), prefixes))
 
-    ip = make_image_processor()
-    ip.save_pretrained(d)
+    ip = make_image_processor(d)
     paths = make_images(d, fx["seed"])
 
     # The processor itself, when it can be built, must expand the ids the way we do.
