@@ -679,6 +679,14 @@ static kiln_status_t vis_int(const kiln_json_t *vc, const char *name, const char
   return v ? read_int(name, k, v, 1, INT32_MAX, out) : NULL;
 }
 
+static kiln_status_t vis_num(const kiln_json_t *vc, const char *name, const char *key,
+                             double *out) {
+  char k[96];
+  snprintf(k, sizeof(k), "vision_config.%s", key);
+  const kiln_json_t *v = opt(vc, key);
+  return v ? read_num(name, k, v, out) : NULL;
+}
+
 /* vision_config, with Qwen2VLVisionConfig's / Qwen2_5_VLVisionConfig's defaults. */
 static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
                                   kiln_model_config_t *c) {
@@ -718,7 +726,7 @@ static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
         (st = vis_int(v, name, "intermediate_size", &vc->intermediate_size)) ||
         (st = vis_int(v, name, "out_hidden_size", &vc->out_hidden_size)) ||
         (st = vis_int(v, name, "window_size", &vc->window_size)) ||
-        (st = opt_num(v, name, "vision_config.tokens_per_second", &vc->tokens_per_second)))
+        (st = vis_num(v, name, "tokens_per_second", &vc->tokens_per_second)))
       return st;
     const kiln_json_t *fv = kiln_json_get(v, "fullatt_block_indexes");
     if (!fv) {
@@ -743,7 +751,7 @@ static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
     double ratio = 4;
     if ((st = vis_int(v, name, "embed_dim", &vc->embed_dim)) ||
         (st = vis_int(v, name, "hidden_size", &vc->out_hidden_size)) ||
-        (st = opt_num(v, name, "vision_config.mlp_ratio", &ratio)))
+        (st = vis_num(v, name, "mlp_ratio", &ratio)))
       return st;
     double w = (double)vc->embed_dim * ratio; /* Python's int(embed_dim * mlp_ratio) */
     if (!(ratio > 0) || !(w >= 1) || w > (double)INT32_MAX)
@@ -752,7 +760,7 @@ static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
     vc->intermediate_size = (int64_t)w;
   }
   if (strcmp(act, "quick_gelu") == 0)
-    vc->hidden_act = 3; /* KILN_HAL_ACT_QUICK_GELU (HAL ABI 1.2) */
+    vc->hidden_act = KILN_HAL_ACT_QUICK_GELU;
   else if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0)
     vc->hidden_act = KILN_HAL_ACT_SILU;
   else if (strcmp(act, "gelu") == 0)
