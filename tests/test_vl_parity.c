@@ -266,6 +266,7 @@ static bool have_fixture(const char *name, char *dir, size_t n) {
 static void check_fixture(const char *name) {
   char dir[1200];
   if (!have_fixture(name, dir, sizeof(dir))) {
+    if (strncmp(name, "vl_tiny_", 8) == 0) fail_msg("%s: missing fixture %s", name, dir);
     printf("  %s: no fixture at %s (run tools/make_vl_fixtures.py on the GPU machine)\n", name, dir);
     skip();
   }
@@ -420,6 +421,18 @@ static void check_fixture(const char *name) {
   kiln_json_doc_free(doc);
 }
 
+/* The tiny checkpoints of tools/make_vl_selftest.py (an independent float64 reference in the
+ * standard library), always present. */
+static void test_tiny_qwen2_vl(void **state) {
+  (void)state;
+  check_fixture("vl_tiny_qwen2_vl");
+}
+
+static void test_tiny_qwen2_5_vl(void **state) {
+  (void)state;
+  check_fixture("vl_tiny_qwen2_5_vl");
+}
+
 static void test_qwen2_vl(void **state) {
   (void)state;
   check_fixture("qwen2_vl");
@@ -432,6 +445,8 @@ static void test_qwen2_5_vl(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_tiny_qwen2_vl),
+      cmocka_unit_test(test_tiny_qwen2_5_vl),
       cmocka_unit_test(test_qwen2_vl),
       cmocka_unit_test(test_qwen2_5_vl),
   };
