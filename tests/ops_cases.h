@@ -22,6 +22,12 @@ void test_ops_topk(void **state);
 void test_ops_penalize(void **state);
 void test_ops_sample(void **state);
 
+/* ops_cases_vision.c (ABI 1.2) */
+void test_ops_layernorm(void **state);
+void test_ops_activation(void **state);
+void test_ops_vision_bad_args(void **state);
+void test_ops_vision_graphs(void **state);
+
 /* ops_cases_misc.c */
 void test_ops_graphs(void **state);
 void test_ops_bad_args(void **state);

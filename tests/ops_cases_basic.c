@@ -501,7 +501,10 @@ void test_ops_rope(void **state) {
 /* ============================================================================== silu_mul == */
 
 static const char *act_name(int32_t act) {
-  return act == KILN_HAL_ACT_SILU ? "silu" : act == KILN_HAL_ACT_GELU_TANH ? "gelu_tanh" : "gelu";
+  return act == KILN_HAL_ACT_SILU        ? "silu"
+         : act == KILN_HAL_ACT_GELU_TANH ? "gelu_tanh"
+         : act == KILN_HAL_ACT_GELU      ? "gelu"
+                                         : "quick_gelu";
 }
 
 static void silu_mul_run(const oh_backend_t *be, int32_t dt, int32_t act, int64_t T, int64_t I,
@@ -541,7 +544,7 @@ void test_ops_silu_mul(void **state) {
   for (int bi = 0; bi < oh_num_backends; bi++) {
     for (int di = 0; di < 3; di++) {
       if (!oh_dtype_ok(&oh_backends[bi], oh_float_dtypes[di])) continue;
-      for (int32_t act = 0; act < 3; act++) {
+      for (int32_t act = 0; act <= KILN_HAL_ACT_QUICK_GELU; act++) {
         for (size_t si = 0; si < ARRAY_LEN(shapes); si++)
           silu_mul_run(&oh_backends[bi], oh_float_dtypes[di], act, shapes[si][0], shapes[si][1],
                        shapes[si][2]);

@@ -5,6 +5,8 @@
  *   KILN_BACKEND_PATH   where the loader finds plugins (CTest points it at build/lib/kiln)
  *   KILN_TEST_BACKENDS  comma-separated backend names to test (default: every usable one)
  *   KILN_TEST_SEED      the random seed (default: the time; printed at start to reproduce)
+ *   KILN_TEST_ONLY      a cmocka name pattern (`*` and `?` wildcards, e.g. "test_ops_attention*")
+ *                       restricting the tests run; a setup failure still fails the run
  * The suite fails when no backend is usable: a run that tested nothing must not pass. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,15 +39,32 @@ int main(void) {
   fflush(stdout);
 
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ops_backends),  cmocka_unit_test(test_ops_gemm),
-      cmocka_unit_test(test_ops_embedding), cmocka_unit_test(test_ops_rmsnorm),
-      cmocka_unit_test(test_ops_rope),      cmocka_unit_test(test_ops_silu_mul),
-      cmocka_unit_test(test_ops_add),       cmocka_unit_test(test_ops_copy),
-      cmocka_unit_test(test_ops_kv_write),  cmocka_unit_test(test_ops_attention),
-      cmocka_unit_test(test_ops_argmax),    cmocka_unit_test(test_ops_topk),
-      cmocka_unit_test(test_ops_penalize),  cmocka_unit_test(test_ops_sample),
-      cmocka_unit_test(test_ops_graphs),    cmocka_unit_test(test_ops_bad_args),
+      cmocka_unit_test(test_ops_backends),
+      cmocka_unit_test(test_ops_gemm),
+      cmocka_unit_test(test_ops_embedding),
+      cmocka_unit_test(test_ops_rmsnorm),
+      cmocka_unit_test(test_ops_rope),
+      cmocka_unit_test(test_ops_silu_mul),
+      cmocka_unit_test(test_ops_add),
+      cmocka_unit_test(test_ops_copy),
+      cmocka_unit_test(test_ops_kv_write),
+      cmocka_unit_test(test_ops_attention),
+      cmocka_unit_test(test_ops_argmax),
+      cmocka_unit_test(test_ops_topk),
+      cmocka_unit_test(test_ops_penalize),
+      cmocka_unit_test(test_ops_sample),
+      cmocka_unit_test(test_ops_graphs),
+      cmocka_unit_test(test_ops_bad_args),
+      cmocka_unit_test(test_ops_layernorm),
+      cmocka_unit_test(test_ops_activation),
+      cmocka_unit_test(test_ops_vision_bad_args),
+      cmocka_unit_test(test_ops_vision_graphs),
   };
+  const char *only = getenv("KILN_TEST_ONLY");
+  if (only && *only) {
+    if (g_setup_why) return 1; /* test_ops_backends may be filtered out: fail here instead */
+    cmocka_set_test_filter(only);
+  }
   int failed = cmocka_run_group_tests_name("ops", tests, NULL, NULL);
   oh_teardown();
   if (failed)

@@ -332,6 +332,8 @@ static kiln_hal_error_t *run_op(kiln_hal_stream_t *s, const cpu_op_t *op, bool d
     case CPU_OP_TOPK: return cpu_topk(s, &op->u.topk, dry_run);
     case CPU_OP_PENALIZE: return cpu_penalize(s, &op->u.penalize, dry_run);
     case CPU_OP_SAMPLE: return cpu_sample(s, &op->u.sample, dry_run);
+    case CPU_OP_LAYERNORM: return cpu_layernorm(s, &op->u.layernorm, dry_run);
+    case CPU_OP_ACTIVATION: return cpu_activation(s, &op->u.activation, dry_run);
   }
   return kiln_hal_error_new(KILN_HAL_ERR_INTERNAL, "cpu: unknown recorded op %d", (int)op->kind);
 }
@@ -402,6 +404,8 @@ CPU_OP_ENTRY(argmax, CPU_OP_ARGMAX, kiln_hal_argmax_args_t)
 CPU_OP_ENTRY(topk, CPU_OP_TOPK, kiln_hal_topk_args_t)
 CPU_OP_ENTRY(penalize, CPU_OP_PENALIZE, kiln_hal_penalize_args_t)
 CPU_OP_ENTRY(sample, CPU_OP_SAMPLE, kiln_hal_sample_args_t)
+CPU_OP_ENTRY(layernorm, CPU_OP_LAYERNORM, kiln_hal_layernorm_args_t)
+CPU_OP_ENTRY(activation, CPU_OP_ACTIVATION, kiln_hal_activation_args_t)
 
 static kiln_hal_error_t *be_graph_begin(kiln_hal_stream_t *s) {
   if (!s) return cpu_err("graph_begin: stream is NULL");
@@ -506,6 +510,8 @@ static const kiln_hal_backend_t g_table = {
     .graph_end = be_graph_end,
     .graph_replay = be_graph_replay,
     .graph_destroy = be_graph_destroy,
+    .layernorm = be_layernorm,
+    .activation = be_activation,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

@@ -47,6 +47,8 @@ typedef enum cpu_op_kind {
   CPU_OP_TOPK,
   CPU_OP_PENALIZE,
   CPU_OP_SAMPLE,
+  CPU_OP_LAYERNORM,
+  CPU_OP_ACTIVATION,
 } cpu_op_kind_t;
 
 typedef struct cpu_raw_copy {
@@ -72,6 +74,8 @@ typedef struct cpu_op {
     kiln_hal_topk_args_t topk;
     kiln_hal_penalize_args_t penalize;
     kiln_hal_sample_args_t sample;
+    kiln_hal_layernorm_args_t layernorm;
+    kiln_hal_activation_args_t activation;
   } u;
 } cpu_op_t;
 
@@ -131,6 +135,10 @@ kiln_hal_error_t *cpu_embedding(kiln_hal_stream_t *s, const kiln_hal_embedding_a
                                 bool dry_run);
 kiln_hal_error_t *cpu_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsnorm_args_t *a,
                               bool dry_run);
+kiln_hal_error_t *cpu_layernorm(kiln_hal_stream_t *s, const kiln_hal_layernorm_args_t *a,
+                                bool dry_run);
+kiln_hal_error_t *cpu_activation(kiln_hal_stream_t *s, const kiln_hal_activation_args_t *a,
+                                 bool dry_run);
 kiln_hal_error_t *cpu_rope(kiln_hal_stream_t *s, const kiln_hal_rope_args_t *a, bool dry_run);
 kiln_hal_error_t *cpu_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu_mul_args_t *a,
                                bool dry_run);
@@ -185,6 +193,8 @@ float cpu_vec_max(const float *x, int64_t n);
 float cpu_vec_exp_sum(float *x, int64_t n, float m);
 /* g[i] = act(g[i]) * u[i] for a kiln_hal_act_t. */
 void cpu_vec_act_mul(int32_t act, float *g, const float *u, int64_t n);
+/* x[i] = act(x[i]) for a kiln_hal_act_t. */
+void cpu_vec_act(int32_t act, float *x, int64_t n);
 
 /* Small-M GEMM micro-kernels over a column range [n0, n1): out[m*ldo + n] = sum_k
  * a[m*K + k] * B(k, n) for m < M, with B in a half dtype (F16/BF16) or F32 and

@@ -1,4 +1,5 @@
-/* cpu_ops.c - row-wise ops: embedding, rmsnorm, rope, silu_mul, add, copy, kv_write. */
+/* cpu_ops.c - row-wise ops: embedding, rmsnorm, layernorm, rope, silu_mul, activation, add,
+ * copy, kv_write. */
 #include <math.h>
 #include <string.h>
 
@@ -141,6 +142,68 @@ kiln_hal_error_t *cpu_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsnorm_args_
 }
 
 /* ============================================================================================
+ * layernorm
+ * ==========================================================================================*/
+
+typedef struct ln_ctx {
+  const kiln_hal_layernorm_args_t *a;
+  int64_t H;
+  const float *w, *b; /* weight and bias (zeros when absent), F32 */
+  float *tmp;         /* 2 * H floats per thread */
+} ln_ctx_t;
+
+static void ln_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const ln_ctx_t *c = vctx;
+  const kiln_hal_layernorm_args_t *a = c->a;
+  int32_t dt = a->x.dtype;
+  int64_t H = c->H;
+  float *sv = c->tmp + (int64_t)thread * 2 * H, *rv = sv + H;
+  bool res = kiln_hal_tensor_present(&a->residual);
+  for (int64_t t = r0; t < r1; t++) {
+    cpu_vec_to_f32(dt, elem_ptr(&a->x, t * a->x.stride[0]), sv, H);
+    if (res) {
+      char *rp = elem_ptr(&a->residual, t * a->residual.stride[0]);
+      cpu_vec_to_f32(dt, rp, rv, H);
+      for (int64_t i = 0; i < H; i++) sv[i] += rv[i];
+      cpu_vec_from_f32(dt, sv, rp, H);
+      cpu_vec_round(dt, sv, H);
+    }
+    /* Two passes in double: the mean first, then the centred squares, so a row with a large
+     * mean and a small spread (LayerNorm's usual input) loses nothing to cancellation. */
+    double sum = 0.0;
+    for (int64_t i = 0; i < H; i++) sum += sv[i];
+    float mean = (float)(sum / (double)H);
+    double ss = 0.0;
+    for (int64_t i = 0; i < H; i++) {
+      sv[i] -= mean;
+      ss += (double)sv[i] * sv[i];
+    }
+    float r = (float)(1.0 / sqrt(ss / (double)H + (double)a->eps));
+    for (int64_t i = 0; i < H; i++) sv[i] = sv[i] * r * c->w[i] + c->b[i];
+    cpu_vec_from_f32(dt, sv, elem_ptr(&a->out, t * a->out.stride[0]), H);
+  }
+}
+
+kiln_hal_error_t *cpu_layernorm(kiln_hal_stream_t *s, const kiln_hal_layernorm_args_t *a,
+                                bool dry_run) {
+  kiln_hal_error_t *e = kiln_hal_check_layernorm(&cpu_check_env, a);
+  int64_t T = a->x.shape[0], H = a->x.shape[1];
+  if (e || dry_run || T == 0 || H == 0) return e;
+  int threads = cpu_num_threads();
+  float *w = cpu_scratch(s, (size_t)H * sizeof(float) * (2 + 2 * (size_t)threads));
+  if (!w) return oom("layernorm");
+  float *b = w + H;
+  cpu_vec_to_f32(a->weight.dtype, cpu_tensor_ptr(&a->weight), w, H);
+  if (kiln_hal_tensor_present(&a->bias))
+    cpu_vec_to_f32(a->bias.dtype, cpu_tensor_ptr(&a->bias), b, H);
+  else
+    memset(b, 0, (size_t)H * sizeof(float));
+  ln_ctx_t c = {a, H, w, b, b + H};
+  cpu_parallel_rows(T, 4 * H, ln_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
  * rope
  * ==========================================================================================*/
 
@@ -229,6 +292,40 @@ kiln_hal_error_t *cpu_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu_mul_arg
   if (!tmp) return oom("silu_mul");
   act_ctx_t c = {a, I, tmp};
   cpu_parallel_rows(T, 4 * I, act_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * activation (elementwise)
+ * ==========================================================================================*/
+
+typedef struct actv_ctx {
+  const kiln_hal_activation_args_t *a;
+  int64_t N;
+  float *tmp; /* N floats per thread */
+} actv_ctx_t;
+
+static void actv_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  const actv_ctx_t *c = vctx;
+  const kiln_hal_activation_args_t *a = c->a;
+  float *v = c->tmp + (int64_t)thread * c->N;
+  for (int64_t t = r0; t < r1; t++) {
+    cpu_vec_to_f32(a->x.dtype, elem_ptr(&a->x, t * a->x.stride[0]), v, c->N);
+    cpu_vec_act(a->act, v, c->N);
+    cpu_vec_from_f32(a->out.dtype, v, elem_ptr(&a->out, t * a->out.stride[0]), c->N);
+  }
+}
+
+kiln_hal_error_t *cpu_activation(kiln_hal_stream_t *s, const kiln_hal_activation_args_t *a,
+                                 bool dry_run) {
+  kiln_hal_error_t *e = kiln_hal_check_activation(&cpu_check_env, a);
+  if (e) return e;
+  int64_t T = a->x.shape[0], N = a->x.shape[1];
+  if (dry_run || T == 0 || N == 0) return NULL;
+  float *tmp = cpu_scratch(s, (size_t)N * sizeof(float) * (size_t)cpu_num_threads());
+  if (!tmp) return oom("activation");
+  actv_ctx_t c = {a, N, tmp};
+  cpu_parallel_rows(T, 4 * N, actv_rows, &c);
   return NULL;
 }
 

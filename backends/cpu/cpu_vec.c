@@ -73,6 +73,7 @@ static float act_scalar(int32_t act, float x) {
       return x / (1.0f + expf(-2.0f * z)); /* 0.5 x (1 + tanh z) */
     }
     case KILN_HAL_ACT_GELU: return 0.5f * x * erfcf(-x * 0.7071067811865476f);
+    case KILN_HAL_ACT_QUICK_GELU: return x / (1.0f + expf(-1.702f * x));
     default: return x / (1.0f + expf(-x));
   }
 }
@@ -257,21 +258,43 @@ AVX2 static float exp_sum_avx2(float *x, int64_t n, float m) {
   return hsum8(acc) + exp_sum_scalar(x + i, n - i, m);
 }
 
+/* x * sigmoid(k * x): SILU (k = 1) and QUICK_GELU (k = 1.702). The sigmoid goes through
+ * exp(-|kx|), which keeps exp8's argument <= 0 (its accurate range). */
+AVX2_INLINE __m256 xsig8(__m256 x, __m256 k) {
+  __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  __m256 kx = _mm256_mul_ps(k, x);
+  __m256 akx = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), kx);
+  __m256 e = exp8(_mm256_sub_ps(zero, akx));
+  __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  __m256 sig = _mm256_blendv_ps(_mm256_mul_ps(e, inv), inv, _mm256_cmp_ps(kx, zero, _CMP_GE_OQ));
+  return _mm256_mul_ps(x, sig);
+}
+
+/* The sigmoid scale of an activation that has the x * sigmoid(kx) form, else 0. */
+static float act_sigmoid_scale(int32_t act) {
+  return act == KILN_HAL_ACT_SILU ? 1.0f : act == KILN_HAL_ACT_QUICK_GELU ? 1.702f : 0.0f;
+}
+
 AVX2 static void act_mul_avx2(int32_t act, float *g, const float *u, int64_t n) {
   int64_t i = 0;
-  if (act == KILN_HAL_ACT_SILU) {
-    __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-      __m256 x = _mm256_loadu_ps(g + i);
-      /* sigmoid via exp(-|x|) keeps exp8's argument <= 0 (its accurate range). */
-      __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-      __m256 e = exp8(_mm256_sub_ps(zero, ax));
-      __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
-      __m256 sig = _mm256_blendv_ps(_mm256_mul_ps(e, inv), inv, _mm256_cmp_ps(x, zero, _CMP_GE_OQ));
-      _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
-    }
+  float k = act_sigmoid_scale(act);
+  if (k != 0.0f) {
+    __m256 vk = _mm256_set1_ps(k);
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(g + i,
+                       _mm256_mul_ps(xsig8(_mm256_loadu_ps(g + i), vk), _mm256_loadu_ps(u + i)));
   }
   for (; i < n; i++) g[i] = act_scalar(act, g[i]) * u[i];
+}
+
+AVX2 static void act_avx2(int32_t act, float *x, int64_t n) {
+  int64_t i = 0;
+  float k = act_sigmoid_scale(act);
+  if (k != 0.0f) {
+    __m256 vk = _mm256_set1_ps(k);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, xsig8(_mm256_loadu_ps(x + i), vk));
+  }
+  for (; i < n; i++) x[i] = act_scalar(act, x[i]);
 }
 
 /* Lane i of the result = the sum of the 8 lanes of v[i]. */
@@ -787,6 +810,16 @@ void cpu_vec_act_mul(int32_t act, float *g, const float *u, int64_t n) {
   }
 #endif
   for (int64_t i = 0; i < n; i++) g[i] = act_scalar(act, g[i]) * u[i];
+}
+
+void cpu_vec_act(int32_t act, float *x, int64_t n) {
+#if CPU_HAVE_X86
+  if (g_avx2) {
+    act_avx2(act, x, n);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; i++) x[i] = act_scalar(act, x[i]);
 }
 
 void cpu_vec_qk_tile(int32_t dtype, const float *q, int64_t nq, int64_t D, const void *const *k,

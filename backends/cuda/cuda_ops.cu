@@ -121,6 +121,7 @@ static __device__ __forceinline__ float act_f32(float v, int act) {
     case KILN_HAL_ACT_GELU_TANH:
       return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
     case KILN_HAL_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+    case KILN_HAL_ACT_QUICK_GELU: return v / (1.0f + expf(-1.702f * v));
     default: return v / (1.0f + expf(-v));
   }
 }

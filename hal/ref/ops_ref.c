@@ -86,6 +86,26 @@ void ops_ref_rmsnorm(int32_t dtype, int64_t T, int64_t H, const double *x, doubl
   }
 }
 
+void ops_ref_layernorm(int32_t dtype, int64_t T, int64_t H, const double *x, double *residual,
+                       const double *weight, const double *bias, double eps, double *out) {
+  for (int64_t t = 0; t < T; t++) {
+    const double *s = x + t * H;
+    if (residual) {
+      for (int64_t h = 0; h < H; h++)
+        residual[t * H + h] = ops_ref_round(dtype, x[t * H + h] + residual[t * H + h]);
+      s = residual + t * H;
+    }
+    double sum = 0.0;
+    for (int64_t h = 0; h < H; h++) sum += s[h];
+    double mean = H ? sum / (double)H : 0.0, var = 0.0;
+    for (int64_t h = 0; h < H; h++) var += (s[h] - mean) * (s[h] - mean);
+    var = H ? var / (double)H : 0.0;
+    double inv = 1.0 / sqrt(var + eps);
+    for (int64_t h = 0; h < H; h++)
+      out[t * H + h] = (s[h] - mean) * inv * weight[h] + (bias ? bias[h] : 0.0);
+  }
+}
+
 void ops_ref_rope_table(int64_t P, int64_t R, double theta, float *cos_sin) {
   for (int64_t p = 0; p < P; p++) {
     for (int64_t i = 0; i < R / 2; i++) {
@@ -123,6 +143,7 @@ double ops_ref_act(int32_t act, double x) {
       return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
     }
     case 2: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case 3: return x / (1.0 + exp(-1.702 * x));
     default: return NAN;
   }
 }
@@ -133,6 +154,10 @@ void ops_ref_act_mul(int32_t act, int64_t T, int64_t I, const double *x, double 
       out[t * I + i] = ops_ref_act(act, x[t * 2 * I + i]) * x[t * 2 * I + I + i];
     }
   }
+}
+
+void ops_ref_activation(int32_t act, int64_t n, const double *x, double *out) {
+  for (int64_t i = 0; i < n; i++) out[i] = ops_ref_act(act, x[i]);
 }
 
 int64_t ops_ref_attention(const ops_ref_attention_params_t *p, const double *q,

@@ -4,9 +4,9 @@
  * Each function implements the semantics written in hal/include/kiln/hal.h literally, with
  * plain loops in double precision, on dense row-major host arrays of doubles that already hold
  * values representable in the op's dtype. Rounding to a storage dtype happens only where the
- * header defines a rounding point inside the op (rmsnorm); the final rounding of an output is
- * left to the caller's tolerance. Nothing here allocates except ops_ref_topk and
- * ops_ref_sample (scratch, freed before returning); no function can fail.
+ * header defines a rounding point inside the op (rmsnorm, layernorm's residual sum); the final
+ * rounding of an output is left to the caller's tolerance. Nothing here allocates except
+ * ops_ref_topk and ops_ref_sample (scratch, freed before returning); no function can fail.
  */
 #ifndef KILN_HAL_REF_OPS_REF_H
 #define KILN_HAL_REF_OPS_REF_H
@@ -37,6 +37,13 @@ void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, con
 void ops_ref_rmsnorm(int32_t dtype, int64_t T, int64_t H, const double *x, double *residual,
                      const double *weight, double eps, double weight_offset, double *out);
 
+/* LayerNorm with the header's rounding points (dtype is the storage dtype):
+ *   s = round(x + residual) (or x);  residual = s;
+ *   out = (s - mean) / sqrt(var + eps) * w + bias   (biased variance; out left unrounded).
+ * residual may be NULL (no residual); when present it is updated in place. bias may be NULL. */
+void ops_ref_layernorm(int32_t dtype, int64_t T, int64_t H, const double *x, double *residual,
+                       const double *weight, const double *bias, double eps, double *out);
+
 /* The [P, R] cos/sin table for inverse frequencies theta^(-2i/R), i < R/2, computed in double
  * and stored as f32 (what the host uploads). */
 void ops_ref_rope_table(int64_t P, int64_t R, double theta, float *cos_sin);
@@ -46,10 +53,13 @@ void ops_ref_rope_table(int64_t P, int64_t R, double theta, float *cos_sin);
 void ops_ref_rope(int32_t style, int64_t T, int64_t NH, int64_t D, int64_t R,
                   const int32_t *positions, int64_t P, const double *cos_sin, double *x);
 
-/* act(x) for kiln_hal_act_t act. */
+/* act(x) for kiln_hal_act_t act (NaN for an unknown one). */
 double ops_ref_act(int32_t act, double x);
 
 /* out[t, i] = act(x[t, i]) * x[t, I + i];  x: [T, 2I], out: [T, I]. */
+/* out[i] = act(x[i]) for i < n. */
+void ops_ref_activation(int32_t act, int64_t n, const double *x, double *out);
+
 void ops_ref_act_mul(int32_t act, int64_t T, int64_t I, const double *x, double *out);
 
 typedef struct ops_ref_attention_params {

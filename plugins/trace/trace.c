@@ -70,6 +70,8 @@ typedef enum trace_op {
   TRACE_TOPK,
   TRACE_PENALIZE,
   TRACE_SAMPLE,
+  TRACE_LAYERNORM,
+  TRACE_ACTIVATION,
   TRACE_COPY_H2D,
   TRACE_COPY_D2H,
   TRACE_COPY_D2D,
@@ -83,10 +85,10 @@ typedef enum trace_op {
 } trace_op_t;
 
 static const char *const trace_op_names[TRACE_OP_COUNT] = {
-    "gemm",        "embedding",   "rmsnorm",   "rope",         "silu_mul", "add",
-    "copy",        "kv_write",    "attention", "argmax",       "topk",     "penalize",
-    "sample",      "copy_h2d",    "copy_d2h",  "copy_d2d",     "fill",     "buffer_alloc",
-    "stream_sync", "graph_begin", "graph_end", "graph_replay",
+    "gemm",   "embedding",    "rmsnorm",     "rope",        "silu_mul",  "add",
+    "copy",   "kv_write",     "attention",   "argmax",      "topk",      "penalize",
+    "sample", "layernorm",    "activation",  "copy_h2d",    "copy_d2h",  "copy_d2d",
+    "fill",   "buffer_alloc", "stream_sync", "graph_begin", "graph_end", "graph_replay",
 };
 
 /* Counters of one op. calls + captured is every call the host made. */
@@ -916,6 +918,24 @@ TRACE_OP_WRAPPER(topk, TRACE_TOPK, kiln_hal_topk_args_t)
 TRACE_OP_WRAPPER(penalize, TRACE_PENALIZE, kiln_hal_penalize_args_t)
 TRACE_OP_WRAPPER(sample, TRACE_SAMPLE, kiln_hal_sample_args_t)
 
+/* The ABI 1.2 ops are optional, but the table is fixed before the wrapped backend is known:
+ * a backend under trace that lacks one (a 1.1 plugin) answers UNSUPPORTED at the call. */
+static const char *trace_inner_name(void) { return g_inner.name ? g_inner.name : "?"; }
+
+#define TRACE_OPTIONAL_OP_WRAPPER(op, OP, args_t)                                      \
+  static kiln_hal_error_t *tr_##op(kiln_hal_stream_t *stream, const args_t *args) {    \
+    trace_call_t c;                                                                    \
+    trace_begin(&c, OP, stream);                                                       \
+    kiln_hal_error_t *err =                                                            \
+        g_inner.op ? g_inner.op(stream, args)                                          \
+                   : kiln_hal_error_new(KILN_HAL_ERR_UNSUPPORTED,                      \
+                                        #op ": the backend under trace (%s) lacks it", \
+                                        trace_inner_name());                           \
+    return trace_end(&c, stream, err, 0);                                              \
+  }
+TRACE_OPTIONAL_OP_WRAPPER(layernorm, TRACE_LAYERNORM, kiln_hal_layernorm_args_t)
+TRACE_OPTIONAL_OP_WRAPPER(activation, TRACE_ACTIVATION, kiln_hal_activation_args_t)
+
 /* ============================================================================================
  * Graphs: present in the table always, UNSUPPORTED when the wrapped backend has none (its
  * devices then lack CAP_GRAPHS, so a host never asks).
@@ -1041,6 +1061,8 @@ static const kiln_hal_backend_t g_table = {
     .graph_end = tr_graph_end,
     .graph_replay = tr_graph_replay,
     .graph_destroy = tr_graph_destroy,
+    .layernorm = tr_layernorm,
+    .activation = tr_activation,
 };
 
 TRACE_EXPORT const kiln_hal_backend_t *kiln_backend_query(uint32_t host_major, uint32_t host_minor);

@@ -307,6 +307,8 @@ FAKE_UNSUPPORTED(argmax, kiln_hal_argmax_args_t)
 FAKE_UNSUPPORTED(topk, kiln_hal_topk_args_t)
 FAKE_UNSUPPORTED(penalize, kiln_hal_penalize_args_t)
 FAKE_UNSUPPORTED(sample, kiln_hal_sample_args_t)
+FAKE_UNSUPPORTED(layernorm, kiln_hal_layernorm_args_t)
+FAKE_UNSUPPORTED(activation, kiln_hal_activation_args_t)
 
 /* Poison for members past a short table's struct_size: calling it is a host bug. */
 __attribute__((unused)) static kiln_hal_error_t *fake_poison_begin(kiln_hal_stream_t *s) { abort(); }
@@ -412,6 +414,16 @@ WRAP_OP(argmax, kiln_hal_argmax_args_t)
 WRAP_OP(topk, kiln_hal_topk_args_t)
 WRAP_OP(penalize, kiln_hal_penalize_args_t)
 WRAP_OP(sample, kiln_hal_sample_args_t)
+/* ABI 1.2's optional ops: forwarded when the cpu backend has them. */
+#define WRAP_OPTIONAL_OP(op, type)                                          \
+  static kiln_hal_error_t *wrap_##op(kiln_hal_stream_t *s, const type *a) { \
+    if (!wrapped->op)                                                       \
+      return kiln_hal_error_new(KILN_HAL_ERR_UNSUPPORTED,                   \
+                                FAKE_NAME ": the wrapped cpu lacks " #op);  \
+    return wrapped->op(s, a);                                               \
+  }
+WRAP_OPTIONAL_OP(layernorm, kiln_hal_layernorm_args_t)
+WRAP_OPTIONAL_OP(activation, kiln_hal_activation_args_t)
 
 /* Graphs: forwarded when the cpu backend has them (device_info hides CAP_GRAPHS otherwise). */
 static kiln_hal_error_t *wrap_no_graphs(void) {
@@ -454,6 +466,9 @@ static const fake_table_t fake_table = {
             .struct_size = sizeof(fake_table_t),
 #elif defined(FAKE_SHORT)
             .struct_size = offsetof(kiln_hal_backend_t, graph_begin),
+#elif FAKE_MAJOR == KILN_HAL_ABI_MAJOR && FAKE_MINOR < 2
+            /* A 1.0 or 1.1 plugin: its table ends before 1.2's ops. */
+            .struct_size = offsetof(kiln_hal_backend_t, layernorm),
 #else
             .struct_size = sizeof(kiln_hal_backend_t),
 #endif
@@ -501,6 +516,10 @@ static const fake_table_t fake_table = {
             .graph_end = wrap_graph_end,
             .graph_replay = wrap_graph_replay,
             .graph_destroy = wrap_graph_destroy,
+#endif
+#if !(FAKE_MAJOR == KILN_HAL_ABI_MAJOR && FAKE_MINOR < 2)
+            .layernorm = FAKE_IMPL(layernorm),
+            .activation = FAKE_IMPL(activation),
 #endif
         },
     .future_member = fake_future,

@@ -117,6 +117,8 @@ GPU_OP(argmax, kiln_hal_argmax_args_t)
 GPU_OP(topk, kiln_hal_topk_args_t)
 GPU_OP(penalize, kiln_hal_penalize_args_t)
 GPU_OP(sample, kiln_hal_sample_args_t)
+GPU_OP(layernorm, kiln_hal_layernorm_args_t)
+GPU_OP(activation, kiln_hal_activation_args_t)
 
 static const kiln_hal_backend_t gpu_table = {
     .struct_size = sizeof(kiln_hal_backend_t),
@@ -154,6 +156,8 @@ static const kiln_hal_backend_t gpu_table = {
     .topk = gpu_topk,
     .penalize = gpu_penalize,
     .sample = gpu_sample,
+    .layernorm = gpu_layernorm,
+    .activation = gpu_activation,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

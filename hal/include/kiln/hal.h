@@ -21,7 +21,9 @@
  *   (the host then refuses it with "plugin ABI 2.0, host ABI 1.1"); NULL means the plugin
  *   declined for its own reasons. _Static_asserts at the end pin each layout on LP64.
  *   History: 1.0 the first ABI. 1.1 appended kiln_hal_host_t.config_key (a plugin can list the
- *   keys of its INI section, e.g. to reject a misspelt one).
+ *   keys of its INI section, e.g. to reject a misspelt one). 1.2 appended the ops the vision
+ *   encoders need, kiln_hal_backend_t.layernorm and .activation (optional: NULL in a 1.1
+ *   plugin's table, which the host reads as "not implemented"), and KILN_HAL_ACT_QUICK_GELU.
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -88,7 +90,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 1
+#define KILN_HAL_ABI_MINOR 2
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -302,18 +304,44 @@ typedef struct kiln_hal_rope_args {
 } kiln_hal_rope_args_t;
 
 typedef enum kiln_hal_act {
-  KILN_HAL_ACT_SILU = 0,      /* x * sigmoid(x) — Llama, Qwen, Mistral */
-  KILN_HAL_ACT_GELU_TANH = 1, /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) — Gemma */
-  KILN_HAL_ACT_GELU = 2,      /* 0.5x(1 + erf(x / sqrt(2))) */
+  KILN_HAL_ACT_SILU = 0,       /* x * sigmoid(x) — Llama, Qwen, Mistral */
+  KILN_HAL_ACT_GELU_TANH = 1,  /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))) — Gemma */
+  KILN_HAL_ACT_GELU = 2,       /* 0.5x(1 + erf(x / sqrt(2))) */
+  KILN_HAL_ACT_QUICK_GELU = 3, /* x * sigmoid(1.702x) — Qwen2-VL's vision MLP (ABI 1.2) */
 } kiln_hal_act_t;
 
 /* Gated activation: out[t, i] = act(x[t, i]) * x[t, I + i].   x: [T, 2I]   out: [T, I],
- * same float dtype. (The gate and up projections are one fused GEMM output.) */
+ * same float dtype. (The gate and up projections are one fused GEMM output.) act is any
+ * kiln_hal_act_t; a plugin built against ABI 1.1 refuses QUICK_GELU (INVALID_ARGUMENT). */
 typedef struct kiln_hal_silu_mul_args {
   uint32_t struct_size;
   kiln_hal_tensor_t x, out;
   int32_t act; /* kiln_hal_act_t */
 } kiln_hal_silu_mul_args_t;
+
+/* ---- 1.2 ---- */
+
+/* LayerNorm with an optional fused residual add and an optional bias. x, out: [T, H]; weight:
+ * [H]; bias: absent or [H]; residual: absent or [T, H]; all one float dtype. With a residual:
+ *     s = round(x + residual);  residual = s;     else s = x.
+ *     mean = sum(s) / H;  var = sum((s - mean)^2) / H   (biased, computed in f32 or wider)
+ *     out = round((s - mean) * rsqrt(var + eps) * weight + bias)   (one rounding, as PyTorch's
+ *                                                                   layer_norm)
+ * An absent bias adds 0. out may alias x (in place); it must not alias residual. eps is finite
+ * and >= 0. */
+typedef struct kiln_hal_layernorm_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t x, residual, weight, bias, out;
+  float eps;
+} kiln_hal_layernorm_args_t;
+
+/* Elementwise activation: out[t, i] = act(x[t, i]) for a kiln_hal_act_t act (SILU, GELU_TANH,
+ * GELU, QUICK_GELU), rounded once. x, out: [T, N], same float dtype; out may alias x. */
+typedef struct kiln_hal_activation_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t x, out;
+  int32_t act; /* kiln_hal_act_t */
+} kiln_hal_activation_args_t;
 
 /* Elementwise copy with dtype conversion between any two float dtypes (or equal integer
  * dtypes): dst[i...] = src[i...] for same-shaped views of up to 4 dims, any strides. */
@@ -534,6 +562,15 @@ typedef struct kiln_hal_backend {
   kiln_hal_error_t *(*graph_end)(kiln_hal_stream_t *stream, kiln_hal_graph_t **out_graph);
   kiln_hal_error_t *(*graph_replay)(kiln_hal_graph_t *graph, kiln_hal_stream_t *stream);
   void (*graph_destroy)(kiln_hal_graph_t *graph);
+
+  /* ---- 1.2 ---- */
+  /* The ops of the vision encoders (see their args structs). Optional: NULL (and so in a 1.1
+   * plugin, whose table ends at graph_destroy) means the backend lacks the op; a model that
+   * needs it refuses to load there. Ops like the others: validated on the host, enqueued on
+   * the stream, recordable in graphs. */
+  kiln_hal_error_t *(*layernorm)(kiln_hal_stream_t *stream, const kiln_hal_layernorm_args_t *args);
+  kiln_hal_error_t *(*activation)(kiln_hal_stream_t *stream,
+                                  const kiln_hal_activation_args_t *args);
 } kiln_hal_backend_t;
 
 typedef const kiln_hal_backend_t *(*kiln_hal_query_fn)(uint32_t host_major, uint32_t host_minor);
@@ -589,6 +626,14 @@ KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_topk_args_t, out_lse) == 272, "topk arg
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_penalize_args_t, bias_offsets) == 888, "penalize args layout changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_sample_args_t, out_logprob) == 624, "sample args layout changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, graph_destroy) == 296, "backend table layout changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_layernorm_args_t, eps) == 448,
+                       "layernorm args 1.2 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_activation_args_t, act) == 184,
+                       "activation args 1.2 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, layernorm) == 304, "backend table 1.2 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, activation) == 312,
+                       "backend table 1.2 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 320, "backend table 1.2 changed");
 #endif
 
 #ifdef __cplusplus

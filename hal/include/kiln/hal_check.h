@@ -340,6 +340,38 @@ static inline kiln_hal_error_t *kiln_hal_check_rmsnorm(const kiln_hal_check_env_
   return NULL;
 }
 
+/* layernorm (ABI 1.2): rmsnorm's rules plus the optional bias. */
+static inline kiln_hal_error_t *kiln_hal_check_layernorm(const kiln_hal_check_env_t *env,
+                                                         const kiln_hal_layernorm_args_t *a) {
+  const char *op = "layernorm";
+  kiln_hal_error_t *e;
+  if ((e = kiln_hal_check_tensor(env, op, "x", &a->x, KILN_HAL_DT_FLOAT, 2, true))) return e;
+  uint32_t dt = KILN_HAL_DT(a->x.dtype);
+  if ((e = kiln_hal_check_tensor(env, op, "out", &a->out, dt, 2, true)) ||
+      (e = kiln_hal_check_tensor(env, op, "weight", &a->weight, dt, 1, true)) ||
+      (e = kiln_hal_check_same_shape(op, "x", &a->x, "out", &a->out)))
+    return e;
+  if (a->residual.buffer) {
+    if ((e = kiln_hal_check_tensor(env, op, "residual", &a->residual, dt, 2, true)) ||
+        (e = kiln_hal_check_same_shape(op, "x", &a->x, "residual", &a->residual)))
+      return e;
+    if (kiln_hal_tensor_overlap(&a->out, &a->residual))
+      return kiln_hal_check_fail("layernorm: out must not alias residual");
+  }
+  if (a->weight.shape[0] != a->x.shape[1])
+    return kiln_hal_check_fail("layernorm: weight has %lld elements, x has H=%lld",
+                               (long long)a->weight.shape[0], (long long)a->x.shape[1]);
+  if (a->bias.buffer) {
+    if ((e = kiln_hal_check_tensor(env, op, "bias", &a->bias, dt, 1, true))) return e;
+    if (a->bias.shape[0] != a->x.shape[1])
+      return kiln_hal_check_fail("layernorm: bias has %lld elements, x has H=%lld",
+                                 (long long)a->bias.shape[0], (long long)a->x.shape[1]);
+  }
+  if (!(a->eps >= 0.0f && a->eps <= FLT_MAX))
+    return kiln_hal_check_fail("layernorm: eps is %g, want a finite value >= 0", (double)a->eps);
+  return NULL;
+}
+
 static inline kiln_hal_error_t *kiln_hal_check_rope(const kiln_hal_check_env_t *env,
                                                     const kiln_hal_rope_args_t *a) {
   const char *op = "rope";
@@ -375,12 +407,17 @@ static inline kiln_hal_error_t *kiln_hal_check_rope(const kiln_hal_check_env_t *
   return NULL;
 }
 
+/* True for a kiln_hal_act_t this header knows (ABI 1.2: SILU, GELU_TANH, GELU, QUICK_GELU). */
+static inline bool kiln_hal_act_valid(int32_t act) {
+  return act == KILN_HAL_ACT_SILU || act == KILN_HAL_ACT_GELU_TANH || act == KILN_HAL_ACT_GELU ||
+         act == KILN_HAL_ACT_QUICK_GELU;
+}
+
 static inline kiln_hal_error_t *kiln_hal_check_silu_mul(const kiln_hal_check_env_t *env,
                                                         const kiln_hal_silu_mul_args_t *a) {
   const char *op = "silu_mul";
   kiln_hal_error_t *e;
-  if (a->act != KILN_HAL_ACT_SILU && a->act != KILN_HAL_ACT_GELU_TANH &&
-      a->act != KILN_HAL_ACT_GELU)
+  if (!kiln_hal_act_valid(a->act))
     return kiln_hal_check_fail("silu_mul: unknown activation %d", (int)a->act);
   if ((e = kiln_hal_check_tensor(env, op, "x", &a->x, KILN_HAL_DT_FLOAT, 2, true)) ||
       (e = kiln_hal_check_tensor(env, op, "out", &a->out, KILN_HAL_DT(a->x.dtype), 2, true)))
@@ -390,6 +427,20 @@ static inline kiln_hal_error_t *kiln_hal_check_silu_mul(const kiln_hal_check_env
         "silu_mul: x is [%lld, %lld] and out is [%lld, %lld], want [T, 2I] and [T, I]",
         (long long)a->x.shape[0], (long long)a->x.shape[1], (long long)a->out.shape[0],
         (long long)a->out.shape[1]);
+  return NULL;
+}
+
+/* activation (ABI 1.2). */
+static inline kiln_hal_error_t *kiln_hal_check_activation(const kiln_hal_check_env_t *env,
+                                                          const kiln_hal_activation_args_t *a) {
+  const char *op = "activation";
+  kiln_hal_error_t *e;
+  if (!kiln_hal_act_valid(a->act))
+    return kiln_hal_check_fail("activation: unknown activation %d", (int)a->act);
+  if ((e = kiln_hal_check_tensor(env, op, "x", &a->x, KILN_HAL_DT_FLOAT, 2, true)) ||
+      (e = kiln_hal_check_tensor(env, op, "out", &a->out, KILN_HAL_DT(a->x.dtype), 2, true)) ||
+      (e = kiln_hal_check_same_shape(op, "x", &a->x, "out", &a->out)))
+    return e;
   return NULL;
 }
 
