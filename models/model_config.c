@@ -759,6 +759,32 @@ static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
                               "%s: vision_config.mlp_ratio: %g gives an MLP of %g", name, ratio, w);
     vc->intermediate_size = (int64_t)w;
   }
+  /* The 2-D rotary: transformers 5 writes rope_parameters {rope_type: axial, rope_theta}. */
+  vc->rope_theta = 10000.0;
+  const kiln_json_t *rp = opt(v, "rope_parameters");
+  if (rp) {
+    if (!kiln_json_is(rp, KILN_JSON_OBJECT))
+      return bad_value(name, "vision_config.rope_parameters", "an object", rp);
+    const char *rt = NULL;
+    const kiln_json_t *rtv = opt(rp, "rope_type");
+    if (rtv && !kiln_json_is(rtv, KILN_JSON_STRING))
+      return bad_value(name, "vision_config.rope_parameters.rope_type", "a string", rtv);
+    if (rtv) rt = kiln_json_string(rtv, NULL);
+    if (rt && strcmp(rt, "axial") != 0 && strcmp(rt, "default") != 0)
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "%s: vision_config.rope_parameters.rope_type: \"%s\" is not "
+                              "supported (supported: axial, default)",
+                              name, rt);
+    const kiln_json_t *tv = opt(rp, "rope_theta");
+    if (tv && (st = read_num(name, "vision_config.rope_parameters.rope_theta", tv, &vc->rope_theta)))
+      return st;
+  } else if ((st = vis_num(v, name, "rope_theta", &vc->rope_theta))) {
+    return st;
+  }
+  if (!(vc->rope_theta > 0) || !isfinite(vc->rope_theta))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: vision_config rope_theta: want a positive number, got %g", name,
+                            vc->rope_theta);
   if (strcmp(act, "quick_gelu") == 0)
     vc->hidden_act = KILN_HAL_ACT_QUICK_GELU;
   else if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0)

@@ -75,6 +75,7 @@ typedef struct kiln_vision_config {
   bool gated_mlp;              /* 2.5: gate/up/down with biases, RMSNorm; 2-VL: fc1/fc2, LayerNorm */
   int64_t window_size;         /* 2.5: in pixels (112); 0 = no windowed blocks */
   double tokens_per_second;    /* 2.5 (videos only) */
+  double rope_theta;           /* the 2-D rotary base: rope_parameters.rope_theta (transformers 5), 10000 */
   int32_t num_fullatt;         /* 2.5 fullatt_block_indexes */
   int32_t fullatt_blocks[KILN_MODEL_MAX_LAYERS];
 } kiln_vision_config_t;

@@ -179,6 +179,17 @@ static void test_tf5_nested(void **state) {
   assert_int_equal(c.vision.depth, 3);
   assert_int_equal(c.vision.num_fullatt, 1);
   assert_int_equal(c.vision.fullatt_blocks[0], 1);
+  assert_true(c.vision.rope_theta == 10000.0);
+  st = parse(QWEN25_VL_TF5,
+             ", 'vision_config': {'hidden_size': 32, 'out_hidden_size': 16, 'num_heads': 2,"
+             " 'rope_parameters': {'rope_type': 'axial', 'rope_theta': 500.0}}",
+             &c);
+  if (st) fail_msg("%s", kiln_status_message(st));
+  assert_true(c.vision.rope_theta == 500.0);
+  expect_error(QWEN25_VL_TF5,
+               ", 'vision_config': {'hidden_size': 32, 'out_hidden_size': 16, 'num_heads': 2,"
+               " 'rope_parameters': {'rope_type': 'yarn', 'rope_theta': 500.0}}",
+               KILN_ERR_UNSUPPORTED, "vision_config.rope_parameters.rope_type");
   /* tie_word_embeddings given at both levels must agree */
   expect_error(QWEN25_VL_TF5, ", 'tie_word_embeddings': false", KILN_ERR_INVALID_ARGUMENT,
                "tie_word_embeddings");

@@ -475,8 +475,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
   memset(&rc, 0, sizeof(rc));
   rc.kind = KILN_ROPE_DEFAULT;
   rc.style = KILN_HAL_ROPE_NEOX;
-  rc.rotary_dim = (int32_t)(Dv / 2); /* VisionRotaryEmbedding(head_dim / 2), theta 10000 */
-  rc.theta = 10000.0;
+  rc.rotary_dim = (int32_t)(Dv / 2); /* VisionRotaryEmbedding(head_dim / 2, theta) */
+  rc.theta = vc->rope_theta;
   rc.factor = 1.0;
   if ((st = kiln_rope_inv_freq(&rc, 1, inv, NULL))) goto done;
   {
