@@ -10,7 +10,7 @@
  *     8 tokens, and each step's logits match;
  *   - chunked prefill that splits an image's tokens across two forwards gives the all-at-once
  *     logits (SELF_TOL).
- * The fixtures are missing until the GPU machine has made them: the test then skips, saying so.
+ * Both sets of fixtures are committed; a missing one is a failure.
  * The backend is cpu unless KILN_TEST_BACKEND names another. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -146,7 +146,8 @@ static void prompt_open(prompt_t *p, const char *dir, const kiln_json_t *j) {
   if (kiln_json_is(pf, KILN_JSON_STRING)) {
     p->pixels = read_npy(dir, pf, &r, &c);
     int64_t want = 0;
-    for (int32_t i = 0; i < p->nimg; i++) want += (int64_t)p->grids[i].t * p->grids[i].h * p->grids[i].w;
+    for (int32_t i = 0; i < p->nimg; i++)
+      want += (int64_t)p->grids[i].t * p->grids[i].h * p->grids[i].w;
     assert_int_equal(r, want);
     assert_int_equal(c, 1176);
   }
@@ -231,7 +232,8 @@ static void forward(ctx_t *c, const prompt_t *p, const int32_t *ids, int32_t sta
       em[ne].count = b - a;
       em[ne].first = vrow + (a - t);
       const int64_t sh[2] = {c->emb_rows, c->H};
-      em[ne].src = kiln_hal_tensor_make(c->emb, 0, c->emb_dtype ? c->emb_dtype : KILN_HAL_F32, 2, sh);
+      em[ne].src =
+          kiln_hal_tensor_make(c->emb, 0, c->emb_dtype ? c->emb_dtype : KILN_HAL_F32, 2, sh);
       ne++;
     }
     vrow += r - t;
@@ -266,11 +268,9 @@ static bool have_fixture(const char *name, char *dir, size_t n) {
 
 static void check_fixture(const char *name) {
   char dir[1200];
-  if (!have_fixture(name, dir, sizeof(dir))) {
-    if (strncmp(name, "vl_tiny_", 8) == 0) fail_msg("%s: missing fixture %s", name, dir);
-    printf("  %s: no fixture at %s (run tools/make_vl_fixtures.py on the GPU machine)\n", name, dir);
-    skip();
-  }
+  if (!have_fixture(name, dir, sizeof(dir)))
+    fail_msg("%s: missing fixture %s (tools/make_vl_fixtures.py, tools/make_vl_selftest.py)", name,
+             dir);
   char path[1400];
   snprintf(path, sizeof(path), "%s/reference.json", dir);
   kiln_json_doc_t *doc = NULL;
@@ -319,7 +319,8 @@ static void check_fixture(const char *name) {
     int32_t tokens = 0;
     int64_t off = 0;
     for (int32_t i = 0; i < p.nimg; i++) {
-      imgs[i] = (kiln_vision_image_t){p.pixels + off * 1176, p.grids[i].t, p.grids[i].h, p.grids[i].w};
+      imgs[i] =
+          (kiln_vision_image_t){p.pixels + off * 1176, p.grids[i].t, p.grids[i].h, p.grids[i].w};
       off += (int64_t)p.grids[i].t * p.grids[i].h * p.grids[i].w;
       tokens += (int32_t)kiln_vision_image_tokens(c.m, &imgs[i]);
     }
@@ -327,7 +328,8 @@ static void check_fixture(const char *name) {
     assert_null(be->buffer_alloc(g_dev, (uint64_t)c.emb_rows * (uint64_t)c.H * 4, 0, &c.emb));
     if (p.nimg) {
       const int64_t sh[2] = {tokens, c.H};
-      check_st(kiln_vision_encode(c.m, imgs, p.nimg, kiln_hal_tensor_make(c.emb, 0, KILN_HAL_F32, 2, sh)));
+      check_st(kiln_vision_encode(c.m, imgs, p.nimg,
+                                  kiln_hal_tensor_make(c.emb, 0, KILN_HAL_F32, 2, sh)));
     }
 
     /* prefill: every row's logits */
@@ -350,11 +352,14 @@ static void check_fixture(const char *name) {
       amiss += argmax(all + (size_t)t * c.V, c.V) != am;
     }
     lse_err /= lse_den > 0 ? lse_den : 1;
-    printf("  %-10s %-11s T=%3d image tokens %3d: logits rel err %.3g, logsumexp %.3g, argmax "
-           "differs at %d of %d rows\n",
-           name, p.name, p.T, tokens, e, lse_err, amiss, p.T);
-    if (!(e <= FP32_TOL)) fail_msg("%s/%s: logits relative error %.3g > %.0e", name, p.name, e, FP32_TOL);
-    if (!(lse_err <= FP32_TOL)) fail_msg("%s/%s: logsumexp relative error %.3g", name, p.name, lse_err);
+    printf(
+        "  %-10s %-11s T=%3d image tokens %3d: logits rel err %.3g, logsumexp %.3g, argmax "
+        "differs at %d of %d rows\n",
+        name, p.name, p.T, tokens, e, lse_err, amiss, p.T);
+    if (!(e <= FP32_TOL))
+      fail_msg("%s/%s: logits relative error %.3g > %.0e", name, p.name, e, FP32_TOL);
+    if (!(lse_err <= FP32_TOL))
+      fail_msg("%s/%s: logsumexp relative error %.3g", name, p.name, lse_err);
     if (e > worst) worst = e;
     if (lse_err > worst_lse) worst_lse = lse_err;
 
@@ -373,10 +378,12 @@ static void check_fixture(const char *name) {
     memcpy(last, all + (size_t)(p.T - 1) * c.V, sizeof(float) * (size_t)c.V);
     for (int32_t s = 0; s < ng; s++) {
       double se = cols_err(&p, last, c.V, 1, step_ref + (size_t)s * p.ncols);
-      if (!(se <= FP32_TOL)) fail_msg("%s/%s: greedy step %d logits relative error %.3g", name, p.name, s, se);
+      if (!(se <= FP32_TOL))
+        fail_msg("%s/%s: greedy step %d logits relative error %.3g", name, p.name, s, se);
       int32_t tok = argmax(last, c.V);
       if (tok != want_toks[s])
-        fail_msg("%s/%s: greedy token %d: kiln %d, transformers %d", name, p.name, s, tok, want_toks[s]);
+        fail_msg("%s/%s: greedy token %d: kiln %d, transformers %d", name, p.name, s, tok,
+                 want_toks[s]);
       if (s == ng - 1) break;
       seq[p.T + s] = tok;
       const int32_t at = p.T + s, rp = at + p.delta;
@@ -483,7 +490,8 @@ static void test_tiny_bf16(void **state) {
   check_st(kiln_vision_encode(c.m, imgs, p.nimg, out));
   int32_t *mpos = malloc(sizeof(int32_t) * 3 * (size_t)p.T), delta;
   assert_non_null(mpos);
-  check_st(kiln_mrope_positions(kiln_model_get_config(c.m), p.ids, p.T, p.grids, p.nimg, mpos, &delta));
+  check_st(
+      kiln_mrope_positions(kiln_model_get_config(c.m), p.ids, p.T, p.grids, p.nimg, mpos, &delta));
   check_st(kiln_model_kv_create(c.m, c.nb, BS, &c.kv));
   float *all = malloc(sizeof(float) * (size_t)p.T * (size_t)c.V);
   assert_non_null(all);
@@ -532,10 +540,18 @@ static void test_bad_input(void **state) {
   int32_t mp[12] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
   kiln_batch_embed_t em[2] = {{.row = 1, .count = 2, .first = 0, .src = src},
                               {.row = 2, .count = 1, .first = 0, .src = src}};
-  kiln_batch_t b = {.num_tokens = 4, .num_seqs = 1, .token_ids = ids, .positions = pos,
-                    .slot_mapping = slots, .seq_lens = &len, .query_start_loc = qsl,
-                    .block_tables = bt, .max_blocks_per_seq = 1, .num_logits = 1,
-                    .logits_rows = rows, .mrope_positions = mp};
+  kiln_batch_t b = {.num_tokens = 4,
+                    .num_seqs = 1,
+                    .token_ids = ids,
+                    .positions = pos,
+                    .slot_mapping = slots,
+                    .seq_lens = &len,
+                    .query_start_loc = qsl,
+                    .block_tables = bt,
+                    .max_blocks_per_seq = 1,
+                    .num_logits = 1,
+                    .logits_rows = rows,
+                    .mrope_positions = mp};
   check_st(kiln_model_forward(m, kv, &b));
   mp[5] = 512; /* beyond the rope table */
   expect_err(kiln_model_forward(m, kv, &b), "M-RoPE h position 512");
@@ -545,7 +561,7 @@ static void test_bad_input(void **state) {
   mp[10] = 2;
   b.num_embeds = 2;
   b.embeds = em;
-  expect_err(kiln_model_forward(m, kv, &b), "embedding run 1");  /* overlaps run 0 */
+  expect_err(kiln_model_forward(m, kv, &b), "embedding run 1"); /* overlaps run 0 */
   em[1].row = 3;
   em[1].first = 4; /* source rows [4, 5) of 4 */
   expect_err(kiln_model_forward(m, kv, &b), "source rows [4, 5) of 4");
@@ -599,12 +615,9 @@ static void test_qwen2_5_vl(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tiny_qwen2_vl),
-      cmocka_unit_test(test_tiny_qwen2_5_vl),
-      cmocka_unit_test(test_tiny_bf16),
-      cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_qwen2_vl),
-      cmocka_unit_test(test_qwen2_5_vl),
+      cmocka_unit_test(test_tiny_qwen2_vl), cmocka_unit_test(test_tiny_qwen2_5_vl),
+      cmocka_unit_test(test_tiny_bf16),     cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_qwen2_vl),      cmocka_unit_test(test_qwen2_5_vl),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
