@@ -698,7 +698,7 @@ static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cach
     for (int64_t i = 0; i < 3 * T; i++)
       if (b->mrope_positions[i] < 0 || b->mrope_positions[i] >= m->max_len)
         return BAD("token %lld has M-RoPE %c position %d, want 0..%lld", (long long)(i % T),
-                   "thw"[i / T], b->mrope_positions[i], (long long)m->max_len - 1);
+                   "thw"[i / T], b -> mrope_positions[i], (long long)m -> max_len - 1);
   }
   if (b->num_embeds < 0 || b->num_embeds > T || (b->num_embeds > 0 && !b->embeds))
     return BAD("%d embedding runs for %lld tokens", b->num_embeds, (long long)T);
@@ -707,9 +707,10 @@ static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cach
     const kiln_batch_embed_t *e = &b->embeds[i];
     const kiln_hal_tensor_t *t = &e->src;
     if (e->count < 1 || e->row < end || e->row > T - e->count)
-      return BAD("embedding run %d covers rows [%d, %lld): want runs of >= 1 row, ascending, not "
-                 "overlapping, within %lld tokens",
-                 i, e->row, (long long)e->row + e->count, (long long)T);
+      return BAD(
+          "embedding run %d covers rows [%d, %lld): want runs of >= 1 row, ascending, not "
+          "overlapping, within %lld tokens",
+          i, e->row, (long long)e->row + e->count, (long long)T);
     end = (int64_t)e->row + e->count;
     if (!t->buffer || t->ndim != 2 || t->shape[1] != m->cfg.hidden_size || t->stride[1] != 1 ||
         t->stride[0] < t->shape[1] ||
@@ -959,7 +960,8 @@ kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kil
   if (mrope_rows) {
     memcpy(h + m->m_pos2, rope_pos + T, (size_t)T * 4);
     const uint64_t tb = (uint64_t)mrope_rows * (uint64_t)m->cfg.rope.rotary_dim * sizeof(float);
-    if ((st = hal_st(m->be->copy_h2d(m->stream, m->mrope_tab, 0, m->mrope_host, tb), "M-RoPE table")))
+    if ((st = hal_st(m->be->copy_h2d(m->stream, m->mrope_tab, 0, m->mrope_host, tb),
+                     "M-RoPE table")))
       return st;
   }
   memcpy(h + m->m_slots, b->slot_mapping, (size_t)T * 4);

@@ -35,7 +35,7 @@ static const struct {
 #define N_ARCHS (sizeof(k_archs) / sizeof(k_archs[0]))
 #define SUPPORTED_ARCHS                                                                      \
   "llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 " \
-  "(Qwen3ForCausalLM), qwen2_vl (Qwen2VLForConditionalGeneration), qwen2_5_vl "             \
+  "(Qwen3ForCausalLM), qwen2_vl (Qwen2VLForConditionalGeneration), qwen2_5_vl "              \
   "(Qwen2_5_VLForConditionalGeneration)"
 #define SUPPORTED_ROPE "default, linear, dynamic, llama3, yarn"
 
@@ -439,7 +439,8 @@ static kiln_status_t parse_rope(const kiln_json_t *root, const char *name, kiln_
     c->mrope = true;
     const kiln_json_t *tyv = rp ? opt(rp, "rope_type") : NULL;
     if (!tyv && rp) tyv = opt(rp, "type");
-    mrope_type = kiln_json_is(tyv, KILN_JSON_STRING) && strcmp(kiln_json_string(tyv, NULL), "mrope") == 0;
+    mrope_type =
+        kiln_json_is(tyv, KILN_JSON_STRING) && strcmp(kiln_json_string(tyv, NULL), "mrope") == 0;
   }
 
   /* The type: "rope_type", or "type" (older 4.x files); "default" when neither. */
@@ -561,7 +562,8 @@ static kiln_status_t parse_sliding(const kiln_json_t *root, const char *name,
                               "%s: use_sliding_window: true is not supported for model_type \"%s\"",
                               name, c->model_type);
     const kiln_json_t *lt = opt(root, "layer_types");
-    if (lt && !kiln_json_is(lt, KILN_JSON_ARRAY)) return bad_value(name, "layer_types", "a list", lt);
+    if (lt && !kiln_json_is(lt, KILN_JSON_ARRAY))
+      return bad_value(name, "layer_types", "a list", lt);
     for (size_t i = 0; lt && i < kiln_json_len(lt); i++) {
       const kiln_json_t *e = kiln_json_at(lt, i);
       if (!kiln_json_is(e, KILN_JSON_STRING) || strcmp(kiln_json_string(e, NULL), "full_attention"))
@@ -572,8 +574,8 @@ static kiln_status_t parse_sliding(const kiln_json_t *root, const char *name,
     }
     if (lt && (int64_t)kiln_json_len(lt) != c->num_layers)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                              "%s: layer_types: has %zu entries, want num_hidden_layers = %lld", name,
-                              kiln_json_len(lt), (long long)c->num_layers);
+                              "%s: layer_types: has %zu entries, want num_hidden_layers = %lld",
+                              name, kiln_json_len(lt), (long long)c->num_layers);
     c->sliding_window = 0;
     return NULL;
   }
@@ -759,6 +761,33 @@ static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
                               "%s: vision_config.mlp_ratio: %g gives an MLP of %g", name, ratio, w);
     vc->intermediate_size = (int64_t)w;
   }
+  /* The 2-D rotary: transformers 5 writes rope_parameters {rope_type: axial, rope_theta}. */
+  vc->rope_theta = 10000.0;
+  const kiln_json_t *rp = opt(v, "rope_parameters");
+  if (rp) {
+    if (!kiln_json_is(rp, KILN_JSON_OBJECT))
+      return bad_value(name, "vision_config.rope_parameters", "an object", rp);
+    const char *rt = NULL;
+    const kiln_json_t *rtv = opt(rp, "rope_type");
+    if (rtv && !kiln_json_is(rtv, KILN_JSON_STRING))
+      return bad_value(name, "vision_config.rope_parameters.rope_type", "a string", rtv);
+    if (rtv) rt = kiln_json_string(rtv, NULL);
+    if (rt && strcmp(rt, "axial") != 0 && strcmp(rt, "default") != 0)
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "%s: vision_config.rope_parameters.rope_type: \"%s\" is not "
+                              "supported (supported: axial, default)",
+                              name, rt);
+    const kiln_json_t *tv = opt(rp, "rope_theta");
+    if (tv &&
+        (st = read_num(name, "vision_config.rope_parameters.rope_theta", tv, &vc->rope_theta)))
+      return st;
+  } else if ((st = vis_num(v, name, "rope_theta", &vc->rope_theta))) {
+    return st;
+  }
+  if (!(vc->rope_theta > 0) || !isfinite(vc->rope_theta))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: vision_config rope_theta: want a positive number, got %g", name,
+                            vc->rope_theta);
   if (strcmp(act, "quick_gelu") == 0)
     vc->hidden_act = KILN_HAL_ACT_QUICK_GELU;
   else if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0)
@@ -781,9 +810,10 @@ static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
                             "multiple of 4 (its 2-D rotary splits it in quarters)",
                             name, (long long)vc->embed_dim, (long long)vc->num_heads);
   if (vc->in_channels != 3)
-    return kiln_status_make(KILN_ERR_UNSUPPORTED,
-                            "%s: vision_config.in_channels: %lld (only RGB images, 3, are supported)",
-                            name, (long long)vc->in_channels);
+    return kiln_status_make(
+        KILN_ERR_UNSUPPORTED,
+        "%s: vision_config.in_channels: %lld (only RGB images, 3, are supported)", name,
+        (long long)vc->in_channels);
   if (vc->out_hidden_size != c->hidden_size)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: vision_config.%s: %lld, but the text hidden_size is %lld", name,
@@ -829,10 +859,10 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
       const kiln_json_t *a = opt(tc, "tie_word_embeddings"), *b = opt(root, "tie_word_embeddings");
       if (a && b && kiln_json_is(a, KILN_JSON_BOOL) && kiln_json_is(b, KILN_JSON_BOOL) &&
           kiln_json_bool(a) != kiln_json_bool(b))
-        return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                                "%s: tie_word_embeddings: %s at the top level but %s in text_config",
-                                name, kiln_json_bool(b) ? "true" : "false",
-                                kiln_json_bool(a) ? "true" : "false");
+        return kiln_status_make(
+            KILN_ERR_INVALID_ARGUMENT,
+            "%s: tie_word_embeddings: %s at the top level but %s in text_config", name,
+            kiln_json_bool(b) ? "true" : "false", kiln_json_bool(a) ? "true" : "false");
       root = tc;
     }
     if ((st = req_token(top, name, "image_token_id", &c->image_token_id)) ||
@@ -892,8 +922,8 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
       break;
   }
   if ((st = parse_act(root, name, &c->hidden_act))) return st;
-  if ((st = parse_dtype(opt(top, "dtype") || opt(top, "torch_dtype") ? top : root, name,
-                        &c->dtype)))
+  if ((st =
+           parse_dtype(opt(top, "dtype") || opt(top, "torch_dtype") ? top : root, name, &c->dtype)))
     return st;
   if ((st = parse_sliding(root, name, c))) return st;
   if ((st = parse_rope(root, name, c))) return st;

@@ -62,20 +62,22 @@ typedef struct kiln_rope_config {
 /* The vision tower of a Qwen2-VL / Qwen2.5-VL checkpoint ("vision_config"). */
 typedef struct kiln_vision_config {
   bool present;
-  int64_t depth;               /* blocks */
-  int64_t embed_dim;           /* qwen2_vl embed_dim; qwen2_5_vl hidden_size */
-  int64_t num_heads;           /* head_dim = embed_dim / num_heads, a multiple of 4 */
-  int64_t intermediate_size;   /* MLP width: int(embed_dim * mlp_ratio) (2-VL) or intermediate_size */
-  int64_t out_hidden_size;     /* merger output = the text hidden_size (2-VL hidden_size, 2.5 out_hidden_size) */
-  int64_t in_channels;         /* 3 */
-  int64_t patch_size;          /* 14 */
+  int64_t depth;             /* blocks */
+  int64_t embed_dim;         /* qwen2_vl embed_dim; qwen2_5_vl hidden_size */
+  int64_t num_heads;         /* head_dim = embed_dim / num_heads, a multiple of 4 */
+  int64_t intermediate_size; /* MLP width: int(embed_dim * mlp_ratio) (2-VL) or intermediate_size */
+  int64_t out_hidden_size;   /* merger output = the text hidden_size (2-VL hidden_size, 2.5
+                                out_hidden_size) */
+  int64_t in_channels;       /* 3 */
+  int64_t patch_size;        /* 14 */
   int64_t temporal_patch_size; /* 2 */
   int64_t spatial_merge_size;  /* 2 */
   int32_t hidden_act;          /* KILN_HAL_ACT_QUICK_GELU (2-VL) / _SILU (2.5, gated) ... */
-  bool gated_mlp;              /* 2.5: gate/up/down with biases, RMSNorm; 2-VL: fc1/fc2, LayerNorm */
-  int64_t window_size;         /* 2.5: in pixels (112); 0 = no windowed blocks */
-  double tokens_per_second;    /* 2.5 (videos only) */
-  int32_t num_fullatt;         /* 2.5 fullatt_block_indexes */
+  bool gated_mlp;           /* 2.5: gate/up/down with biases, RMSNorm; 2-VL: fc1/fc2, LayerNorm */
+  int64_t window_size;      /* 2.5: in pixels (112); 0 = no windowed blocks */
+  double tokens_per_second; /* 2.5 (videos only) */
+  double rope_theta;   /* the 2-D rotary base: rope_parameters.rope_theta (transformers 5), 10000 */
+  int32_t num_fullatt; /* 2.5 fullatt_block_indexes */
   int32_t fullatt_blocks[KILN_MODEL_MAX_LAYERS];
 } kiln_vision_config_t;
 

@@ -136,9 +136,9 @@ typedef struct model_pass {
   int32_t num_logits; /* R rows of logits (0: none) */
   int32_t bt_width;   /* elements per block-table row in m->meta */
   int32_t max_query_len, max_seq_len;
-  bool gather; /* logits rows come through m->m_rows; false: they are rows 0..R-1 */
-  int32_t num_mrope_rows;          /* rows of m->mrope_tab this pass uses (0: no second rope) */
-  int32_t num_embeds;              /* embedding overrides (kiln_batch_t.embeds), eager only */
+  bool gather;            /* logits rows come through m->m_rows; false: they are rows 0..R-1 */
+  int32_t num_mrope_rows; /* rows of m->mrope_tab this pass uses (0: no second rope) */
+  int32_t num_embeds;     /* embedding overrides (kiln_batch_t.embeds), eager only */
   const kiln_batch_embed_t *embeds;
 } model_pass_t;
 

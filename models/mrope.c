@@ -46,9 +46,10 @@ kiln_status_t kiln_mrope_positions(const kiln_model_config_t *c, const int32_t *
     int64_t run = 0;
     while (i + run < n && ids[i + run] == c->image_token_id) run++;
     if (run != len)
-      return BAD("image %lld (grid %d x %d x %d) needs %lld image tokens, the prompt has %lld at "
-                 "token %lld",
-                 (long long)k, g.t, g.h, g.w, (long long)len, (long long)run, (long long)i);
+      return BAD(
+          "image %lld (grid %d x %d x %d) needs %lld image tokens, the prompt has %lld at "
+          "token %lld",
+          (long long)k, g.t, g.h, g.w, (long long)len, (long long)run, (long long)i);
     const int64_t gh = g.h / ms, gw = g.w / ms, st = next;
     int64_t mx = st;
     for (int64_t j = 0; j < len; j++) {

@@ -86,7 +86,8 @@ static const char *QWEN25_VL_TF5 =
     "   'sliding_window': null, 'max_window_layers': 80, 'bos_token_id': 151643,"
     "   'eos_token_id': 151645,"
     "   'layer_types': ['full_attention', 'full_attention'],"
-    "   'rope_parameters': {'rope_type': 'default', 'rope_theta': 1000.0, 'mrope_section': [2, 3, 3]}},"
+    "   'rope_parameters': {'rope_type': 'default', 'rope_theta': 1000.0, 'mrope_section': [2, 3, "
+    "3]}},"
     " 'vision_config': {'model_type': 'qwen2_5_vl', 'depth': 3, 'hidden_size': 32,"
     "   'out_hidden_size': 16, 'intermediate_size': 64, 'num_heads': 2, 'hidden_act': 'silu',"
     "   'in_channels': 3, 'patch_size': 14, 'spatial_merge_size': 2, 'temporal_patch_size': 2,"
@@ -179,6 +180,17 @@ static void test_tf5_nested(void **state) {
   assert_int_equal(c.vision.depth, 3);
   assert_int_equal(c.vision.num_fullatt, 1);
   assert_int_equal(c.vision.fullatt_blocks[0], 1);
+  assert_true(c.vision.rope_theta == 10000.0);
+  st = parse(QWEN25_VL_TF5,
+             ", 'vision_config': {'hidden_size': 32, 'out_hidden_size': 16, 'num_heads': 2,"
+             " 'rope_parameters': {'rope_type': 'axial', 'rope_theta': 500.0}}",
+             &c);
+  if (st) fail_msg("%s", kiln_status_message(st));
+  assert_true(c.vision.rope_theta == 500.0);
+  expect_error(QWEN25_VL_TF5,
+               ", 'vision_config': {'hidden_size': 32, 'out_hidden_size': 16, 'num_heads': 2,"
+               " 'rope_parameters': {'rope_type': 'yarn', 'rope_theta': 500.0}}",
+               KILN_ERR_UNSUPPORTED, "vision_config.rope_parameters.rope_type");
   /* tie_word_embeddings given at both levels must agree */
   expect_error(QWEN25_VL_TF5, ", 'tie_word_embeddings': false", KILN_ERR_INVALID_ARGUMENT,
                "tie_word_embeddings");
@@ -203,8 +215,7 @@ static void test_refusals(void **state) {
                "vision_start_token_id");
   expect_error(QWEN2_VL_7B, ", 'use_sliding_window': true", KILN_ERR_UNSUPPORTED,
                "use_sliding_window");
-  expect_error(QWEN2_VL_7B, ", 'vision_config': null", KILN_ERR_INVALID_ARGUMENT,
-               "vision_config");
+  expect_error(QWEN2_VL_7B, ", 'vision_config': null", KILN_ERR_INVALID_ARGUMENT, "vision_config");
   expect_error(QWEN2_VL_7B,
                ", 'vision_config': {'embed_dim': 1280, 'num_heads': 16, 'hidden_size': 1536}",
                KILN_ERR_INVALID_ARGUMENT, "vision_config.hidden_size");

@@ -23,7 +23,7 @@
 #define GGUF_MAX_ALIGNMENT ((uint64_t)1 << 30)
 #define GGUF_MAX_ARRAY_DEPTH 4
 #define GGUF_MAX_NAME 1024 /* tensor names; llama.cpp's own limit is 64 */
-#define GGUF_MAX_DIMS 4     /* ggml tensors have at most 4 dimensions */
+#define GGUF_MAX_DIMS 4    /* ggml tensors have at most 4 dimensions */
 
 enum gguf_value_type {
   GGUF_U8 = 0,

@@ -55,7 +55,7 @@ typedef struct vis_block {
 
 /* One set of attention sequences over the rows (per image, or per window). */
 typedef struct vis_seqs {
-  int64_t n, mb, max_len;         /* sequences, widest block table, longest sequence */
+  int64_t n, mb, max_len;               /* sequences, widest block table, longest sequence */
   int64_t m_slots, m_qsl, m_lens, m_bt; /* element offsets in the metadata */
 } vis_seqs_t;
 
@@ -81,7 +81,8 @@ static kiln_status_t hal_st(kiln_hal_error_t *e, const char *what) {
 kiln_status_t vision_plan(kiln_model_t *m, model_plan_t *p) {
   const kiln_vision_config_t *vc = &m->cfg.vision;
   const bool v25 = vc->gated_mlp;
-  const int64_t E = vc->embed_dim, I = vc->intermediate_size, U = vc->spatial_merge_size * vc->spatial_merge_size;
+  const int64_t E = vc->embed_dim, I = vc->intermediate_size,
+                U = vc->spatial_merge_size * vc->spatial_merge_size;
   const int64_t OUT = vc->out_hidden_size;
   struct kiln_vision *v = calloc(1, sizeof(*v));
   if (!v) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -248,9 +249,9 @@ static kiln_status_t fail(kiln_hal_error_t *e, const char *what, int64_t block) 
   return block >= 0 ? kiln_status_annotate(st, "vision block %lld", (long long)block) : st;
 }
 
-#define HAL(call, what)                    \
-  do {                                     \
-    kiln_hal_error_t *e_ = (call);         \
+#define HAL(call, what)                   \
+  do {                                    \
+    kiln_hal_error_t *e_ = (call);        \
     if (e_) return fail(e_, what, block); \
   } while (0)
 
@@ -344,7 +345,8 @@ static kiln_status_t activation(kiln_model_t *m, kiln_hal_tensor_t x, int32_t ac
 static kiln_status_t grow_host(void **p, size_t *cap, size_t n, size_t es) {
   if (n <= *cap) return NULL;
   void *q = realloc(*p, n * es);
-  if (!q) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for the vision tower");
+  if (!q)
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for the vision tower");
   *p = q;
   *cap = n;
   return NULL;
@@ -410,14 +412,14 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
   const bool v25 = vc->gated_mlp;
   const int32_t dt = m->dtype;
   const size_t es = m->es;
-  const int64_t ms = vc->spatial_merge_size, U = ms * ms, E = vc->embed_dim, I = vc->intermediate_size;
+  const int64_t ms = vc->spatial_merge_size, U = ms * ms, E = vc->embed_dim,
+                I = vc->intermediate_size;
   const int64_t NHv = vc->num_heads, Dv = E / NHv, OUT = vc->out_hidden_size;
   const int64_t K = vc->in_channels * vc->temporal_patch_size * vc->patch_size * vc->patch_size;
   kiln_status_t st = NULL;
   int64_t block = -1;
 
-  if (n < 1 || !images)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "vision: %d images", n);
+  if (n < 1 || !images) return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "vision: %d images", n);
   int64_t N = 0, tokens = 0, nwin = 0;
   const int64_t vw = v25 && vc->window_size > 0 ? vc->window_size / ms / vc->patch_size : 0;
   for (int32_t i = 0; i < n; i++) {
@@ -433,21 +435,21 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
                               "vision: image %d has %d frames: videos are not supported yet", i,
                               im->grid_t);
     if ((int64_t)im->grid_h * im->grid_w > (1 << 22))
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "vision: image %d: %d x %d patches is too large",
-                              i, im->grid_h, im->grid_w);
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "vision: image %d: %d x %d patches is too large", i, im->grid_h,
+                              im->grid_w);
     N += (int64_t)im->grid_h * im->grid_w;
     tokens += t;
-    if (vw > 0)
-      nwin += ((im->grid_h / ms + vw - 1) / vw) * ((im->grid_w / ms + vw - 1) / vw);
+    if (vw > 0) nwin += ((im->grid_h / ms + vw - 1) / vw) * ((im->grid_w / ms + vw - 1) / vw);
   }
   if (N > (1 << 24))
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "vision: %lld patches in one call is too many",
-                            (long long)N);
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "vision: %lld patches in one call is too many", (long long)N);
   if (out.dtype != dt || out.ndim != 2 || out.shape[0] < tokens || out.shape[1] != OUT ||
       out.stride[1] != 1 || out.stride[0] != OUT || !out.buffer)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "vision: the output must be a dense [>= %lld, %lld] %s tensor", (long long)tokens,
-                            (long long)OUT, kiln_hal_dtype_name(dt));
+                            "vision: the output must be a dense [>= %lld, %lld] %s tensor",
+                            (long long)tokens, (long long)OUT, kiln_hal_dtype_name(dt));
 
   /* The previous call's staging may still be read by its copies. */
   if ((st = hal_st(m->be->stream_sync(m->stream), "vision"))) return st;
@@ -458,7 +460,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
       (st = grow_host((void **)&v->host_rope, &v->host_rope_cap, (size_t)(N * Dv), sizeof(float))))
     return st;
   const int64_t nseq_full = n, nseq_win = vw > 0 ? nwin : 0;
-  const int64_t meta_n = N /* iota */ + seqs_size(nseq_full, N) + seqs_size(nseq_win, N) + N / U + 8;
+  const int64_t meta_n =
+      N /* iota */ + seqs_size(nseq_full, N) + seqs_size(nseq_win, N) + N / U + 8;
   if ((st = grow_host((void **)&v->host_meta, &v->host_meta_cap, (size_t)meta_n, sizeof(int32_t))))
     return st;
   int32_t *meta = v->host_meta;
@@ -475,8 +478,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
   memset(&rc, 0, sizeof(rc));
   rc.kind = KILN_ROPE_DEFAULT;
   rc.style = KILN_HAL_ROPE_NEOX;
-  rc.rotary_dim = (int32_t)(Dv / 2); /* VisionRotaryEmbedding(head_dim / 2), theta 10000 */
-  rc.theta = 10000.0;
+  rc.rotary_dim = (int32_t)(Dv / 2); /* VisionRotaryEmbedding(head_dim / 2, theta) */
+  rc.theta = vc->rope_theta;
   rc.factor = 1.0;
   if ((st = kiln_rope_inv_freq(&rc, 1, inv, NULL))) goto done;
   {
@@ -488,7 +491,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
           for (int64_t wx = 0; wx < gw; wx += vw) {
             int64_t cnt = 0;
             for (int64_t y = wy; y < wy + vw && y < gh; y++)
-              for (int64_t x = wx; x < wx + vw && x < gw; x++) order[row / U + cnt++] = (int32_t)(u0 + y * gw + x);
+              for (int64_t x = wx; x < wx + vw && x < gw; x++)
+                order[row / U + cnt++] = (int32_t)(u0 + y * gw + x);
             lens[nseq_full + nw++] = cnt * U;
             row += cnt * U;
           }
@@ -586,12 +590,13 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
 
   /* ---- uploads ---- */
   kiln_hal_buffer_t *act = v->act;
-  if ((st = hal_st(m->be->copy_h2d(m->stream, act, dt == KILN_HAL_F32 ? o_pix : o_pix32, v->host_pix,
-                                   (uint64_t)(N * K) * 4),
+  if ((st = hal_st(m->be->copy_h2d(m->stream, act, dt == KILN_HAL_F32 ? o_pix : o_pix32,
+                                   v->host_pix, (uint64_t)(N * K) * 4),
                    "vision pixels")) ||
       (st = hal_st(m->be->copy_h2d(m->stream, v->rope, 0, v->host_rope, (uint64_t)(N * Dv) * 4),
                    "vision rotary table")) ||
-      (st = hal_st(m->be->copy_h2d(m->stream, v->meta, 0, meta, (uint64_t)mo * 4), "vision metadata")))
+      (st = hal_st(m->be->copy_h2d(m->stream, v->meta, 0, meta, (uint64_t)mo * 4),
+                   "vision metadata")))
     goto done;
   m->in_flight = true;
 
