@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "server/api.h"
 
+#include "base/base64.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,52 +21,6 @@ void kiln_api_limits_default(kiln_api_limits_t *l) {
   l->allow_remote_images = false;
 }
 
-bool kiln_api_base64_decode(const char *s, size_t len, unsigned char **out, size_t *out_len,
-                            int64_t *bad_at) {
-  *out = NULL;
-  *out_len = 0;
-  *bad_at = -1;
-  size_t n = len;
-  while (n > 0 && s[n - 1] == '=' && len - n < 2) n--; /* padding */
-  if (n % 4 == 1) {
-    *bad_at = (int64_t)len;
-    return false;
-  }
-  unsigned char *o = malloc(n / 4 * 3 + 3);
-  if (!o) return false;
-  uint32_t acc = 0;
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
-            : c >= 'a' && c <= 'z' ? c - 'a' + 26
-            : c >= '0' && c <= '9' ? c - '0' + 52
-            : c == '+'             ? 62
-            : c == '/'             ? 63
-                                   : -1;
-    if (v < 0) {
-      free(o);
-      *bad_at = (int64_t)i;
-      return false;
-    }
-    acc = acc << 6 | (uint32_t)v;
-    if (i % 4 == 3) {
-      o[k++] = (unsigned char)(acc >> 16);
-      o[k++] = (unsigned char)(acc >> 8);
-      o[k++] = (unsigned char)acc;
-      acc = 0;
-    }
-  }
-  if (n % 4 == 2) {
-    o[k++] = (unsigned char)(acc >> 4);
-  } else if (n % 4 == 3) {
-    o[k++] = (unsigned char)(acc >> 10);
-    o[k++] = (unsigned char)(acc >> 2);
-  }
-  *out = o;
-  *out_len = k;
-  return true;
-}
 
 void kiln_api_error_set(kiln_api_error_t *err, int status, const char *type, const char *param,
                         const char *fmt, ...) {
@@ -286,7 +242,7 @@ static bool parse_image_part(const kiln_json_t *part, size_t i, size_t j, kiln_a
                  "max_image_bytes)",
                  i, j, l->max_image_bytes);
     int64_t at = -1;
-    if (!kiln_api_base64_decode(b, bl, &im.data, &im.size, &at)) {
+    if (!kiln_base64_decode(b, bl, &im.data, &im.size, &at)) {
       if (at < 0) return OOM();
       return BAD("messages",
                  "messages[%zu].content[%zu]: the data URL is not valid base64 (at character "

@@ -111,11 +111,6 @@ typedef struct kiln_api_request {
  * images of at most 20 MiB each, no remote images. */
 void kiln_api_limits_default(kiln_api_limits_t *l);
 
-/* Decodes standard base64 (RFC 4648, "=" padding optional at the end) into *out (malloc'ed).
- * Returns false with the offset of the first bad character in *bad_at (or the length, for a
- * bad ending), or with *out NULL and *bad_at -1 when out of memory. */
-bool kiln_api_base64_decode(const char *s, size_t len, unsigned char **out, size_t *out_len,
-                            int64_t *bad_at);
 
 /* Parses a request body of the given kind. Returns true with *out_req set (owned), or false
  * with *err filled (status 400 for a malformed body, a wrong type or an out-of-range value;
