@@ -5,7 +5,8 @@
 # template (a servable copy of the fixture, tests/server/make_vl_model.py) and gives the same
 # result as a --messages file naming the file, and as one holding it as a data URL; usage counts
 # the image tokens; bad input exits 1 naming the image: a missing file, an unsupported format, a
-# truncated file, an image for a text-only model, --image with --input.
+# truncated file, an image for a text-only model, --image with --input. `kiln score --image`
+# gives transformers' logits at every position within 1e-4 (Kiln's own preprocessing).
 # Usage: test_generate_images.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=${1:?build dir}
@@ -91,7 +92,49 @@ if a["usage"]["prompt_tokens"] != len(ids) + 14:
 print(f"chat: --image/--prompt, --messages (path), --messages (data URL) agree: {a['usage']}")
 PY
 
-# ---- 3. refusals ---------------------------------------------------------------------------
+# ---- 3. kiln score --image: every position's logits, in chunks of 7 that split the images -------
+for name in two_images image_mid; do
+  read -r ids images < <(python3 - "$FIX/reference.json" "$name" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = next(p for p in r["prompts"] if p["name"] == sys.argv[2])
+ids, img = [], r["image_token_id"]
+for t in p["input_ids"]:
+    if not (t == img and ids and ids[-1] == img):
+        ids.append(t)
+print(",".join(map(str, ids)), ",".join(p["images"]))
+PY
+  )
+  args=()
+  IFS=, read -r -a files <<<"$images"
+  for f in "${files[@]}"; do args+=(--image "$FIX/images/$f"); done
+  "$KILN" score --model "$FIX" "${S[@]}" --ids "$ids" "${args[@]}" --chunk 7 --out "$TMP/$name.npy"
+  python3 - "$FIX" "$name" "$TMP/$name.npy" <<'PY' || fail "score $name: not transformers' logits (above)"
+import array, ast, json, sys
+def npy(path):
+    b = open(path, "rb").read()
+    hl = int.from_bytes(b[8:10], "little")
+    h = ast.literal_eval(b[10:10 + hl].decode())
+    assert h["descr"] == "<f4" and not h["fortran_order"], h
+    a = array.array("f")
+    a.frombytes(b[10 + hl:])
+    return a, h["shape"]
+fix, name, got = sys.argv[1:4]
+r = json.load(open(fix + "/reference.json"))
+p = next(p for p in r["prompts"] if p["name"] == name)
+a, (T, V) = npy(got)
+ref, (RT, C) = npy(fix + "/" + p["logits_file"])
+if not T == RT == len(p["input_ids"]):
+    sys.exit(f"{T} rows, transformers {RT}")
+cols = p["logit_cols"]
+err = max(abs(a[t * V + cols[k]] - ref[t * C + k]) for t in range(T) for k in range(C))
+rel = err / max(abs(x) for x in ref)
+print(f"score {name}: {T} rows, max |kiln - transformers| / max |ref| over {C} columns = {rel:.2e}")
+sys.exit(0 if rel <= 1e-4 else 1)
+PY
+done
+
+# ---- 4. refusals ---------------------------------------------------------------------------
 expect_fail() { # MESSAGE ARGS...: exits 1 with MESSAGE on stderr
   local want=$1 rc=0
   shift
@@ -109,4 +152,8 @@ expect_fail "takes text only (it has no vision tower)" generate "${S[@]}" --imag
 expect_fail "--image and --messages are for one request" generate "${S[@]}" --image "$IMG" \
   --input "$TMP/m1.json"
 expect_fail "no --ids, --prompt or --image with it" "${G[@]}" --messages "$TMP/m1.json" --prompt x
+expect_fail "score: --image: model LlamaForCausalLM takes text only" score "${S[@]}" \
+  --model "$SRC/tests/fixtures/models/llama2" --ids 1,2 --image "$IMG" --out "$TMP/x.npy"
+expect_fail "score: --ids hold 0 image placeholders (id 151655) for 1 --image" score "${S[@]}" \
+  --model "$FIX" --ids 1,2 --image "$IMG" --out "$TMP/x.npy"
 echo "test_generate_images: all passed"
