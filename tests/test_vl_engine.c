@@ -146,6 +146,8 @@ typedef struct eng {
   kiln_engine_t *e;
 } eng_t;
 
+static uint64_t g_enc_bytes; /* the next engine's encoder cache bound (0: the config's) */
+
 static void eng_open(eng_t *g, const char *model_dir, const char *const *extra, int32_t nextra) {
   memset(g, 0, sizeof(*g));
   check_st(kiln_config_create(&g->cfg));
@@ -161,11 +163,15 @@ static void eng_open(eng_t *g, const char *model_dir, const char *const *extra, 
   memset(&su, 0, sizeof(su));
   su.config = g->cfg;
   su.manual = true;
+  su.encoder_cache_bytes = g_enc_bytes;
   check_st(kiln_engine_create_setup(&su, &g->e));
 }
 
 static void eng_close(eng_t *g) {
   check_st(kiln_kv_check(kiln_engine_kv(g->e)));
+  uint64_t enc, ev, used;
+  kiln_engine_encoder_stats(g->e, &enc, &ev, &used);
+  assert_int_equal(used, 0); /* every encoder output was freed once consumed */
   kiln_engine_destroy(g->e);
   kiln_config_free(g->cfg);
 }
@@ -359,6 +365,54 @@ static void test_preemption(void **state) {
   eng_close(&g);
 }
 
+/* An encoder cache that holds one image's output (18 tokens x 16 x 4 bytes, the largest), every
+ * prompt in flight in chunks of 12 in a pool small enough to preempt: every result is still
+ * transformers', and every output is freed once consumed. (Evictions need an output that waits
+ * while another image is encoded, which this scheduler rarely makes: the count is printed, not
+ * required.) An image larger than the bound is refused. */
+static void test_encoder_cache_bound(void **state) {
+  (void)state;
+  const char *ex[] = {"engine.max_num_batched_tokens=12", "cache.enable_prefix_caching=false",
+                      "cache.num_blocks=14"};
+  g_enc_bytes = 18 * 16 * 4;
+  eng_t g;
+  eng_open(&g, g_dir, ex, 3);
+  kiln_request_t *r[MAXP];
+  result_t res[MAXP];
+  void *bufs[MAXP][MAXI];
+  kiln_image_input_t im[MAXP][MAXI];
+  int32_t images = 0;
+  for (int32_t i = 0; i < g_np; i++) {
+    int32_t ni = make_images(&g_p[i], false, im[i], bufs[i]);
+    images += ni;
+    check_st(submit(&g, g_p[i].ids, g_p[i].n, im[i], ni, STEPS, &r[i]));
+  }
+  run_all(&g, r, res, g_np);
+  for (int32_t i = 0; i < g_np; i++) expect_reference(&g_p[i], &res[i], "bounded encoder cache");
+  uint64_t enc, ev, used;
+  kiln_engine_encoder_stats(g.e, &enc, &ev, &used);
+  print_message("encoder cache of %llu bytes: %llu encodes for %d images, %llu evictions\n",
+                (unsigned long long)g_enc_bytes, (unsigned long long)enc, images,
+                (unsigned long long)ev);
+  assert_true(enc >= (uint64_t)images);
+  eng_close(&g);
+  /* one image's output over the bound */
+  g_enc_bytes = 14 * 16 * 4;
+  eng_open(&g, g_dir, NULL, 0);
+  const prompt_t *p = find("one_image");
+  kiln_image_input_t a = {.pixel_values = p->pixels, .grid_t = 1, .grid_h = p->grid[0][1],
+                          .grid_w = p->grid[0][2]};
+  kiln_request_t *rq = NULL;
+  kiln_status_t st = submit(&g, p->ids, p->n, &a, 1, STEPS, &rq);
+  assert_non_null(st);
+  assert_non_null(strstr(kiln_status_message(st),
+                         "image 0: its encoder output (15 tokens, 960 bytes) is larger than the "
+                         "encoder cache ([model] encoder_cache_mb: 896 bytes)"));
+  kiln_status_free(st);
+  eng_close(&g);
+  g_enc_bytes = 0;
+}
+
 /* The prefix cache tells images apart. */
 static void test_prefix_cache(void **state) {
   (void)state;
@@ -499,6 +553,7 @@ int main(void) {
       cmocka_unit_test(test_mixed_batch),
       cmocka_unit_test(test_chunked_split),
       cmocka_unit_test(test_preemption),
+      cmocka_unit_test(test_encoder_cache_bound),
       cmocka_unit_test(test_prefix_cache),
       cmocka_unit_test(test_errors),
   };

@@ -149,6 +149,7 @@ struct kiln_engine {
   char *preproc_error;
   int32_t max_images;
   uint64_t enc_cap, enc_used, step_no;
+  uint64_t enc_encodes, enc_evictions;
   int32_t *b_mrope; /* [3 * max_tokens] */
   /* the engine proper */
   kiln_runner_t runner;
@@ -532,6 +533,7 @@ static void enc_evict(kiln_engine_t *e, uint64_t need) {
       }
     if (!best) return;
     enc_free(e, best);
+    e->enc_evictions++;
   }
 }
 
@@ -550,6 +552,7 @@ static kiln_status_t enc_ensure(kiln_engine_t *e, req_image_t *im, int32_t index
                                 (double)im->enc_bytes / 1048576.0);
   }
   e->enc_used += im->enc_bytes;
+  e->enc_encodes++;
   const int64_t shape[2] = {im->ntok, kiln_model_get_config(e->model)->hidden_size};
   kiln_hal_tensor_t out =
       kiln_hal_tensor_make(im->enc, 0, kiln_model_dtype(e->model), 2, shape);
@@ -853,10 +856,10 @@ static kiln_status_t prepare_image(kiln_engine_t *e, const kiln_image_input_t *i
   out->enc_bytes = (uint64_t)nt * (uint64_t)c->hidden_size *
                    kiln_hal_dtype_size(kiln_model_dtype(e->model));
   if (out->enc_bytes > e->enc_cap)
-    return bad("image %d: its encoder output (%lld tokens, %.1f MiB) is larger than [model] "
-               "encoder_cache_mb (%.0f MiB)",
-               i, (long long)nt, (double)out->enc_bytes / 1048576.0,
-               (double)e->enc_cap / 1048576.0);
+    return bad("image %d: its encoder output (%lld tokens, %llu bytes) is larger than the "
+               "encoder cache ([model] encoder_cache_mb: %llu bytes)",
+               i, (long long)nt, (unsigned long long)out->enc_bytes,
+               (unsigned long long)e->enc_cap);
   return NULL;
 }
 
@@ -1777,7 +1780,9 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   e->max_logits = e->max_seqs + PROMPT_ROWS;
   e->max_top = 20;
   e->manual = su->manual;
-  e->enc_cap = (uint64_t)kiln_config_get_int(cfg, "model", "encoder_cache_mb") << 20;
+  e->enc_cap = su->encoder_cache_bytes
+                   ? su->encoder_cache_bytes
+                   : (uint64_t)kiln_config_get_int(cfg, "model", "encoder_cache_mb") << 20;
   int32_t num_blocks = su->num_blocks;
   kiln_status_t st = NULL;
   if (su->runner.forward) {
@@ -1907,6 +1912,13 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   free(e);
+}
+
+void kiln_engine_encoder_stats(const kiln_engine_t *e, uint64_t *encodes, uint64_t *evictions,
+                               uint64_t *bytes_used) {
+  *encodes = e->enc_encodes;
+  *evictions = e->enc_evictions;
+  *bytes_used = e->enc_used;
 }
 
 int32_t kiln_engine_max_images(const kiln_engine_t *e) { return e->has_vision ? e->max_images : 0; }
