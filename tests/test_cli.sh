@@ -63,5 +63,87 @@ check "--help-config lists keys" 0 'gpu_memory_utilization' -- "$kiln" --help-co
 check "unknown command" 2 "unknown command 'frobnicate'" -- "$kiln" frobnicate
 check "version" 0 'backend ABI [0-9]+\.[0-9]+\)' -- "$kiln" --version
 
+# ---- every subcommand's option table: --help and -h list it, wrong options are refused ----------
+# The options of each command's table, written out here as the reference: --help must list exactly
+# these (none missing, none more), then -h/--help and the common options. A command that `kiln
+# --help` (or `kiln bench --help`) lists and this table does not is a failure too.
+declare -A want_opts=(
+  [info]=""
+  [config]=""
+  [selftest]="--seed"
+  [tokenize]="--tokenizer --special --json"
+  [detokenize]="--tokenizer --skip-special"
+  [template]="--tokenizer --messages --add-generation-prompt --template"
+  [score]="--model --ids --out --dtype --chunk --image"
+  [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
+    --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
+    --max-in-flight --image --messages"
+  [perplexity]="--model --file --ctx --chunk --dtype --json"
+  [serve]="--model --host --port --api-key --served-model-name --dtype"
+  [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
+    --seed --json"
+  [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
+    --seed --json"
+  [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency
+    --input-len --output-len --random-ids --dataset --seed --temperature --ignore-eos --timeout
+    --warmup --json"
+)
+# the commands the binary has (serve and bench serve only with KILN_HTTP)
+cmds=$("$kiln" --help | sed -n '/^commands:$/,/^$/p' | awk '/^  [a-z]/ {print $1}' | grep -vx bench)
+cmds+=$'\n'$("$kiln" bench --help | awk '/^  [a-z]/ {print "bench " $1}')
+sorted() { tr ' ' '\n' | grep -v '^$' | sort; }
+while IFS= read -r cmd; do
+  [ -n "$cmd" ] || continue
+  if [ -z "${want_opts[$cmd]+set}" ]; then
+    fail=$((fail + 1)); echo "FAIL kiln $cmd: not in this test's table of options"; continue
+  fi
+  # shellcheck disable=SC2086
+  help=$("$kiln" $cmd --help 2>/dev/null); rc=$?
+  listed=$(sed -n '/^options:$/,/^common options:$/p' <<<"$help" | grep -oE '^  --?[a-z-]+' | sort)
+  common=$(sed -n '/^common options:$/,$p' <<<"$help" | grep -oE '^  --[a-z-]+' | sort)
+  want=$( (echo "${want_opts[$cmd]}" -h) | sorted | sed 's/^/  /' | sort)
+  if [ "$rc" = 0 ] && grep -q "^usage: kiln $cmd" <<<"$help" && [ "$listed" = "$want" ] &&
+     [ "$common" = "$(printf '  --%s\n' config log-level set)" ]; then
+    pass=$((pass + 1)); echo "ok   kiln $cmd --help lists its options"
+  else
+    fail=$((fail + 1)); echo "FAIL kiln $cmd --help (rc $rc):"
+    diff <(echo "$want") <(echo "$listed") | sed 's/^/     | /'
+    sed 's/^/     | /' <<<"$help" | head -40
+  fi
+  # shellcheck disable=SC2086
+  if [ "$("$kiln" $cmd -h 2>/dev/null)" = "$help" ]; then
+    pass=$((pass + 1)); echo "ok   kiln $cmd -h = --help"
+  else
+    fail=$((fail + 1)); echo "FAIL kiln $cmd -h differs from --help"
+  fi
+  # shellcheck disable=SC2086
+  check "kiln $cmd refuses an unknown option" 1 \
+    "^kiln: $cmd: unknown (or incomplete )?option '--frobnicate'" -- "$kiln" $cmd --frobnicate
+  # every option with a value (a metavar in the help) refuses to come without one
+  own=$(sed -n '/^options:$/,/^common options:$/p' <<<"$help")
+  for opt in $(grep -oE '^  --[a-z-]+ [^ ]' <<<"$own" | awk '{print $1}'); do
+    # shellcheck disable=SC2086
+    check "kiln $cmd $opt without its value" 1 \
+      "^kiln: $cmd: (unknown (or incomplete )?option '$opt'|$opt needs a value)" -- "$kiln" $cmd $opt
+  done
+done <<<"$cmds"
+
+# values go through the table's checks, with the messages the commands always gave
+check "an integer option's range" 1 "score: --chunk wants an integer in \[0, 16777216\], got '-1'" \
+  -- "$kiln" score --chunk -1
+check "a number option's range" 1 "generate: --top-p wants a number in \[1e-06, 1\], got '0'" \
+  -- "$kiln" generate --top-p 0
+check "selftest --seed is checked" 1 "selftest: --seed wants an integer in \[0, 18446744073709551615\], got 'abc'" \
+  -- "$kiln" selftest --seed abc
+check "--name=value where the command takes it" 1 "tokenize: unknown or incomplete option '--json=1'" \
+  -- "$kiln" tokenize --tokenizer=. --json=1
+check "--name=value where it does not" 1 "generate: unknown or incomplete option '--model=x'" \
+  -- "$kiln" generate --model=x
+for opt in --config --set --log-level; do
+  check "common option $opt without its value" 1 "^kiln: $opt needs a value" -- "$kiln" generate $opt
+done
+check "info no longer ignores stray arguments" 1 "info: unknown or incomplete option 'stray'" \
+  -- "$kiln" info stray
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -42,52 +42,50 @@ static const char *cli_plugin_config_key(void *ctx, const char *plugin, int32_t 
                    : kiln_config_section_key((const kiln_config_t *)ctx, section, (size_t)index);
 }
 
+/* The options every command takes (kiln_cli_init() takes them out of argv). */
+typedef struct cli_common {
+  const char *config;
+  kiln_opt_list_t sets;
+  const char *log_level;
+} cli_common_t;
+
+static const kiln_opt_t cli_common_rows[] = {
+    KILN_OPT_STRING("--config", "FILE", cli_common_t, config,
+                    "INI file (default: $KILN_CONFIG, ./etc/kiln.ini, or the\n"
+                    "installed kiln.ini; built-in defaults if none exists)"),
+    KILN_OPT_LIST("--set", "section.key=value", cli_common_t, sets,
+                  "override one key (repeatable; see --help-config)"),
+    KILN_OPT_STRING("--log-level", "LEVEL", cli_common_t, log_level, "error|warn|info|debug"),
+};
+
+const kiln_opts_t kiln_cli_common_opts = {
+    .opts = cli_common_rows,
+    .num_opts = KILN_OPTS_COUNT(cli_common_rows),
+    .flags = KILN_OPTS_EQUALS | KILN_OPTS_SAY_MISSING,
+    .width = 24,
+};
+
 kiln_status_t kiln_cli_init(kiln_cli_t *cli, int argc, char **argv) {
   memset(cli, 0, sizeof(*cli));
   kiln_status_t st = NULL;
-  const char *config_path = NULL;
-  const char **sets = calloc((size_t)argc + 1, sizeof(*sets));
+  cli_common_t common = {NULL, {NULL, 0}, NULL};
   char **rest = calloc((size_t)argc + 1, sizeof(*rest));
-  int nsets = 0, nrest = 0;
-  const char *log_level = NULL;
-  if (!sets || !rest) {
+  int nrest = 0;
+  const char *config_path = NULL;
+  if (!rest) {
     st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     goto fail;
   }
-  for (int i = 0; i < argc; i++) {
-    const char *a = argv[i];
-    const char *val = NULL;
-    int takes = 0;
-    if (strcmp(a, "--config") == 0 || strcmp(a, "--set") == 0 || strcmp(a, "--log-level") == 0) {
-      if (i + 1 >= argc) {
-        st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s needs a value", a);
-        goto fail;
-      }
-      val = argv[++i];
-      takes = 1;
-    } else if (strncmp(a, "--config=", 9) == 0 || strncmp(a, "--set=", 6) == 0 ||
-               strncmp(a, "--log-level=", 12) == 0) {
-      val = strchr(a, '=') + 1;
-      takes = 1;
-    }
-    if (!takes) {
-      rest[nrest++] = argv[i];
-    } else if (strncmp(a, "--config", 8) == 0) {
-      config_path = val;
-    } else if (strncmp(a, "--set", 5) == 0) {
-      sets[nsets++] = val;
-    } else {
-      log_level = val;
-    }
-  }
+  if ((st = kiln_opts_extract(&kiln_cli_common_opts, argc, argv, &common, rest, &nrest))) goto fail;
+  config_path = common.config;
   if ((st = kiln_config_create(&cli->config))) goto fail;
   if (!config_path) config_path = cli_default_config();
   if (config_path && (st = kiln_config_load_file(cli->config, config_path))) goto fail;
   cli->config_path = config_path;
-  for (int i = 0; i < nsets; i++)
-    if ((st = kiln_config_set(cli->config, sets[i]))) goto fail;
-  if (log_level &&
-      (st = kiln_config_set_value(cli->config, "log", "level", log_level, "--log-level")))
+  for (int i = 0; i < common.sets.n; i++)
+    if ((st = kiln_config_set(cli->config, common.sets.v[i]))) goto fail;
+  if (common.log_level &&
+      (st = kiln_config_set_value(cli->config, "log", "level", common.log_level, "--log-level")))
     goto fail;
   kiln_log_set_level(
       (kiln_log_level_t)kiln_log_level_parse(kiln_config_get_string(cli->config, "log", "level")));
@@ -96,12 +94,12 @@ kiln_status_t kiln_cli_init(kiln_cli_t *cli, int argc, char **argv) {
                           : KILN_LOG_TEXT);
   cli->argc = nrest;
   cli->argv = rest;
-  cli->sets = sets;
-  cli->num_sets = nsets;
+  cli->sets = common.sets.v;
+  cli->num_sets = common.sets.n;
   rest = NULL;
-  sets = NULL;
+  common.sets.v = NULL;
 fail:
-  free(sets);
+  kiln_opts_free(&kiln_cli_common_opts, &common);
   free(rest);
   return st;
 }
@@ -140,36 +138,6 @@ const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes) {
   }
   snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, units[u]);
   return buf;
-}
-
-kiln_status_t kiln_cli_int(const char *cmd, const char *opt, const char *value, int64_t lo,
-                           int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(value, &end, 10);
-  if (errno || end == value || *end || x < lo || x > hi)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants an integer in [%lld, %lld], got '%s'", cmd, opt,
-                            (long long)lo, (long long)hi, value);
-  *out = x;
-  return NULL;
-}
-
-kiln_status_t kiln_cli_float(const char *cmd, const char *opt, const char *value, double lo,
-                             double hi, double *out) {
-  char *end;
-  errno = 0;
-  double x = strtod(value, &end);
-  if (errno || end == value || *end || !(x >= lo && x <= hi))
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: %s wants a number in [%g, %g], got '%s'", cmd, opt, lo, hi, value);
-  *out = x;
-  return NULL;
-}
-
-kiln_status_t kiln_cli_bad_option(const char *cmd, const char *opt, const char *usage) {
-  return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: unknown or incomplete option '%s'%s%s",
-                          cmd, opt, usage ? "\n" : "", usage ? usage : "");
 }
 
 kiln_status_t kiln_cli_parse_ids(const char *cmd, const char *s, int32_t **out_ids,

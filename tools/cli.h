@@ -1,5 +1,6 @@
-/* cli.h - what every `kiln` subcommand shares: option parsing for --config/--set, the
- * config file search, and opening the configured backend. */
+/* cli.h - what every `kiln` subcommand shares: the common options (--config, --set,
+ * --log-level), the config file search, and opening the configured backend. Each command's own
+ * options are a table of opts.h. */
 #ifndef KILN_TOOLS_CLI_H
 #define KILN_TOOLS_CLI_H
 
@@ -10,6 +11,7 @@
 #include "base/config.h"
 #include "base/status.h"
 #include "hal/loader.h"
+#include "opts.h"
 
 typedef struct kiln_cli {
   int argc; /* the subcommand's own arguments (after the common ones are removed) */
@@ -21,7 +23,11 @@ typedef struct kiln_cli {
   int num_sets;
 } kiln_cli_t;
 
-/* Parses --config FILE and --set section.key=value (repeatable) and --log-level out of argv,
+/* The options every command takes: --config FILE, --set section.key=value (repeatable) and
+ * --log-level LEVEL; each command's table lists them as its `common` options. */
+extern const kiln_opts_t kiln_cli_common_opts;
+
+/* Takes the common options out of argv (anywhere in it; "--config=FILE" works too),
  * loads the config (explicit file, else $KILN_CONFIG, else ./etc/kiln.ini, else the
  * installed one, else built-in defaults), applies the overrides and the [log] settings.
  * The remaining arguments are left in cli->argc/argv (argv[0] = the subcommand name). */
@@ -38,22 +44,7 @@ int kiln_cli_fail(kiln_status_t st);
 /* Formats a byte count as "23.4 GiB" into buf. */
 const char *kiln_cli_bytes(char *buf, size_t n, unsigned long long bytes);
 
-/* ---- option values: errors name the command and the option -------------------------------- */
-
-/* Parses option opt's value as a decimal integer in [lo, hi] into *out. Errors:
- * KILN_ERR_INVALID_ARGUMENT, "generate: --n wants an integer in [1, 65536], got 'x'"; *out is
- * unchanged. */
-kiln_status_t kiln_cli_int(const char *cmd, const char *opt, const char *value, int64_t lo,
-                           int64_t hi, int64_t *out);
-
-/* The same for a number (strtod syntax) in [lo, hi]: "... wants a number in [0, 1], got 'x'". */
-kiln_status_t kiln_cli_float(const char *cmd, const char *opt, const char *value, double lo,
-                             double hi, double *out);
-
-/* The error for an option the command does not know, or one missing its value:
- * "score: unknown or incomplete option '--x'", followed by "\n" and usage when usage is not
- * NULL. */
-kiln_status_t kiln_cli_bad_option(const char *cmd, const char *opt, const char *usage);
+/* ---- option values (the options themselves: opts.h) --------------------------------------- */
 
 /* Parses --ids: token ids (non-negative integers that fit int32) separated by commas, spaces
  * allowed after each id. On success *out_ids is a malloc'ed array of *out_len >= 1 ids (the

@@ -112,57 +112,81 @@ static kiln_status_t off_write_json(const char *path, kiln_strbuf_t *j) {
   return NULL;
 }
 
-static kiln_status_t off_parse(kiln_cli_t *cli, const char *mode, const char *usage, off_args_t *a,
-                               bool *help) {
-  *help = false;
-  for (int i = 1; i < cli->argc; i++) {
-    const char *o = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-    int64_t *iv = NULL;
-    int64_t lo = 1, hi = 1 << 30;
-    if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-      *help = true;
-      return NULL;
-    } else if (!strcmp(o, "--model") && v) {
-      a->model = v;
-    } else if (!strcmp(o, "--dtype") && v) {
-      a->dtype = v;
-    } else if (!strcmp(o, "--json") && v) {
-      a->json = v;
-    } else if (!strcmp(o, "--dataset") && v && !strcmp(mode, "throughput")) {
-      a->dataset = v;
-    } else if (!strcmp(o, "--input-len") && v) {
-      iv = &a->input_len;
-    } else if (!strcmp(o, "--output-len") && v) {
-      iv = &a->output_len;
-    } else if (!strcmp(o, "--batch-size") && v && !strcmp(mode, "latency")) {
-      iv = &a->batch;
-    } else if (!strcmp(o, "--num-iters") && v && !strcmp(mode, "latency")) {
-      iv = &a->iters;
-    } else if (!strcmp(o, "--warmup") && v) {
-      iv = &a->warmup;
-      lo = 0;
-    } else if (!strcmp(o, "--num-prompts") && v && !strcmp(mode, "throughput")) {
-      iv = &a->num_prompts;
-    } else if (!strcmp(o, "--seed") && v) {
-      iv = &a->seed;
-      lo = 0;
-      hi = INT64_MAX;
-    } else {
-      char cmd[32];
-      snprintf(cmd, sizeof(cmd), "bench %s", mode);
-      return kiln_cli_bad_option(cmd, o, usage);
-    }
-    if (iv) {
-      char cmd[32];
-      snprintf(cmd, sizeof(cmd), "bench %s", mode);
-      kiln_status_t st = kiln_cli_int(cmd, o, v, lo, hi, iv);
-      if (st) return st;
-    }
-    i++;
-  }
-  return NULL;
-}
+/* ---- options: the rows both modes have, then each mode's table ------------------------------- */
+
+#define OFF_ROWS_MODEL                                                                       \
+  KILN_OPT_STRING("--model", "DIR", off_args_t, model, "the model (default: [model] path)"), \
+      KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                                     \
+                      "auto, float32, float16 or bfloat16 (default: [model] dtype)")
+#define OFF_ROWS_SEED_JSON                                    \
+  KILN_OPT_INT("--seed", "S", off_args_t, seed, 0, INT64_MAX, \
+               "seeds the random prompts (default 0)"),       \
+      KILN_OPT_STRING("--json", "FILE", off_args_t, json,     \
+                      "also write the results as one JSON object")
+
+static const char latency_usage[] =
+    "usage: kiln bench latency [--model DIR] [--dtype D] [--input-len 128] [--output-len 256]\n"
+    "                          [--batch-size 1] [--num-iters 10] [--warmup 2] [--seed S]\n"
+    "                          [--json FILE] [--set section.key=value]...\n"
+    "Times --batch-size requests of random prompts generating exactly --output-len tokens\n"
+    "(greedy, ignore_eos): end to end, time to first token (the batch's prefill) and time per\n"
+    "output token after the first (one decode step). --output-len 1 times a prefill alone.\n";
+
+static const kiln_opt_t latency_rows[] = {
+    OFF_ROWS_MODEL,
+    KILN_OPT_INT("--input-len", "N", off_args_t, input_len, 1, 1 << 30,
+                 "prompt tokens per request (default 128)"),
+    KILN_OPT_INT("--output-len", "N", off_args_t, output_len, 1, 1 << 30,
+                 "tokens each request generates (default 256)"),
+    KILN_OPT_INT("--batch-size", "N", off_args_t, batch, 1, 1 << 30,
+                 "requests run together (default 1)"),
+    KILN_OPT_INT("--num-iters", "N", off_args_t, iters, 1, 1 << 30, "timed runs (default 10)"),
+    KILN_OPT_INT("--warmup", "N", off_args_t, warmup, 0, 1 << 30, "untimed runs first (default 2)"),
+    OFF_ROWS_SEED_JSON,
+};
+
+static const kiln_opts_t latency_opts = {
+    .cmd = "bench latency",
+    .usage = latency_usage,
+    .opts = latency_rows,
+    .num_opts = KILN_OPTS_COUNT(latency_rows),
+    .flags = KILN_OPTS_USAGE_ON_ERROR,
+    .common = &kiln_cli_common_opts,
+};
+
+static const char throughput_usage[] =
+    "usage: kiln bench throughput [--model DIR] [--dtype D] [--num-prompts 1000] [--input-len "
+    "512]\n"
+    "                             [--output-len 256] [--dataset FILE.jsonl] [--seed S]\n"
+    "                             [--json FILE] [--set section.key=value]...\n"
+    "Submits every request at once (random prompts, or --dataset lines with \"prompt\" or\n"
+    "\"prompt_ids\" and optional \"max_tokens\") and reports requests/s and tokens/s from the\n"
+    "first submission to the last completion. Generation is greedy with ignore_eos.\n";
+
+static const kiln_opt_t throughput_rows[] = {
+    OFF_ROWS_MODEL,
+    KILN_OPT_INT("--num-prompts", "N", off_args_t, num_prompts, 1, 1 << 30,
+                 "random prompts: requests (default 1000; --dataset: a line each)"),
+    KILN_OPT_INT("--input-len", "N", off_args_t, input_len, 1, 1 << 30,
+                 "random prompts: tokens per prompt (default 512)"),
+    KILN_OPT_INT("--output-len", "N", off_args_t, output_len, 1, 1 << 30,
+                 "tokens each request generates (default 256; a dataset\n"
+                 "line's max_tokens wins)"),
+    KILN_OPT_STRING("--dataset", "FILE.jsonl", off_args_t, dataset,
+                    "the prompts: \"prompt\" or \"prompt_ids\" per line"),
+    KILN_OPT_INT("--warmup", "N", off_args_t, warmup, 0, 1 << 30,
+                 "accepted as in latency mode; a throughput run has no warm-up"),
+    OFF_ROWS_SEED_JSON,
+};
+
+static const kiln_opts_t throughput_opts = {
+    .cmd = "bench throughput",
+    .usage = throughput_usage,
+    .opts = throughput_rows,
+    .num_opts = KILN_OPTS_COUNT(throughput_rows),
+    .flags = KILN_OPTS_USAGE_ON_ERROR,
+    .common = &kiln_cli_common_opts,
+};
 
 /* Creates the engine: the caller's --set overrides go last, so they win over ours. */
 static kiln_status_t off_engine(kiln_cli_t *cli, const off_args_t *a, kiln_engine_t **out,
@@ -232,23 +256,12 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
   return NULL;
 }
 
-static const char latency_usage[] =
-    "usage: kiln bench latency [--model DIR] [--dtype D] [--input-len 128] [--output-len 256]\n"
-    "                          [--batch-size 1] [--num-iters 10] [--warmup 2] [--seed S]\n"
-    "                          [--json FILE] [--set section.key=value]...\n"
-    "Times --batch-size requests of random prompts generating exactly --output-len tokens\n"
-    "(greedy, ignore_eos): end to end, time to first token (the batch's prefill) and time per\n"
-    "output token after the first (one decode step). --output-len 1 times a prefill alone.\n";
-
 int kiln_cmd_bench_latency(kiln_cli_t *cli) {
   off_args_t a = {NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0};
   bool help;
-  kiln_status_t st = off_parse(cli, "latency", latency_usage, &a, &help);
+  kiln_status_t st = kiln_opts_parse(&latency_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
-  if (help) {
-    fputs(latency_usage, stdout);
-    return 0;
-  }
+  if (help) return 0;
   kiln_engine_t *eng = NULL;
   double startup = 0;
   if ((st = off_engine(cli, &a, &eng, &startup))) return kiln_cli_fail(st);
@@ -330,15 +343,6 @@ done:
   kiln_strbuf_free(&j);
   return st ? kiln_cli_fail(st) : 0;
 }
-
-static const char throughput_usage[] =
-    "usage: kiln bench throughput [--model DIR] [--dtype D] [--num-prompts 1000] [--input-len "
-    "512]\n"
-    "                             [--output-len 256] [--dataset FILE.jsonl] [--seed S]\n"
-    "                             [--json FILE] [--set section.key=value]...\n"
-    "Submits every request at once (random prompts, or --dataset lines with \"prompt\" or\n"
-    "\"prompt_ids\" and optional \"max_tokens\") and reports requests/s and tokens/s from the\n"
-    "first submission to the last completion. Generation is greedy with ignore_eos.\n";
 
 /* Reads a dataset: one JSON object per line with "prompt" (text) or "prompt_ids". */
 static kiln_status_t off_dataset(kiln_engine_t *eng, const char *path, int64_t default_out,
@@ -428,12 +432,9 @@ static kiln_status_t off_dataset(kiln_engine_t *eng, const char *path, int64_t d
 int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
   off_args_t a = {NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0};
   bool help;
-  kiln_status_t st = off_parse(cli, "throughput", throughput_usage, &a, &help);
+  kiln_status_t st = kiln_opts_parse(&throughput_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
-  if (help) {
-    fputs(throughput_usage, stdout);
-    return 0;
-  }
+  if (help) return 0;
   kiln_engine_t *eng = NULL;
   double startup = 0;
   if ((st = off_engine(cli, &a, &eng, &startup))) return kiln_cli_fail(st);

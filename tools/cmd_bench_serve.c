@@ -52,6 +52,7 @@ typedef enum bs_endpoint { BS_COMPLETIONS, BS_CHAT } bs_endpoint_t;
 
 typedef struct bs_args {
   const char *url; /* the base: http://HOST:PORT (a trailing / or /v1 is dropped) */
+  const char *endpoint_name; /* --endpoint: completions or chat */
   bs_endpoint_t endpoint;
   const char *model;   /* NULL = the first id of GET /v1/models */
   const char *api_key; /* --api-key, $KILN_API_KEY or $OPENAI_API_KEY; NULL = none */
@@ -127,102 +128,81 @@ typedef struct bs {
 
 /* ---- options -------------------------------------------------------------------------------- */
 
-static void bs_usage(FILE *f) {
-  fputs(
-      "usage: kiln bench serve [--url http://HOST:PORT] [--endpoint completions|chat] [options]\n"
-      "\n"
-      "Drives a running OpenAI-compatible server (kiln serve, vLLM, llama.cpp's server) with\n"
-      "streamed requests (stream: true, stream_options.include_usage) and reports, per request,\n"
-      "TTFT (time to the first content token), TPOT ((e2e - TTFT) / (output tokens - 1)), ITL\n"
-      "(the gaps between streamed content chunks) and end-to-end latency, as mean, p50, p90 and\n"
-      "p99 in ms, plus request and token throughput over the run. Token counts come from the\n"
-      "server's usage chunk (else output tokens = content chunks). Exit status: 0 when every\n"
-      "request succeeded, 1 otherwise (the first failures are listed on stderr).\n"
-      "\n"
-      "options:\n"
-      "  --url URL              the server (default http://127.0.0.1:8000)\n"
-      "  --endpoint NAME        completions (POST /v1/completions, default) or chat\n"
-      "                         (POST /v1/chat/completions)\n"
-      "  --model NAME           the model to ask for (default: the first id of GET /v1/models)\n"
-      "  --api-key KEY          sent as Authorization: Bearer KEY (default: $KILN_API_KEY, else\n"
-      "                         $OPENAI_API_KEY, else none)\n"
-      "  --num-prompts N        requests to send (default 100, or the dataset's lines)\n"
-      "  --request-rate R       requests/s, Poisson arrivals (exponential gaps); inf = all at\n"
-      "                         once (default inf)\n"
-      "  --max-concurrency C    most requests in flight; later arrivals wait (default: no limit)\n"
-      "  --input-len L          random prompts: L random words, or L token ids with --random-ids\n"
-      "                         (default 128)\n"
-      "  --output-len O         max_tokens of each request (default 128)\n"
-      "  --random-ids VOCAB     completions: send prompts as token ids, uniform in [0, VOCAB)\n"
-      "  --dataset FILE         JSONL requests instead of random ones: each line has \"prompt\"\n"
-      "                         (text; or token ids for completions) or \"messages\" (chat), and\n"
-      "                         optionally \"max_tokens\"; lines are used in order, cyclically\n"
-      "  --seed S               seeds the random prompts and the arrival times (default 0)\n"
-      "  --temperature T        sent with each request (default 0)\n"
-      "  --ignore-eos           send ignore_eos: true, so each request runs to max_tokens\n"
-      "                         (vLLM and kiln honour it)\n"
-      "  --timeout SEC          fail a request that takes longer (default 0 = no limit)\n"
-      "  --warmup N             send N requests first and leave them out of the results\n"
-      "  --json FILE            also write the results as one JSON object (request_rate null =\n"
-      "                         inf; per-request details under \"requests\")\n",
-      f);
-}
+static const char bs_usage[] =
+    "usage: kiln bench serve [--url http://HOST:PORT] [--endpoint completions|chat] [options]\n"
+    "\n"
+    "Drives a running OpenAI-compatible server (kiln serve, vLLM, llama.cpp's server) with\n"
+    "streamed requests (stream: true, stream_options.include_usage) and reports, per request,\n"
+    "TTFT (time to the first content token), TPOT ((e2e - TTFT) / (output tokens - 1)), ITL\n"
+    "(the gaps between streamed content chunks) and end-to-end latency, as mean, p50, p90 and\n"
+    "p99 in ms, plus request and token throughput over the run. Token counts come from the\n"
+    "server's usage chunk (else output tokens = content chunks). Exit status: 0 when every\n"
+    "request succeeded, 1 otherwise (the first failures are listed on stderr).\n";
+
+static const kiln_opt_t bs_rows[] = {
+    KILN_OPT_STRING("--url", "URL", bs_args_t, url, "the server (default http://127.0.0.1:8000)"),
+    KILN_OPT_STRING("--endpoint", "NAME", bs_args_t, endpoint_name,
+                    "completions (POST /v1/completions, default) or chat\n"
+                    "(POST /v1/chat/completions)"),
+    KILN_OPT_STRING("--model", "NAME", bs_args_t, model,
+                    "the model to ask for (default: the first id of GET /v1/models)"),
+    KILN_OPT_STRING("--api-key", "KEY", bs_args_t, api_key,
+                    "sent as Authorization: Bearer KEY (default: $KILN_API_KEY, else\n"
+                    "$OPENAI_API_KEY, else none)"),
+    KILN_OPT_INT_SEEN("--num-prompts", "N", bs_args_t, num_prompts, num_prompts_set, 1, 10000000,
+                      "requests to send (default 100, or the dataset's lines)"),
+    KILN_OPT_FLOAT("--request-rate", "R", bs_args_t, request_rate, 1e-6, INFINITY,
+                   "requests/s, Poisson arrivals (exponential gaps); inf = all at\n"
+                   "once (default inf)"),
+    KILN_OPT_INT("--max-concurrency", "C", bs_args_t, max_concurrency, 1, 1000000,
+                 "most requests in flight; later arrivals wait (default: no limit)"),
+    KILN_OPT_INT("--input-len", "L", bs_args_t, input_len, 1, 1 << 24,
+                 "random prompts: L random words, or L token ids with --random-ids\n"
+                 "(default 128)"),
+    KILN_OPT_INT("--output-len", "O", bs_args_t, output_len, 1, 1 << 24,
+                 "max_tokens of each request (default 128)"),
+    KILN_OPT_INT("--random-ids", "VOCAB", bs_args_t, random_ids, 1, INT32_MAX,
+                 "completions: send prompts as token ids, uniform in [0, VOCAB)"),
+    KILN_OPT_STRING("--dataset", "FILE", bs_args_t, dataset,
+                    "JSONL requests instead of random ones: each line has \"prompt\"\n"
+                    "(text; or token ids for completions) or \"messages\" (chat), and\n"
+                    "optionally \"max_tokens\"; lines are used in order, cyclically"),
+    KILN_OPT_INT("--seed", "S", bs_args_t, seed, 0, INT64_MAX,
+                 "seeds the random prompts and the arrival times (default 0)"),
+    KILN_OPT_FLOAT("--temperature", "T", bs_args_t, temperature, 0, 100,
+                   "sent with each request (default 0)"),
+    KILN_OPT_FLAG("--ignore-eos", bs_args_t, ignore_eos,
+                  "send ignore_eos: true, so each request runs to max_tokens\n"
+                  "(vLLM and kiln honour it)"),
+    KILN_OPT_FLOAT("--timeout", "SEC", bs_args_t, timeout, 0, 1e6,
+                   "fail a request that takes longer (default 0 = no limit)"),
+    KILN_OPT_INT("--warmup", "N", bs_args_t, warmup, 0, 1000000,
+                 "send N requests first and leave them out of the results"),
+    KILN_OPT_STRING("--json", "FILE", bs_args_t, json,
+                    "also write the results as one JSON object (request_rate null =\n"
+                    "inf; per-request details under \"requests\")"),
+};
+
+static const kiln_opts_t bs_opts = {
+    .cmd = BS_CMD,
+    .usage = bs_usage,
+    .opts = bs_rows,
+    .num_opts = KILN_OPTS_COUNT(bs_rows),
+    .common = &kiln_cli_common_opts,
+};
 
 static kiln_status_t bs_parse(kiln_cli_t *cli, bs_args_t *a) {
   const char *cmd = BS_CMD;
   memset(a, 0, sizeof(*a));
   a->url = "http://127.0.0.1:8000";
+  a->endpoint_name = "completions";
   a->num_prompts = 100;
   a->input_len = 128;
   a->output_len = 128;
   a->request_rate = INFINITY;
-  const char *endpoint = "completions";
-  kiln_status_t st = NULL;
-  for (int i = 1; i < cli->argc && !st; i++) {
-    const char *o = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-#define TAKES(name) (strcmp(o, name) == 0 && v && (i++, 1))
-    if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
-      a->help = true;
-    else if (TAKES("--url"))
-      a->url = v;
-    else if (TAKES("--endpoint"))
-      endpoint = v;
-    else if (TAKES("--model"))
-      a->model = v;
-    else if (TAKES("--api-key"))
-      a->api_key = v;
-    else if (TAKES("--dataset"))
-      a->dataset = v;
-    else if (TAKES("--json"))
-      a->json = v;
-    else if (TAKES("--num-prompts"))
-      st = kiln_cli_int(cmd, o, v, 1, 10000000, &a->num_prompts), a->num_prompts_set = true;
-    else if (TAKES("--request-rate"))
-      st = kiln_cli_float(cmd, o, v, 1e-6, INFINITY, &a->request_rate);
-    else if (TAKES("--max-concurrency"))
-      st = kiln_cli_int(cmd, o, v, 1, 1000000, &a->max_concurrency);
-    else if (TAKES("--input-len"))
-      st = kiln_cli_int(cmd, o, v, 1, 1 << 24, &a->input_len);
-    else if (TAKES("--output-len"))
-      st = kiln_cli_int(cmd, o, v, 1, 1 << 24, &a->output_len);
-    else if (TAKES("--random-ids"))
-      st = kiln_cli_int(cmd, o, v, 1, INT32_MAX, &a->random_ids);
-    else if (TAKES("--seed"))
-      st = kiln_cli_int(cmd, o, v, 0, INT64_MAX, &a->seed);
-    else if (TAKES("--temperature"))
-      st = kiln_cli_float(cmd, o, v, 0, 100, &a->temperature);
-    else if (TAKES("--timeout"))
-      st = kiln_cli_float(cmd, o, v, 0, 1e6, &a->timeout);
-    else if (TAKES("--warmup"))
-      st = kiln_cli_int(cmd, o, v, 0, 1000000, &a->warmup);
-    else if (strcmp(o, "--ignore-eos") == 0)
-      a->ignore_eos = true;
-    else
-      st = kiln_cli_bad_option(cmd, o, NULL);
-#undef TAKES
-  }
+  kiln_status_t st = kiln_opts_parse(&bs_opts, cli->argc, cli->argv, a, &a->help);
   if (st || a->help) return st;
+  const char *endpoint = a->endpoint_name;
   if (strcmp(endpoint, "completions") == 0)
     a->endpoint = BS_COMPLETIONS;
   else if (strcmp(endpoint, "chat") == 0)
@@ -1296,9 +1276,6 @@ int kiln_cmd_bench_serve(kiln_cli_t *cli) {
   bs_args_t a;
   kiln_status_t st = bs_parse(cli, &a);
   if (st) return kiln_cli_fail(st);
-  if (a.help) {
-    bs_usage(stdout);
-    return 0;
-  }
+  if (a.help) return 0; /* printed by kiln_opts_parse */
   return bs_main(&a);
 }

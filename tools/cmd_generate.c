@@ -40,11 +40,9 @@ typedef struct gen_args {
   int64_t max_tokens, min_tokens, chunk, seed, top_k, n, logprobs, window;
   double temperature, top_p, min_p;
   bool has_seed, ignore_eos, json, help;
-  const char **stop; /* --stop values (borrowed from argv) */
-  int32_t num_stop;
-  const char **images; /* --image paths (borrowed from argv) */
-  int32_t num_images;
-  const char *messages; /* --messages FILE.json */
+  kiln_opt_list_t stop; /* --stop values (borrowed from argv) */
+  kiln_opt_list_t images; /* --image paths (borrowed from argv) */
+  const char *messages;   /* --messages FILE.json */
 } gen_args_t;
 
 /* A growable token-id list. */
@@ -81,133 +79,96 @@ typedef struct gen_job {
 
 /* ---- options -------------------------------------------------------------------------------- */
 
-static void gen_usage(FILE *f) {
-  fputs(
-      "usage: kiln generate [--model DIR|FILE.gguf] (--ids 1,2,3 | --prompt TEXT) [options]\n"
-      "       kiln generate [--model DIR] --image PATH [--image PATH2...] --prompt TEXT "
-      "[options]\n"
-      "       kiln generate [--model DIR] --messages CHAT.json [options]\n"
-      "       kiln generate [--model DIR|FILE.gguf] --input REQUESTS.jsonl [--output "
-      "RESULTS.jsonl] [options]\n"
-      "\n"
-      "One request: prints the prompt, then the continuation as it is generated (token ids\n"
-      "when the model has no tokenizer); with --json, one JSON object at the end: prompt_ids,\n"
-      "token_ids, text, finish_reason, usage, time_to_first_token_s, total_time_s.\n"
-      "\n"
-      "Images (vision-language models): --image files with --prompt are one user message, the\n"
-      "images then the text, rendered with the model's chat template; --messages takes\n"
-      "OpenAI-style messages whose image_url parts hold data: URLs or file paths. With --ids,\n"
-      "each --image takes one image placeholder id of the ids. prompt_ids are the rendered\n"
-      "prompt's (one placeholder per image); usage.prompt_tokens counts the image tokens.\n"
-      "\n"
-      "Batch (--input): each non-blank line is one JSON request: \"prompt\" (text) or\n"
-      "\"prompt_ids\" (token ids), plus any of max_tokens, min_tokens, temperature, top_p,\n"
-      "top_k, min_p, n, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,\n"
-      "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, priority,\n"
-      "skip_special_tokens, include_stop_str_in_output (other fields are ignored); the options\n"
-      "below are the defaults for fields a line leaves out. Writes one JSON line per request,\n"
-      "in input order, to --output (default: stdout): index, token_ids, text, finish_reason,\n"
-      "usage, logprobs; or index and error for a line that failed. Progress and a summary go to\n"
-      "stderr. Exit status: 0 when every line succeeded, 1 otherwise.\n"
-      "\n"
-      "options:\n"
-      "  --model DIR|FILE.gguf  the model (default: [model] path)\n"
-      "  --dtype NAME           auto, float32, float16 or bfloat16 (default: [model] dtype)\n"
-      "  --max-tokens N         new tokens per sequence, [1, 16777216] (default 64; one request\n"
-      "                         is cut at the model's context)\n"
-      "  --min-tokens N         stop tokens and strings are ignored before N tokens\n"
-      "  --temperature T        [0, 100]; 0 = greedy (default 0)\n"
-      "  --top-p P              (0, 1] (default 1)\n"
-      "  --top-k K              0 = off (default 0)\n"
-      "  --min-p P              [0, 1] (default 0)\n"
-      "  --seed S               the same tokens whatever else runs (default: [engine] seed)\n"
-      "  --n N                  sequences per prompt (default 1)\n"
-      "  --stop STR             finish when the text contains STR (repeatable; needs a "
-      "tokenizer)\n"
-      "  --ignore-eos           keep going past end-of-sequence tokens\n"
-      "  --logprobs K           the sampled token's logprob and the top K, [0, 20] (JSON "
-      "output)\n"
-      "  --image PATH           an image (PNG, JPEG, WebP) for the prompt (repeatable)\n"
-      "  --messages FILE.json   an OpenAI-style chat (image_url parts: data: URLs or paths)\n"
-      "  --json                 one request: print one JSON object\n"
-      "  --chunk N              one request: most prompt tokens per step\n"
-      "                         (engine.max_num_batched_tokens)\n"
-      "  --max-in-flight N      batch: most requests in the engine at once (default 512)\n",
-      f);
-}
+static const char gen_usage[] =
+    "usage: kiln generate [--model DIR|FILE.gguf] (--ids 1,2,3 | --prompt TEXT) [options]\n"
+    "       kiln generate [--model DIR] --image PATH [--image PATH2...] --prompt TEXT "
+    "[options]\n"
+    "       kiln generate [--model DIR] --messages CHAT.json [options]\n"
+    "       kiln generate [--model DIR|FILE.gguf] --input REQUESTS.jsonl [--output "
+    "RESULTS.jsonl] [options]\n"
+    "\n"
+    "One request: prints the prompt, then the continuation as it is generated (token ids\n"
+    "when the model has no tokenizer); with --json, one JSON object at the end: prompt_ids,\n"
+    "token_ids, text, finish_reason, usage, time_to_first_token_s, total_time_s.\n"
+    "\n"
+    "Images (vision-language models): --image files with --prompt are one user message, the\n"
+    "images then the text, rendered with the model's chat template; --messages takes\n"
+    "OpenAI-style messages whose image_url parts hold data: URLs or file paths. With --ids,\n"
+    "each --image takes one image placeholder id of the ids. prompt_ids are the rendered\n"
+    "prompt's (one placeholder per image); usage.prompt_tokens counts the image tokens.\n"
+    "\n"
+    "Batch (--input): each non-blank line is one JSON request: \"prompt\" (text) or\n"
+    "\"prompt_ids\" (token ids), plus any of max_tokens, min_tokens, temperature, top_p,\n"
+    "top_k, min_p, n, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,\n"
+    "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, priority,\n"
+    "skip_special_tokens, include_stop_str_in_output (other fields are ignored); the options\n"
+    "below are the defaults for fields a line leaves out. Writes one JSON line per request,\n"
+    "in input order, to --output (default: stdout): index, token_ids, text, finish_reason,\n"
+    "usage, logprobs; or index and error for a line that failed. Progress and a summary go to\n"
+    "stderr. Exit status: 0 when every line succeeded, 1 otherwise.\n";
+
+static const kiln_opt_t gen_rows[] = {
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf", gen_args_t, model,
+                    "the model (default: [model] path)"),
+    KILN_OPT_STRING("--dtype", "NAME", gen_args_t, dtype,
+                    "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_STRING("--ids", "1,2,3", gen_args_t, ids, "one request: the prompt's token ids"),
+    KILN_OPT_STRING("--prompt", "TEXT", gen_args_t, prompt, "one request: the prompt's text"),
+    KILN_OPT_STRING("--input", "FILE", gen_args_t, input, "batch: the JSONL requests (- = stdin)"),
+    KILN_OPT_STRING("--output", "FILE", gen_args_t, output,
+                    "batch: where the JSON lines go (default and -: stdout)"),
+    KILN_OPT_INT("--max-tokens", "N", gen_args_t, max_tokens, 1, 1 << 24,
+                 "new tokens per sequence, [1, 16777216] (default 64; one request\n"
+                 "is cut at the model's context)"),
+    KILN_OPT_INT("--min-tokens", "N", gen_args_t, min_tokens, 0, 1 << 24,
+                 "stop tokens and strings are ignored before N tokens"),
+    KILN_OPT_FLOAT("--temperature", "T", gen_args_t, temperature, 0, 100,
+                   "[0, 100]; 0 = greedy (default 0)"),
+    KILN_OPT_FLOAT("--top-p", "P", gen_args_t, top_p, 1e-6, 1, "(0, 1] (default 1)"),
+    KILN_OPT_INT("--top-k", "K", gen_args_t, top_k, 0, 1 << 30, "0 = off (default 0)"),
+    KILN_OPT_FLOAT("--min-p", "P", gen_args_t, min_p, 0, 1, "[0, 1] (default 0)"),
+    KILN_OPT_INT_SEEN("--seed", "S", gen_args_t, seed, has_seed, 0, INT64_MAX,
+                      "the same tokens whatever else runs (default: [engine] seed)"),
+    KILN_OPT_INT("--n", "N", gen_args_t, n, 1, 65536, "sequences per prompt (default 1)"),
+    KILN_OPT_LIST("--stop", "STR", gen_args_t, stop,
+                  "finish when the text contains STR (repeatable; needs a tokenizer)"),
+    KILN_OPT_FLAG("--ignore-eos", gen_args_t, ignore_eos, "keep going past end-of-sequence tokens"),
+    KILN_OPT_INT("--logprobs", "K", gen_args_t, logprobs, 0, 20,
+                 "the sampled token's logprob and the top K, [0, 20] (JSON output)"),
+    KILN_OPT_LIST("--image", "PATH", gen_args_t, images,
+                  "one request: an image (PNG, JPEG, WebP) for the prompt (repeatable)"),
+    KILN_OPT_STRING("--messages", "FILE.json", gen_args_t, messages,
+                    "one request: an OpenAI-style chat (image_url parts: data: URLs or\npaths)"),
+    KILN_OPT_FLAG("--json", gen_args_t, json, "one request: print one JSON object"),
+    KILN_OPT_INT("--chunk", "N", gen_args_t, chunk, 0, 1 << 24,
+                 "one request: most prompt tokens per step\n(engine.max_num_batched_tokens)"),
+    KILN_OPT_INT("--max-in-flight", "N", gen_args_t, window, 1, 1 << 20,
+                 "batch: most requests in the engine at once (default 512)"),
+};
+
+static const kiln_opts_t gen_opts = {
+    .cmd = "generate",
+    .usage = gen_usage,
+    .opts = gen_rows,
+    .num_opts = KILN_OPTS_COUNT(gen_rows),
+    .common = &kiln_cli_common_opts,
+};
 
 static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
-  const char *cmd = cli->argv[0];
+  const char *cmd = gen_opts.cmd;
   memset(a, 0, sizeof(*a));
   a->max_tokens = 64;
   a->top_p = 1.0;
   a->n = 1;
   a->logprobs = -1;
   a->window = GEN_DEFAULT_WINDOW;
-  if (!(a->stop = calloc((size_t)cli->argc + 1, sizeof(*a->stop))) ||
-      !(a->images = calloc((size_t)cli->argc + 1, sizeof(*a->images))))
-    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-  kiln_status_t st = NULL;
-  for (int i = 1; i < cli->argc && !st; i++) {
-    const char *o = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-#define TAKES(name) (strcmp(o, name) == 0 && v && (i++, 1))
-    if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0)
-      a->help = true;
-    else if (TAKES("--model"))
-      a->model = v;
-    else if (TAKES("--dtype"))
-      a->dtype = v;
-    else if (TAKES("--ids"))
-      a->ids = v;
-    else if (TAKES("--prompt"))
-      a->prompt = v;
-    else if (TAKES("--input"))
-      a->input = v;
-    else if (TAKES("--output"))
-      a->output = v;
-    else if (TAKES("--max-tokens"))
-      st = kiln_cli_int(cmd, o, v, 1, 1 << 24, &a->max_tokens);
-    else if (TAKES("--min-tokens"))
-      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->min_tokens);
-    else if (TAKES("--chunk"))
-      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->chunk);
-    else if (TAKES("--temperature"))
-      st = kiln_cli_float(cmd, o, v, 0, 100, &a->temperature);
-    else if (TAKES("--top-p"))
-      st = kiln_cli_float(cmd, o, v, 1e-6, 1, &a->top_p);
-    else if (TAKES("--top-k"))
-      st = kiln_cli_int(cmd, o, v, 0, 1 << 30, &a->top_k);
-    else if (TAKES("--min-p"))
-      st = kiln_cli_float(cmd, o, v, 0, 1, &a->min_p);
-    else if (TAKES("--seed"))
-      st = kiln_cli_int(cmd, o, v, 0, INT64_MAX, &a->seed), a->has_seed = true;
-    else if (TAKES("--n"))
-      st = kiln_cli_int(cmd, o, v, 1, 65536, &a->n);
-    else if (TAKES("--stop"))
-      a->stop[a->num_stop++] = v;
-    else if (TAKES("--image"))
-      a->images[a->num_images++] = v;
-    else if (TAKES("--messages"))
-      a->messages = v;
-    else if (TAKES("--logprobs"))
-      st = kiln_cli_int(cmd, o, v, 0, 20, &a->logprobs);
-    else if (TAKES("--max-in-flight"))
-      st = kiln_cli_int(cmd, o, v, 1, 1 << 20, &a->window);
-    else if (strcmp(o, "--ignore-eos") == 0)
-      a->ignore_eos = true;
-    else if (strcmp(o, "--json") == 0)
-      a->json = true;
-    else
-      st = kiln_cli_bad_option(cmd, o, NULL);
-#undef TAKES
-  }
+  kiln_status_t st = kiln_opts_parse(&gen_opts, cli->argc, cli->argv, a, &a->help);
   if (st || a->help) return st;
   int32_t dtype; /* checked here; the engine takes the name */
   if (a->dtype && (st = kiln_cli_dtype(a->dtype, &dtype)))
     return kiln_status_annotate(st, "%s", cmd);
   if (a->input) {
-    if (a->num_images || a->messages)
+    if (a->images.n || a->messages)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                               "%s: --image and --messages are for one request, not --input", cmd);
     if (a->ids || a->prompt)
@@ -225,7 +186,7 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --output goes with --input FILE.jsonl",
                             cmd);
   if (a->messages) {
-    if (a->ids || a->prompt || a->num_images)
+    if (a->ids || a->prompt || a->images.n)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                               "%s: --messages holds the whole chat, images included: no --ids, "
                               "--prompt or --image with it",
@@ -269,8 +230,8 @@ static void gen_base_params(const gen_args_t *a, kiln_sampling_params_t *p) {
   p->has_seed = a->has_seed;
   p->seed = (uint64_t)a->seed;
   p->ignore_eos = a->ignore_eos;
-  p->stop = a->num_stop ? a->stop : NULL;
-  p->num_stop = a->num_stop;
+  p->stop = a->stop.n ? a->stop.v : NULL;
+  p->num_stop = a->stop.n;
   p->logprobs = (int32_t)a->logprobs;
 }
 
@@ -495,17 +456,17 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
   kiln_status_t st = NULL;
   if (a->ids) st = kiln_cli_parse_ids(cmd, a->ids, &pids.v, &pids.len);
   pids.cap = pids.len;
-  if (!st && (st = kiln_cli_images_read(a->images, a->num_images, &imgs)))
+  if (!st && (st = kiln_cli_images_read(a->images.v, a->images.n, &imgs)))
     st = kiln_status_annotate(st, "%s", cmd);
   if (!st) st = gen_engine(cli, a, true, &eng);
-  if (!st && a->num_images && kiln_engine_max_images(eng) == 0) {
+  if (!st && a->images.n && kiln_engine_max_images(eng) == 0) {
     kiln_engine_get_info(eng, &info);
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                           "%s: --image: model %s takes text only (it has no vision tower)", cmd,
                           info.model_name);
   }
   /* a chat: images with a text prompt, or a messages file */
-  const bool chat = a->messages || (a->prompt && a->num_images);
+  const bool chat = a->messages || (a->prompt && a->images.n);
   if (!st) {
     kiln_engine_get_info(eng, &info);
     if ((a->prompt || chat) && !info.has_tokenizer)
@@ -1168,12 +1129,10 @@ int kiln_cmd_generate(kiln_cli_t *cli) {
   if (st) {
     rc = kiln_cli_fail(st);
   } else if (a.help) {
-    gen_usage(stdout);
-    rc = 0;
+    rc = 0; /* kiln_opts_parse printed it */
   } else {
     rc = a.input ? gen_batch(cli, &a) : gen_single(cli, &a);
   }
-  free(a.stop);
-  free(a.images);
+  kiln_opts_free(&gen_opts, &a);
   return rc;
 }

@@ -186,8 +186,22 @@ static void info_gpus(kiln_hal_registry_t *reg, const info_seen_t *seen,
   kiln_gpu_scan_free(scan);
 }
 
+static const kiln_opts_t info_opts = {
+    .cmd = "info",
+    .usage =
+        "usage: kiln info [--config FILE] [--set section.key=value]...\n"
+        "Lists the backend plugins on the search path with their ABI, state, probe score and\n"
+        "devices (and why any was rejected), the GPUs the vendors' drivers see, and the\n"
+        "backend that [backend] name picks. Exit status: 1 when that one cannot be used.\n",
+    .common = &kiln_cli_common_opts,
+};
+
 int kiln_cmd_info(kiln_cli_t *cli) {
-  kiln_status_t st = kiln_cli_registry(cli);
+  bool help = false;
+  kiln_status_t st = kiln_opts_parse(&info_opts, cli->argc, cli->argv, NULL, &help);
+  if (st) return kiln_cli_fail(st);
+  if (help) return 0;
+  st = kiln_cli_registry(cli);
   if (st) return kiln_cli_fail(st);
   kiln_hal_registry_t *reg = cli->registry;
   printf("Kiln %s (backend ABI %d.%d)\n", KILN_VERSION_STRING, KILN_HAL_ABI_MAJOR,

@@ -24,8 +24,7 @@ typedef struct mc_args {
   const char *out;
   const char *dtype; /* --dtype, else [model] dtype */
   int64_t chunk;
-  const char *images[MC_MAX_IMAGES]; /* --image PATH, one per placeholder of --ids */
-  int32_t num_images;
+  kiln_opt_list_t images; /* --image PATH, one per placeholder of --ids */
 } mc_args_t;
 
 typedef struct mc_ctx {
@@ -36,36 +35,42 @@ typedef struct mc_ctx {
   kiln_tokens_t ids;
 } mc_ctx_t;
 
-static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a) {
-  const char *cmd = cli->argv[0];
+static const kiln_opt_t mc_rows[] = {
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf", mc_args_t, model,
+                    "the model (default: [model] path; empty: the embedded default)"),
+    KILN_OPT_STRING("--ids", "1,2,3", mc_args_t, ids, "the token ids to score (required)"),
+    KILN_OPT_STRING("--out", "FILE.npy", mc_args_t, out,
+                    "where the logits go: float32 [len(ids), vocab] (required)"),
+    KILN_OPT_STRING("--dtype", "NAME", mc_args_t, dtype,
+                    "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_INT("--chunk", "N", mc_args_t, chunk, 0, 1 << 24,
+                 "most tokens per forward pass (default 0: all of them at once)"),
+    KILN_OPT_LIST("--image", "PATH", mc_args_t, images,
+                  "an image for the next image placeholder of --ids (repeatable;\n"
+                  "vision-language models): the logits are of the expanded prompt"),
+};
+
+static const kiln_opts_t mc_opts = {
+    .cmd = "score",
+    .usage =
+        "usage: kiln score [--model DIR|FILE.gguf] --ids 1,2,3 --out FILE.npy [--chunk N]\n"
+        "                  [--dtype auto|float32|float16|bfloat16] [--image PATH...]\n"
+        "Runs the model over the ids (one sequence) and writes the logits of every position\n"
+        "to a .npy file: the command that checks a model against a reference.\n",
+    .opts = mc_rows,
+    .num_opts = KILN_OPTS_COUNT(mc_rows),
+    .common = &kiln_cli_common_opts,
+};
+
+/* Parses the options; *out_help when --help came (and was printed). */
+static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a, bool *out_help) {
+  const char *cmd = mc_opts.cmd;
   memset(a, 0, sizeof(*a));
-  kiln_status_t st = NULL;
-  for (int i = 1; i < cli->argc && !st; i++) {
-    const char *o = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-#define TAKES(name) (strcmp(o, name) == 0 && v && (i++, 1))
-    if (TAKES("--model"))
-      a->model = v;
-    else if (TAKES("--ids"))
-      a->ids = v;
-    else if (TAKES("--dtype"))
-      a->dtype = v;
-    else if (TAKES("--chunk"))
-      st = kiln_cli_int(cmd, o, v, 0, 1 << 24, &a->chunk);
-    else if (TAKES("--out"))
-      a->out = v;
-    else if (TAKES("--image")) {
-      if (a->num_images == MC_MAX_IMAGES)
-        st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: more than %d --image", cmd,
-                              MC_MAX_IMAGES);
-      else
-        a->images[a->num_images++] = v;
-    }
-    else
-      st = kiln_cli_bad_option(cmd, o, NULL);
-#undef TAKES
-  }
-  if (st) return st;
+  kiln_status_t st = kiln_opts_parse(&mc_opts, cli->argc, cli->argv, a, out_help);
+  if (st || *out_help) return st;
+  if (a->images.n > MC_MAX_IMAGES)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: more than %d --image", cmd,
+                            MC_MAX_IMAGES);
   if (!a->model || !a->model[0]) {
     /* [model] path (relative to its INI file), or the embedded default model. */
     kiln_status_t pst = kiln_config_model_path(cli->config, a->model_buf, sizeof(a->model_buf));
@@ -149,13 +154,13 @@ static kiln_status_t mc_load_images(const mc_args_t *a, mc_images_t *im) {
                             mc.architecture[0] ? mc.architecture : mc.model_type);
   kiln_vision_preproc_t pp;
   st = kiln_vision_preproc_load(a->model, &pp);
-  for (int32_t i = 0; !st && i < a->num_images; i++) {
+  for (int32_t i = 0; !st && i < a->images.n; i++) {
     kiln_image_t img;
-    if ((st = kiln_image_load_file(a->images[i], NULL, &img))) break;
+    if ((st = kiln_image_load_file(a->images.v[i], NULL, &img))) break;
     st = kiln_image_preprocess(&pp, &img, &im->p[i]);
     kiln_image_free(&img);
     if (st) {
-      st = kiln_status_annotate(st, "%s", a->images[i]);
+      st = kiln_status_annotate(st, "%s", a->images.v[i]);
       break;
     }
     im->n++;
@@ -285,7 +290,12 @@ int kiln_cmd_score(kiln_cli_t *cli) {
   mc_ctx_t c;
   memset(&c, 0, sizeof(c));
   float *logits = NULL;
-  kiln_status_t st = mc_parse(cli, &a);
+  bool help = false;
+  kiln_status_t st = mc_parse(cli, &a, &help);
+  if (!st && help) {
+    kiln_opts_free(&mc_opts, &a);
+    return 0;
+  }
   if (!st) st = kiln_cli_parse_ids("score", a.ids, &c.ids.ids, &c.ids.len);
   c.ids.cap = c.ids.len;
   int32_t n = (int32_t)c.ids.len;
@@ -295,23 +305,23 @@ int kiln_cmd_score(kiln_cli_t *cli) {
   mc_images_t im;
   memset(&im, 0, sizeof(im));
   int32_t *xids = NULL, *xpos = NULL, start[MC_MAX_IMAGES], total = n;
-  if (!st && a.num_images) {
+  if (!st && a.images.n) {
     st = mc_load_images(&a, &im);
     total = n - im.n + im.tokens;
     chunk = a.chunk > 0 && a.chunk < total ? (int32_t)a.chunk : total;
   }
   if (!st) st = mc_open_model(cli, &a, chunk, total, &c);
   if (!st) st = mc_check_ids(&c, "score");
-  if (!st && a.num_images && !kiln_model_has_vision(c.model))
+  if (!st && a.images.n && !kiln_model_has_vision(c.model))
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                           "score: --image: model %s takes text only (it has no vision tower)",
                           kiln_model_get_config(c.model)->architecture);
-  if (!st && a.num_images) st = mc_expand(c.model, &c.ids, &im, &xids, &xpos, &n, start);
+  if (!st && a.images.n) st = mc_expand(c.model, &c.ids, &im, &xids, &xpos, &n, start);
   int64_t V = st ? 0 : kiln_model_get_config(c.model)->vocab_size;
   if (!st && !(logits = malloc((size_t)n * (size_t)V * sizeof(float))))
     st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "score: out of memory for %d x %lld logits", n,
                           (long long)V);
-  if (!st && a.num_images)
+  if (!st && a.images.n)
     st = mc_score_images(&c, xids, xpos, n, &im, start, chunk, mc_block_size(cli), logits);
   else if (!st)
     st = kiln_model_score(c.model, c.ids.ids, n, chunk, mc_block_size(cli), logits);
@@ -321,6 +331,7 @@ int kiln_cmd_score(kiln_cli_t *cli) {
   free(xpos);
   mc_free_images(&im);
   mc_close(&c);
+  kiln_opts_free(&mc_opts, &a);
   if (st) return kiln_cli_fail(st);
   return 0;
 }

@@ -59,6 +59,28 @@ static const char pp_usage[] =
     "embedded default model) is used.\n"
     "--chunk sets the tokens per forward pass within a window (default min(N, 512)).\n";
 
+static const kiln_opt_t pp_rows[] = {
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf", pp_args_t, model,
+                    "the model (default: [model] path)"),
+    KILN_OPT_STRING("--file", "TEXT", pp_args_t, file, "the text file to score (required)"),
+    KILN_OPT_INT("--ctx", "N", pp_args_t, ctx, 2, 1 << 24,
+                 "tokens per window (default: the model's context)"),
+    KILN_OPT_INT("--chunk", "N", pp_args_t, chunk, 1, 1 << 24,
+                 "tokens per forward pass within a window"),
+    KILN_OPT_STRING("--dtype", "NAME", pp_args_t, dtype,
+                    "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_FLAG("--json", pp_args_t, json, "print one JSON object"),
+};
+
+static const kiln_opts_t pp_opts = {
+    .cmd = "perplexity",
+    .usage = pp_usage,
+    .opts = pp_rows,
+    .num_opts = KILN_OPTS_COUNT(pp_rows),
+    .flags = KILN_OPTS_USAGE_ON_ERROR,
+    .common = &kiln_cli_common_opts,
+};
+
 /* The model to load: --model, else [model] path resolved as every command resolves it
  * (relative to the config file; empty = the embedded default model). The one place the path
  * is decided. */
@@ -69,33 +91,11 @@ static kiln_status_t pp_model_path(kiln_cli_t *cli, pp_args_t *a) {
   return st;
 }
 
-static kiln_status_t pp_parse(kiln_cli_t *cli, pp_args_t *a) {
+/* Parses the options; *out_help when --help came (and was printed). */
+static kiln_status_t pp_parse(kiln_cli_t *cli, pp_args_t *a, bool *out_help) {
   memset(a, 0, sizeof(*a));
-  kiln_status_t st = NULL;
-  for (int i = 1; i < cli->argc && !st; i++) {
-    const char *o = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-#define TAKES(name) (strcmp(o, name) == 0 && v && (i++, 1))
-    if (TAKES("--model"))
-      a->model = v;
-    else if (TAKES("--file"))
-      a->file = v;
-    else if (TAKES("--dtype"))
-      a->dtype = v;
-    else if (TAKES("--ctx"))
-      st = kiln_cli_int("perplexity", o, v, 2, 1 << 24, &a->ctx);
-    else if (TAKES("--chunk"))
-      st = kiln_cli_int("perplexity", o, v, 1, 1 << 24, &a->chunk);
-    else if (strcmp(o, "--json") == 0)
-      a->json = true;
-    else if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
-      fputs(pp_usage, stdout);
-      exit(0);
-    } else
-      st = kiln_cli_bad_option("perplexity", o, pp_usage);
-#undef TAKES
-  }
-  if (st) return st;
+  kiln_status_t st = kiln_opts_parse(&pp_opts, cli->argc, cli->argv, a, out_help);
+  if (st || *out_help) return st;
   if (!a->file)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "perplexity: --file TEXT is required\n%s",
                             pp_usage);
@@ -270,7 +270,9 @@ int kiln_cmd_perplexity(kiln_cli_t *cli) {
   memset(&c, 0, sizeof(c));
   kiln_strbuf_t text = KILN_STRBUF_INIT;
   struct timespec t0, t1;
-  kiln_status_t st = pp_parse(cli, &a);
+  bool help = false;
+  kiln_status_t st = pp_parse(cli, &a, &help);
+  if (!st && help) return 0;
   if (!st) st = pp_model_path(cli, &a);
   if (!st) st = pp_read_file(a.file, &text);
   if (!st) st = pp_open_tokenizer(a.model, &c.tok);

@@ -3,6 +3,7 @@
  * mixed batch of a chunked prefill and a decode over the paged KV cache), checked against an
  * fp64 host reference built from the conformance suite's reference ops. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,8 +401,59 @@ done:
   return failed;
 }
 
+typedef struct st_args {
+  uint64_t seed;
+  bool has_seed;
+} st_args_t;
+
+/* --seed: any uint64 (the seed printed by an earlier run). */
+static kiln_status_t st_parse_seed(const char *cmd, const char *name, const char *value,
+                                   void *field) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(value, &end, 10);
+  if (errno || end == value || *end || value[0] == '-' || value[0] == '+')
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: %s wants an integer in [0, %llu], got '%s'", cmd, name,
+                            (unsigned long long)UINT64_MAX, value);
+  *(uint64_t *)field = (uint64_t)x;
+  return NULL;
+}
+
+static const kiln_opt_t st_rows[] = {
+    {.name = "--seed",
+     .metavar = "N",
+     .help = "the random inputs' seed (default: from the time and the process id)",
+     .kind = KILN_OPT_CUSTOM,
+     .offset = offsetof(st_args_t, seed),
+     .seen = KILN_OPT_SEEN(st_args_t, has_seed),
+     .parse = st_parse_seed},
+};
+
+static const kiln_opts_t st_opts = {
+    .cmd = "selftest",
+    .usage =
+        "usage: kiln selftest [--seed N]\n"
+        "Runs one Llama-style decoder layer plus the LM head through the HAL ops of the\n"
+        "configured backend (device 0) over two engine steps, a batch of prefills then a\n"
+        "chunked prefill and a decode in one batch, and checks each step's logits and the\n"
+        "device's argmax against an fp64 host reference: in float32, and in bfloat16 and\n"
+        "float16 where the device has them.\n"
+        "Exit status: 0 when every check passed.\n",
+    .opts = st_rows,
+    .num_opts = KILN_OPTS_COUNT(st_rows),
+    .flags = KILN_OPTS_SAY_UNKNOWN,
+    .hint = " (takes --seed N)",
+    .common = &kiln_cli_common_opts,
+};
+
 int kiln_cmd_selftest(kiln_cli_t *cli) {
-  kiln_status_t st = kiln_cli_registry(cli);
+  st_args_t a = {0, false};
+  bool help = false;
+  kiln_status_t st = kiln_opts_parse(&st_opts, cli->argc, cli->argv, &a, &help);
+  if (st) return kiln_cli_fail(st);
+  if (help) return 0;
+  st = kiln_cli_registry(cli);
   if (st) return kiln_cli_fail(st);
   const char *want = kiln_config_get_string(cli->config, "backend", "name");
   const kiln_hal_plugin_t *p = NULL;
@@ -411,16 +463,7 @@ int kiln_cmd_selftest(kiln_cli_t *cli) {
   di.struct_size = sizeof(di);
   kiln_hal_error_t *err = p->table.device_info(0, &di);
   if (err) return kiln_cli_fail(kiln_hal_status_from_error(err, "device_info"));
-  uint64_t seed = (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
-  for (int i = 1; i < cli->argc; i++) {
-    if (strcmp(cli->argv[i], "--seed") == 0 && i + 1 < cli->argc) {
-      seed = strtoull(cli->argv[++i], NULL, 10);
-    } else {
-      return kiln_cli_fail(kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                                            "selftest: unknown option '%s' (takes --seed N)",
-                                            cli->argv[i]));
-    }
-  }
+  uint64_t seed = a.has_seed ? a.seed : (uint64_t)time(NULL) * 1000003u ^ (uint64_t)getpid();
   printf("kiln selftest: backend %s, device 0 (%s), seed %llu\n", p->name, di.name,
          (unsigned long long)seed);
   printf("  one decoder layer (H=%d, %d heads, %d KV heads, head dim %d, vocab %d) over 2 steps:\n"

@@ -21,6 +21,47 @@ static const char serve_usage[] =
     "file holds the address, the API key (or $KILN_API_KEY), limits and timeouts. SIGINT or\n"
     "SIGTERM drains running requests (up to server.shutdown_timeout) and exits 0.\n";
 
+/* The options: each one sets a config key, after the --set overrides (so it wins). */
+enum { SERVE_MODEL, SERVE_HOST, SERVE_PORT, SERVE_API_KEY, SERVE_NAME, SERVE_DTYPE, SERVE_NUM };
+
+typedef struct serve_args {
+  const char *v[SERVE_NUM]; /* the values given, by option; NULL = not given */
+} serve_args_t;
+
+static const char *const serve_keys[SERVE_NUM] = {
+    [SERVE_MODEL] = "model.path",
+    [SERVE_HOST] = "server.host",
+    [SERVE_PORT] = "server.port",
+    [SERVE_API_KEY] = "server.api_key",
+    [SERVE_NAME] = "server.served_model_name",
+    [SERVE_DTYPE] = "model.dtype",
+};
+
+#define SERVE_OPT(nm, mv, i, hl) KILN_OPT_STRING(nm, mv, serve_args_t, v[i], hl)
+static const kiln_opt_t serve_rows[] = {
+    SERVE_OPT("--model", "DIR|FILE.gguf", SERVE_MODEL,
+              "the model (model.path; default: [model] path)"),
+    SERVE_OPT("--host", "ADDR", SERVE_HOST, "the address to listen on (server.host)"),
+    SERVE_OPT("--port", "N", SERVE_PORT, "the port; 0 = any free one (server.port)"),
+    SERVE_OPT("--api-key", "KEY", SERVE_API_KEY,
+              "required as Authorization: Bearer KEY on /v1 routes\n"
+              "(server.api_key; default: $KILN_API_KEY, else none)"),
+    SERVE_OPT("--served-model-name", "NAME", SERVE_NAME,
+              "the model's id in the API (server.served_model_name;\n"
+              "default: the model's file or directory name)"),
+    SERVE_OPT("--dtype", "NAME", SERVE_DTYPE, "auto, float32, float16 or bfloat16 (model.dtype)"),
+};
+#undef SERVE_OPT
+
+static const kiln_opts_t serve_opts = {
+    .cmd = "serve",
+    .usage = serve_usage,
+    .opts = serve_rows,
+    .num_opts = KILN_OPTS_COUNT(serve_rows),
+    .flags = KILN_OPTS_USAGE_ON_ERROR,
+    .common = &kiln_cli_common_opts,
+};
+
 /* The served name: the configured one, else the model's file or directory name. */
 static char *served_name(const char *configured, const char *model_path) {
   if (configured && configured[0]) return strdup(configured);
@@ -39,56 +80,22 @@ static char *served_name(const char *configured, const char *model_path) {
 }
 
 int kiln_cmd_serve(kiln_cli_t *cli) {
-  const char *model = NULL, *dtype = NULL;
-  char **extra = calloc((size_t)cli->num_sets + 8, sizeof(char *));
-  const char **ov = calloc((size_t)cli->num_sets + 8, sizeof(char *));
+  serve_args_t a = {{NULL}};
+  char *extra[SERVE_NUM] = {NULL}; /* "key=value" for each option given */
+  const char **ov = calloc((size_t)cli->num_sets + SERVE_NUM, sizeof(char *));
   int n_extra = 0, n_ov = 0, rc = 1;
   kiln_server_t *server = NULL;
   kiln_engine_t *eng = NULL;
   char *name = NULL;
-  kiln_status_t st = NULL;
-  if (!extra || !ov) {
-    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-    goto done;
-  }
+  bool help = false;
+  kiln_status_t st = kiln_opts_parse(&serve_opts, cli->argc, cli->argv, &a, &help);
+  if (st || help) goto done;
+  if (!ov) goto oom;
   for (int i = 0; i < cli->num_sets; i++) ov[n_ov++] = cli->sets[i];
-  for (int i = 1; i < cli->argc; i++) {
-    const char *a = cli->argv[i];
-    const char *v = i + 1 < cli->argc ? cli->argv[i + 1] : NULL;
-    const char *key = NULL;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(serve_usage, stdout);
-      rc = 0;
-      goto done;
-    } else if (!strcmp(a, "--model") && v) {
-      model = v;
-    } else if (!strcmp(a, "--dtype") && v) {
-      dtype = v;
-    } else if (!strcmp(a, "--host") && v) {
-      key = "server.host";
-    } else if (!strcmp(a, "--port") && v) {
-      key = "server.port";
-    } else if (!strcmp(a, "--api-key") && v) {
-      key = "server.api_key";
-    } else if (!strcmp(a, "--served-model-name") && v) {
-      key = "server.served_model_name";
-    } else {
-      st = kiln_cli_bad_option("serve", a, serve_usage);
-      goto done;
-    }
-    i++;
-    if (model == v && !key) {
-      if (!(extra[n_extra] = kiln_strprintf("model.path=%s", v))) goto oom;
-    } else if (dtype == v && !key) {
-      if (!(extra[n_extra] = kiln_strprintf("model.dtype=%s", v))) goto oom;
-    } else {
-      if (!(extra[n_extra] = kiln_strprintf("%s=%s", key, v))) goto oom;
-    }
+  for (int i = 0; i < SERVE_NUM; i++) {
+    if (!a.v[i]) continue;
+    if (!(extra[n_extra] = kiln_strprintf("%s=%s", serve_keys[i], a.v[i]))) goto oom;
     ov[n_ov++] = extra[n_extra++];
-    if (n_extra >= 8) {
-      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "serve: too many options");
-      goto done;
-    }
   }
   /* the command's own options go through the config too, so they are checked the same way */
   for (int i = cli->num_sets; i < n_ov; i++)
@@ -154,9 +161,8 @@ done:
   kiln_server_free(server); /* before the engine: no request may outlive it */
   kiln_engine_destroy(eng);
   for (int i = 0; i < n_extra; i++) free(extra[i]);
-  free(extra);
   free(ov);
   free(name);
   if (st) return kiln_cli_fail(st);
-  return rc;
+  return help ? 0 : rc;
 }

@@ -19,40 +19,32 @@ static const char tp_usage[] =
     "--template renders FILE.jinja instead of the tokenizer's template (special tokens still come\n"
     "from DIR when it is given).\n";
 
-static kiln_status_t tp_parse(kiln_cli_t *cli, tp_args_t *a) {
+static const kiln_opt_t tp_rows[] = {
+    KILN_OPT_STRING("--tokenizer", "DIR", tp_args_t, dir,
+                    "the folder with tokenizer_config.json (or chat_template.jinja)"),
+    KILN_OPT_STRING("--messages", "FILE.json", tp_args_t, messages, "the conversation (required)"),
+    KILN_OPT_FLAG("--add-generation-prompt", tp_args_t, add_generation_prompt,
+                  "end with the assistant turn's opening"),
+    KILN_OPT_STRING("--template", "FILE.jinja", tp_args_t, template_file,
+                    "render this template instead of DIR's"),
+};
+
+static const kiln_opts_t tp_opts = {
+    .cmd = "template",
+    .usage = tp_usage,
+    .opts = tp_rows,
+    .num_opts = KILN_OPTS_COUNT(tp_rows),
+    .flags =
+        KILN_OPTS_EQUALS | KILN_OPTS_USAGE_ON_ERROR | KILN_OPTS_SAY_UNKNOWN | KILN_OPTS_SAY_MISSING,
+    .width = 24,
+    .common = &kiln_cli_common_opts,
+};
+
+/* Parses the options; *out_help when --help came (and was printed). */
+static kiln_status_t tp_parse(kiln_cli_t *cli, tp_args_t *a, bool *out_help) {
   memset(a, 0, sizeof *a);
-  for (int i = 1; i < cli->argc; i++) {
-    const char *arg = cli->argv[i];
-    const char **dst = NULL;
-    const char *val = NULL;
-    if (!strcmp(arg, "--tokenizer"))
-      dst = &a->dir;
-    else if (!strcmp(arg, "--messages"))
-      dst = &a->messages;
-    else if (!strcmp(arg, "--template"))
-      dst = &a->template_file;
-    else if (!strncmp(arg, "--tokenizer=", 12))
-      a->dir = arg + 12;
-    else if (!strncmp(arg, "--messages=", 11))
-      a->messages = arg + 11;
-    else if (!strncmp(arg, "--template=", 11))
-      a->template_file = arg + 11;
-    else if (!strcmp(arg, "--add-generation-prompt"))
-      a->add_generation_prompt = true;
-    else if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-      fputs(tp_usage, stdout);
-      exit(0);
-    } else {
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "template: unknown option '%s'\n%s", arg,
-                              tp_usage);
-    }
-    if (dst) {
-      if (i + 1 >= cli->argc)
-        return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "template: %s needs a value", arg);
-      val = cli->argv[++i];
-      *dst = val;
-    }
-  }
+  kiln_status_t st = kiln_opts_parse(&tp_opts, cli->argc, cli->argv, a, out_help);
+  if (st || *out_help) return st;
   if (!a->messages || (!a->dir && !a->template_file))
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "template: --tokenizer DIR and --messages FILE are required\n%s",
@@ -82,8 +74,9 @@ int kiln_cmd_template(kiln_cli_t *cli) {
   kiln_template_t *own = NULL;
   kiln_json_doc_t *doc = NULL;
   kiln_strbuf_t out = KILN_STRBUF_INIT;
-  kiln_status_t st = tp_parse(cli, &a);
-  if (st) goto done;
+  bool help = false;
+  kiln_status_t st = tp_parse(cli, &a, &help);
+  if (st || help) goto done;
   if (a.dir && (st = kiln_chat_template_load(a.dir, &ct))) {
     /* a standalone template does not need the directory to have one */
     if (!a.template_file || kiln_status_code(st) != KILN_ERR_NOT_FOUND) goto done;

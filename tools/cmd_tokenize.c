@@ -27,41 +27,65 @@ typedef struct tk_args {
   bool special, json, skip_special;
 } tk_args_t;
 
-/* Parses the subcommand's options; allowed flags are named in `flags` (e.g. "sj"). */
-static kiln_status_t tk_parse(kiln_cli_t *cli, const char *flags, tk_args_t *a) {
+static const kiln_opt_t tk_encode_rows[] = {
+    KILN_OPT_STRING("--tokenizer", "DIR", tk_args_t, dir,
+                    "the folder with tokenizer.json (required)"),
+    KILN_OPT_FLAG("--special", tk_args_t, special,
+                  "add the post-processor's special tokens (BOS, ...)"),
+    KILN_OPT_FLAG("--json", tk_args_t, json, "print the ids as one JSON array"),
+};
+
+static const kiln_opts_t tk_encode_opts = {
+    .cmd = "tokenize",
+    .usage =
+        "usage: kiln tokenize --tokenizer DIR [--special] [--json] < TEXT\n"
+        "Encodes stdin as Hugging Face's tokenizers would (tokenizer.json in DIR) and prints\n"
+        "the token ids, separated by spaces.\n",
+    .opts = tk_encode_rows,
+    .num_opts = KILN_OPTS_COUNT(tk_encode_rows),
+    .flags = KILN_OPTS_EQUALS,
+    .common = &kiln_cli_common_opts,
+};
+
+static const kiln_opt_t tk_decode_rows[] = {
+    KILN_OPT_STRING("--tokenizer", "DIR", tk_args_t, dir,
+                    "the folder with tokenizer.json (required)"),
+    KILN_OPT_FLAG("--skip-special", tk_args_t, skip_special,
+                  "leave special tokens out of the text"),
+};
+
+static const kiln_opts_t tk_decode_opts = {
+    .cmd = "detokenize",
+    .usage =
+        "usage: kiln detokenize --tokenizer DIR [--skip-special] < IDS\n"
+        "Decodes the token ids on stdin (separated by spaces or commas, optionally in one\n"
+        "JSON array) and prints the text exactly (no newline added).\n",
+    .opts = tk_decode_rows,
+    .num_opts = KILN_OPTS_COUNT(tk_decode_rows),
+    .flags = KILN_OPTS_EQUALS,
+    .common = &kiln_cli_common_opts,
+};
+
+/* Parses the command's options by table t; *out_help when --help came (and was printed). */
+static kiln_status_t tk_parse(kiln_cli_t *cli, const kiln_opts_t *t, tk_args_t *a, bool *out_help) {
   memset(a, 0, sizeof(*a));
-  const char *name = cli->argv[0];
-  for (int i = 1; i < cli->argc; i++) {
-    const char *arg = cli->argv[i];
-    if (strcmp(arg, "--tokenizer") == 0 && i + 1 < cli->argc) {
-      a->dir = cli->argv[++i];
-    } else if (strncmp(arg, "--tokenizer=", 12) == 0) {
-      a->dir = arg + 12;
-    } else if (strcmp(arg, "--special") == 0 && strchr(flags, 's')) {
-      a->special = true;
-    } else if (strcmp(arg, "--json") == 0 && strchr(flags, 'j')) {
-      a->json = true;
-    } else if (strcmp(arg, "--skip-special") == 0 && strchr(flags, 'k')) {
-      a->skip_special = true;
-    } else {
-      return kiln_cli_bad_option(name, arg, NULL);
-    }
-  }
+  kiln_status_t st = kiln_opts_parse(t, cli->argc, cli->argv, a, out_help);
+  if (st || *out_help) return st;
   if (!a->dir) {
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --tokenizer DIR is required", name);
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --tokenizer DIR is required", t->cmd);
   }
   return NULL;
 }
 
-/* What both commands start with: their options, the tokenizer, and all of stdin. On error
- * nothing is held. */
-static kiln_status_t tk_open(kiln_cli_t *cli, const char *flags, tk_args_t *a,
+/* What both commands start with: their options (by table t), the tokenizer, and all of stdin.
+ * On error, or after --help (*out_help), nothing is held. */
+static kiln_status_t tk_open(kiln_cli_t *cli, const kiln_opts_t *t, tk_args_t *a, bool *out_help,
                              kiln_tokenizer_t **out_tok, char **out_text, size_t *out_len) {
   *out_tok = NULL;
   *out_text = NULL;
-  kiln_status_t st = tk_parse(cli, flags, a);
-  if (!st) st = kiln_tokenizer_load(a->dir, out_tok);
-  if (st) return st;
+  kiln_status_t st = tk_parse(cli, t, a, out_help);
+  if (st || *out_help) return st;
+  if ((st = kiln_tokenizer_load(a->dir, out_tok))) return st;
   *out_text = tk_read_stdin(out_len);
   if (!*out_text) {
     kiln_tokenizer_free(*out_tok);
@@ -76,8 +100,10 @@ int kiln_cmd_tokenize(kiln_cli_t *cli) {
   kiln_tokenizer_t *tok;
   char *text;
   size_t len = 0;
-  kiln_status_t st = tk_open(cli, "sj", &a, &tok, &text, &len);
+  bool help = false;
+  kiln_status_t st = tk_open(cli, &tk_encode_opts, &a, &help, &tok, &text, &len);
   if (st) return kiln_cli_fail(st);
+  if (help) return 0;
   kiln_tokens_t ids = KILN_TOKENS_INIT;
   st = kiln_tokenizer_encode(tok, text, len, a.special, &ids);
   free(text);
@@ -136,8 +162,10 @@ int kiln_cmd_detokenize(kiln_cli_t *cli) {
   kiln_tokenizer_t *tok;
   char *text;
   size_t len = 0;
-  kiln_status_t st = tk_open(cli, "k", &a, &tok, &text, &len);
+  bool help = false;
+  kiln_status_t st = tk_open(cli, &tk_decode_opts, &a, &help, &tok, &text, &len);
   if (st) return kiln_cli_fail(st);
+  if (help) return 0;
   kiln_tokens_t ids = KILN_TOKENS_INIT;
   kiln_strbuf_t out = KILN_STRBUF_INIT;
   if (strlen(text) != len) {

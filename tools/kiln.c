@@ -6,8 +6,20 @@
 #include "cmd_bench.h"
 #include "kiln/hal.h"
 
+static const kiln_opts_t config_opts = {
+    .cmd = "config",
+    .usage =
+        "usage: kiln config [--config FILE] [--set section.key=value]...\n"
+        "Prints the effective configuration (the file, then the overrides, over the built-in\n"
+        "defaults) as an INI file that --config reads back.\n",
+    .common = &kiln_cli_common_opts,
+};
+
 static int cmd_config(kiln_cli_t *cli) {
-  kiln_config_write(cli->config, stdout);
+  bool help = false;
+  kiln_status_t st = kiln_opts_parse(&config_opts, cli->argc, cli->argv, NULL, &help);
+  if (st) return kiln_cli_fail(st);
+  if (!help) kiln_config_write(cli->config, stdout);
   return 0;
 }
 
@@ -47,12 +59,8 @@ static void usage(FILE *f) {
           "       kiln --help-config | --version | --help\n\ncommands:\n");
   for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-  fprintf(f,
-          "\ncommon options:\n"
-          "  --config FILE            INI file (default: $KILN_CONFIG, ./etc/kiln.ini, or the\n"
-          "                           installed kiln.ini; built-in defaults if none exists)\n"
-          "  --set section.key=value  override one key (repeatable; see --help-config)\n"
-          "  --log-level LEVEL        error|warn|info|debug\n");
+  fputs("\ncommon options:\n", f);
+  kiln_opts_print_rows(&kiln_cli_common_opts, f);
 }
 
 int main(int argc, char **argv) {

@@ -14,6 +14,8 @@ transformers gets it from PIL.Image.open (no EXIF transpose), and writes under -
   <proc>/<image>.npy            pixel_values, float32 [grid_t*grid_h*grid_w, 1176]
   decoded/<image>.ppm           PIL's image.convert("RGB") of the file (binary P6): what the
                                 decoder must produce before resizing
+  resize/<image>.<w>x<h>.ppm    Pillow's Image.resize((w, h), BICUBIC) of two of the images at
+                                sizes smart_resize never produces (1 pixel, extreme ratios)
   smart_resize.json             transformers' smart_resize on a table of sizes and limits
                                 (results or the error it raised)
   proc_<proc>/preprocessor_config.json   the image processor's own save_pretrained
@@ -110,13 +112,16 @@ class RefProcessor:
 def pil_processor_class():
     """The slow, PIL-based Qwen2-VL image processor of this transformers version."""
     try:
-        cls = getattr(transformers, "Qwen2VLImageProcessorPil")
-        return cls
-    except AttributeError:
+        return getattr(transformers, "Qwen2VLImageProcessorPil")
+    except (AttributeError, ImportError):
+        pass
+    try:
+        mod = importlib.import_module("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+        return mod.Qwen2VLImageProcessorPil
+    except (ImportError, AttributeError):
         pass
     mod = importlib.import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
-    cls = mod.Qwen2VLImageProcessor
-    return cls
+    return mod.Qwen2VLImageProcessor  # 4.x: the slow class is the PIL one (checked by main)
 
 
 def backend_of(proc):
@@ -187,36 +192,63 @@ def smart_resize_table(source):
 
 def try_processor_config(cls, outdir):
     """A Qwen2VLProcessor saved with save_pretrained: the layout 5.x writes. Best effort."""
-    try:
+    specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+    def qwen2_tokenizer(td):
+        """A made-up byte-level BPE vocabulary in Qwen2's file format (no network)."""
+        import transformers as t
+        vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz \u0120")}
+        with open(os.path.join(td, "vocab.json"), "w") as f:
+            json.dump(vocab, f)
+        with open(os.path.join(td, "merges.txt"), "w") as f:
+            f.write("#version: 0.2\n")
+        cls_ = getattr(t, "Qwen2TokenizerFast", None) or getattr(t, "Qwen2Tokenizer")
+        tok = cls_(vocab_file=os.path.join(td, "vocab.json"),
+                   merges_file=os.path.join(td, "merges.txt"), unk_token="a")
+        tok.add_special_tokens({"additional_special_tokens": specials})
+        return tok
+
+    def wordlevel_tokenizer(td):
         from tokenizers import Tokenizer, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
-        vocab = {"<unk>": 0, "hello": 1, "world": 2}
-        tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        from transformers import PreTrainedTokenizerFast
+        tk = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1}, unk_token="<unk>"))
         tk.pre_tokenizer = pre_tokenizers.Whitespace()
         tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")
-        tok.add_special_tokens({"additional_special_tokens": [
-            "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]})
-        ip = cls(min_pixels=56 * 56, max_pixels=28 * 28 * 8)
-        kwargs = {"image_processor": ip, "tokenizer": tok}
+        tok.add_special_tokens({"additional_special_tokens": specials})
+        return tok
+
+    errors = []
+    for make_tok in (qwen2_tokenizer, wordlevel_tokenizer):
         try:
-            from transformers import Qwen2VLVideoProcessor
-            kwargs["video_processor"] = Qwen2VLVideoProcessor()
-        except Exception:  # noqa: BLE001
-            pass
-        proc = Qwen2VLProcessor(**kwargs)
-        with tempfile.TemporaryDirectory() as td:
-            proc.save_pretrained(td)
-            os.makedirs(outdir, exist_ok=True)
-            kept = []
-            for fn in sorted(os.listdir(td)):
-                if fn in ("processor_config.json", "preprocessor_config.json",
-                          "video_preprocessor_config.json"):
-                    with open(os.path.join(td, fn)) as src, open(os.path.join(outdir, fn), "w") as dst:
-                        dst.write(src.read())
-                    kept.append(fn)
-            return {"files": kept, "all_files": sorted(os.listdir(td))}
-    except Exception as e:  # noqa: BLE001
-        return {"error": f"{type(e).__name__}: {e}"}
+            with tempfile.TemporaryDirectory() as td:
+                res = _save_processor(cls, make_tok(td), outdir)
+                res["tokenizer"] = make_tok.__name__
+                res["earlier_errors"] = errors
+                return res
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{make_tok.__name__}: {type(e).__name__}: {e}")
+    return {"error": errors}
+
+
+def _save_processor(cls, tok, outdir):
+    from transformers import Qwen2VLProcessor
+    kwargs = {"image_processor": make_proc(cls, 56 * 56, 28 * 28 * 8), "tokenizer": tok}
+    try:
+        from transformers import Qwen2VLVideoProcessor
+        kwargs["video_processor"] = Qwen2VLVideoProcessor()
+    except Exception:  # noqa: BLE001
+        pass
+    proc = Qwen2VLProcessor(**kwargs)
+    with tempfile.TemporaryDirectory() as td:
+        proc.save_pretrained(td)
+        os.makedirs(outdir, exist_ok=True)
+        kept = []
+        for fn in sorted(os.listdir(td)):
+            if fn in ("processor_config.json", "preprocessor_config.json"):
+                with open(os.path.join(td, fn)) as src, open(os.path.join(outdir, fn), "w") as dst:
+                    dst.write(src.read())
+                kept.append(fn)
+        return {"files": kept, "all_files": sorted(os.listdir(td))}
 
 
 def auto_default_class(min_pixels, max_pixels):
@@ -322,6 +354,23 @@ def main():
                     g["auto_default_error"] = f"{type(e).__name__}: {e}"
             manifest["goldens"].append(g)
             print(f"{pname:10s} {entry['name']:24s} grid {grid} {pv.shape}")
+
+    # Pillow's BICUBIC alone, at sizes smart_resize never asks for: 1-pixel and 1-row outputs,
+    # strong down- and upscaling, one side kept (a single pass).
+    os.makedirs(os.path.join(args.out, "resize"), exist_ok=True)
+    manifest["resizes"] = []
+    resize_sizes = [(1, 1), (1, 40), (40, 1), (300, 5), (5, 90), (13, 9), (61, 20), (17, 47),
+                    (97, 41), (28, 28)]
+    if args.all_processors:
+        rng = np.random.default_rng(1)
+        resize_sizes += [(int(rng.integers(1, 400)), int(rng.integers(1, 60))) for _ in range(30)]
+    for src in ("rgb_odd.png", "big_landscape.png"):
+        im = Image.open(os.path.join(args.images, src)).convert("RGB")
+        for (w, h) in resize_sizes:
+            out = np.asarray(im.resize((w, h), Image.BICUBIC))
+            fn = f"resize/{src}.{w}x{h}.ppm"
+            write_ppm(os.path.join(args.out, fn), out)
+            manifest["resizes"].append({"image": src, "width": w, "height": h, "file": fn})
 
     with open(os.path.join(args.out, "smart_resize.json"), "w") as f:
         f.write('{"cases": [\n')

@@ -11,7 +11,9 @@
 # ceilings on a random Qwen2-7B, compared with the newest bench/results/ file; PERF_COMMIT names
 # the commit, which the copied tree cannot tell) and exits 1 when a figure dropped over 5%.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
-#   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
+#   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc; for
+#                       image input libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo
+#                       libwebp-dev libwebp7, runtime packages too: the GPU image may lack them)
 #   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD); without it, the
 #                       working tree the device tool copied is built in place
 #   DEPS_DIR/tok/       optional tokenizer cache (tests/fetch_tokenizers.sh layout)
