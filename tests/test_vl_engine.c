@@ -13,6 +13,7 @@
  *   - bad requests are refused with a message naming the image: too many images, placeholders
  *     that do not match, undecodable, truncated and unsupported images, a bad grid, an image to a
  *     text-only model.
+ * The same requests on the tiny Qwen2.5-VL fixture (tests/fixtures/models/qwen2_5_vl) too.
  * The backend is cpu unless KILN_TEST_BACKEND names another. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -66,11 +67,14 @@ static int64_t jint(const kiln_json_t *v) {
   return x;
 }
 
+static const char *g_name = "qwen2_vl"; /* the fixture of the group running */
+
 static int setup(void **state) {
   (void)state;
   const char *src = getenv("KILN_SOURCE_DIR");
   snprintf(g_src, sizeof(g_src), "%s", src ? src : "..");
-  snprintf(g_dir, sizeof(g_dir), "%s/tests/fixtures/models/qwen2_vl", g_src);
+  snprintf(g_dir, sizeof(g_dir), "%s/tests/fixtures/models/%s", g_src, g_name);
+  g_np = 0;
   char path[1200];
   snprintf(path, sizeof(path), "%s/reference.json", g_dir);
   kiln_json_doc_t *doc = NULL;
@@ -129,7 +133,13 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   for (int32_t i = 0; i < g_np; i++) free(g_p[i].pixels);
+  g_np = 0;
   return 0;
+}
+
+static int setup_2_5(void **state) {
+  g_name = "qwen2_5_vl";
+  return setup(state);
 }
 
 static const prompt_t *find(const char *name) {
@@ -567,5 +577,16 @@ int main(void) {
       cmocka_unit_test(test_prefix_cache),
       cmocka_unit_test(test_errors),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  /* Qwen2.5-VL (RMSNorm, SwiGLU, windowed attention in the tower; 0 temporal stride in M-RoPE):
+   * the same requests. */
+  const struct CMUnitTest tests_2_5[] = {
+      cmocka_unit_test(test_reference_pixel_values),
+      cmocka_unit_test(test_reference_files),
+      cmocka_unit_test(test_mixed_batch),
+      cmocka_unit_test(test_chunked_split),
+      cmocka_unit_test(test_preemption),
+      cmocka_unit_test(test_prefix_cache),
+  };
+  int rc = cmocka_run_group_tests_name("qwen2_vl", tests, setup, teardown);
+  return rc | cmocka_run_group_tests_name("qwen2_5_vl", tests_2_5, setup_2_5, teardown);
 }
