@@ -126,8 +126,9 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
   kiln_status_t st;
-  /* Vision-language checkpoints: transformers 5 saves the decoder under
-   * model.language_model., the published files under model. */
+  /* Vision-language checkpoints: the published files and transformers 5.17's save_pretrained
+   * name the decoder model.*; transformers 5's module tree (and files saved from it as is)
+   * model.language_model.*. */
   const char *pre = "model";
   if (c->vision.present && model_plan_has(p, "model.language_model.embed_tokens.weight"))
     pre = "model.language_model";
