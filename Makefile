@@ -9,6 +9,7 @@ ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev \
               libpcre2-dev libutf8proc-dev libxxhash-dev libcurl4-openssl-dev libmicrohttpd-dev \
+              libpng-dev libjpeg62-turbo-dev libwebp-dev python3-pil python3-numpy \
               valgrind hipcc libze-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

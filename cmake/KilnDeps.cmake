@@ -28,7 +28,8 @@ function(kiln_find_dep target pcname header)
   elseif(NOT D_OPTIONAL)
     message(FATAL_ERROR "${target}: ${pcname} not found. On Debian: apt-get install "
       "libinih-dev libcmocka-dev libopenblas-dev libpcre2-dev libutf8proc-dev libxxhash-dev "
-      "libcurl4-openssl-dev libmicrohttpd-dev pkg-config "
+      "libcurl4-openssl-dev libmicrohttpd-dev libpng-dev libjpeg62-turbo-dev libwebp-dev "
+      "pkg-config "
       "(or run `make deps`).")
   endif()
 endfunction()
@@ -37,6 +38,10 @@ kiln_find_dep(Kiln::inih inih ini.h NAMES inih)
 kiln_find_dep(Kiln::pcre2 libpcre2-8 pcre2.h NAMES pcre2-8)
 kiln_find_dep(Kiln::utf8proc libutf8proc utf8proc.h NAMES utf8proc)
 kiln_find_dep(Kiln::xxhash libxxhash xxhash.h NAMES xxhash)
+# Image input (models/vision): libpng, libjpeg-turbo (its libjpeg API), libwebp.
+kiln_find_dep(Kiln::png libpng png.h NAMES png16 png)
+kiln_find_dep(Kiln::jpeg libjpeg jpeglib.h NAMES jpeg)
+kiln_find_dep(Kiln::webp libwebp webp/decode.h NAMES webp)
 kiln_find_dep(Kiln::openblas openblas cblas.h NAMES openblas
   PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial)
 if(KILN_BUILD_TESTS)
