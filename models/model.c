@@ -126,8 +126,9 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
   kiln_status_t st;
-  /* Vision-language checkpoints: transformers 5 saves the decoder under
-   * model.language_model., the published files under model. */
+  /* Vision-language checkpoints: the published files and transformers 5.17's save_pretrained
+   * name the decoder model.*; transformers 5's module tree (and files saved from it as is)
+   * model.language_model.*. */
   const char *pre = "model";
   if (c->vision.present && model_plan_has(p, "model.language_model.embed_tokens.weight"))
     pre = "model.language_model";
@@ -695,10 +696,13 @@ static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cach
   if (b->mrope_positions) {
     if (!m->cfg.mrope)
       return BAD("M-RoPE positions given, but model %s has no M-RoPE", m->cfg.architecture);
-    for (int64_t i = 0; i < 3 * T; i++)
-      if (b->mrope_positions[i] < 0 || b->mrope_positions[i] >= m->max_len)
+    static const char axis[3] = {'t', 'h', 'w'};
+    for (int64_t i = 0; i < 3 * T; i++) {
+      const int32_t v = b->mrope_positions[i];
+      if (v < 0 || v >= m->max_len)
         return BAD("token %lld has M-RoPE %c position %d, want 0..%lld", (long long)(i % T),
-                   "thw"[i / T], b -> mrope_positions[i], (long long)m -> max_len - 1);
+                   axis[i / T], v, (long long)m->max_len - 1);
+    }
   }
   if (b->num_embeds < 0 || b->num_embeds > T || (b->num_embeds > 0 && !b->embeds))
     return BAD("%d embedding runs for %lld tokens", b->num_embeds, (long long)T);

@@ -31,6 +31,8 @@
 #include "kiln/hal_util.h"
 #include "models/model.h"
 #include "models/mrope.h"
+#include "models/vision/image.h"
+#include "models/vision/preproc.h"
 #include "models/vision/vision.h"
 
 #define FP32_TOL 1e-4
@@ -603,6 +605,125 @@ static void test_bad_input(void **state) {
   kiln_model_free(m);
 }
 
+/* Kiln's own image decoding and preprocessing (models/vision/preproc.h) on the fixture's image
+ * files: the same grids, pixel values as close as the image code promises (printed), and the
+ * greedy tokens transformers produced from its own pixel values. */
+static void check_own_preprocessing(const char *name) {
+  char dir[1200], path[1400];
+  if (!have_fixture(name, dir, sizeof(dir))) fail_msg("%s: missing fixture %s", name, dir);
+  snprintf(path, sizeof(path), "%s/reference.json", dir);
+  kiln_json_doc_t *doc = NULL;
+  check_st(kiln_json_parse_file(path, &doc));
+  kiln_vision_preproc_t pp;
+  check_st(kiln_vision_preproc_load(dir, &pp));
+  kiln_model_options_t o = {0};
+  o.dtype = KILN_HAL_F32;
+  o.max_tokens = 256;
+  o.max_seqs = 1;
+  o.max_blocks_per_seq = 64;
+  ctx_t c;
+  memset(&c, 0, sizeof(c));
+  check_st(kiln_model_load(dir, &g_plugin->table, g_dev, g_stream, &o, &c.m));
+  const kiln_model_config_t *cfg = kiln_model_get_config(c.m);
+  c.V = cfg->vocab_size;
+  c.H = cfg->hidden_size;
+  c.nb = 40;
+  for (int32_t i = 0; i < c.nb; i++) c.bt[i] = i;
+  const kiln_hal_backend_t *be = &g_plugin->table;
+  const kiln_json_t *prompts = kiln_json_get(kiln_json_root(doc), "prompts");
+  for (size_t pi = 0; pi < kiln_json_len(prompts); pi++) {
+    prompt_t p;
+    prompt_open(&p, dir, kiln_json_at(prompts, pi));
+    if (p.nimg == 0) {
+      prompt_close(&p);
+      continue;
+    }
+    const kiln_json_t *files = kiln_json_get(p.j, "images");
+    assert_int_equal(kiln_json_len(files), p.nimg);
+    kiln_image_patches_t pat[8];
+    kiln_vision_image_t imgs[8];
+    memset(pat, 0, sizeof(pat));
+    int64_t off = 0, same = 0, total = 0;
+    double maxerr = 0;
+    int32_t tokens = 0;
+    for (int32_t i = 0; i < p.nimg; i++) {
+      snprintf(path, sizeof(path), "%s/images/%s", dir,
+               kiln_json_string(kiln_json_at(files, (size_t)i), NULL));
+      kiln_image_t img;
+      check_st(kiln_image_load_file(path, NULL, &img));
+      check_st(kiln_image_preprocess(&pp, &img, &pat[i]));
+      kiln_image_free(&img);
+      if (pat[i].grid_t != p.grids[i].t || pat[i].grid_h != p.grids[i].h ||
+          pat[i].grid_w != p.grids[i].w)
+        fail_msg("%s/%s image %d: kiln's grid %d x %d x %d, transformers' %d x %d x %d", name,
+                 p.name, i, pat[i].grid_t, pat[i].grid_h, pat[i].grid_w, p.grids[i].t, p.grids[i].h,
+                 p.grids[i].w);
+      const int64_t n = pat[i].num_patches * pat[i].patch_dim;
+      for (int64_t k = 0; k < n; k++) {
+        double d = fabs((double)pat[i].pixels[k] - (double)p.pixels[off * 1176 + k]);
+        if (d > maxerr) maxerr = d;
+        same += d == 0;
+      }
+      total += n;
+      off += pat[i].num_patches;
+      imgs[i] = (kiln_vision_image_t){pat[i].pixels, pat[i].grid_t, pat[i].grid_h, pat[i].grid_w};
+      tokens += (int32_t)kiln_vision_image_tokens(c.m, &imgs[i]);
+    }
+    c.emb_rows = tokens;
+    assert_null(be->buffer_alloc(g_dev, (uint64_t)tokens * (uint64_t)c.H * 4, 0, &c.emb));
+    const int64_t sh[2] = {tokens, c.H};
+    check_st(
+        kiln_vision_encode(c.m, imgs, p.nimg, kiln_hal_tensor_make(c.emb, 0, KILN_HAL_F32, 2, sh)));
+    int32_t *mpos = malloc(sizeof(int32_t) * 3 * (size_t)p.T), delta;
+    assert_non_null(mpos);
+    check_st(kiln_mrope_positions(cfg, p.ids, p.T, p.grids, p.nimg, mpos, &delta));
+    check_st(kiln_model_kv_create(c.m, c.nb, BS, &c.kv));
+    float *all = malloc(sizeof(float) * (size_t)p.T * (size_t)c.V);
+    assert_non_null(all);
+    forward(&c, &p, p.ids, 0, p.T, mpos, p.T, all);
+    double e = cols_err(&p, all, c.V, p.T, p.ref);
+    int32_t ng;
+    int32_t *want = json_ints(kiln_json_get(kiln_json_get(p.j, "greedy"), "token_ids"), &ng);
+    int32_t seq[512], got[16];
+    memcpy(seq, p.ids, sizeof(int32_t) * (size_t)p.T);
+    float *last = malloc(sizeof(float) * (size_t)c.V);
+    assert_non_null(last);
+    memcpy(last, all + (size_t)(p.T - 1) * c.V, sizeof(float) * (size_t)c.V);
+    for (int32_t s = 0; s < ng && s < 16; s++) {
+      got[s] = argmax(last, c.V);
+      if (s == ng - 1) break;
+      seq[p.T + s] = got[s];
+      int32_t dpos[3 * 512];
+      for (int a = 0; a < 3; a++) dpos[a * 512 + p.T + s] = p.T + s + delta;
+      forward(&c, NULL, seq, p.T + s, 1, dpos, 512, last);
+    }
+    printf(
+        "  %-10s %-11s kiln's pixels: max |diff| %.3g, %.4f%% identical; logits rel err %.3g "
+        "from transformers' pixels' logits\n",
+        name, p.name, maxerr, 100.0 * (double)same / (double)total, e);
+    for (int32_t s = 0; s < ng; s++)
+      if (got[s] != want[s])
+        fail_msg("%s/%s: with kiln's preprocessing greedy token %d is %d, transformers %d", name,
+                 p.name, s, got[s], want[s]);
+    free(want);
+    free(last);
+    free(all);
+    free(mpos);
+    kiln_kv_cache_free(c.kv);
+    be->buffer_free(c.emb);
+    for (int32_t i = 0; i < p.nimg; i++) kiln_image_patches_free(&pat[i]);
+    prompt_close(&p);
+  }
+  kiln_model_free(c.m);
+  kiln_json_doc_free(doc);
+}
+
+static void test_own_preprocessing(void **state) {
+  (void)state;
+  check_own_preprocessing("qwen2_vl");
+  check_own_preprocessing("qwen2_5_vl");
+}
+
 static void test_qwen2_vl(void **state) {
   (void)state;
   check_fixture("qwen2_vl");
@@ -615,9 +736,10 @@ static void test_qwen2_5_vl(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tiny_qwen2_vl), cmocka_unit_test(test_tiny_qwen2_5_vl),
-      cmocka_unit_test(test_tiny_bf16),     cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_qwen2_vl),      cmocka_unit_test(test_qwen2_5_vl),
+      cmocka_unit_test(test_tiny_qwen2_vl),     cmocka_unit_test(test_tiny_qwen2_5_vl),
+      cmocka_unit_test(test_tiny_bf16),         cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_qwen2_vl),          cmocka_unit_test(test_qwen2_5_vl),
+      cmocka_unit_test(test_own_preprocessing),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -89,7 +89,8 @@ kiln_status_t vision_plan(kiln_model_t *m, model_plan_t *p) {
   m->vis = v;
   v->blocks = calloc((size_t)vc->depth, sizeof(*v->blocks));
   if (!v->blocks) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-  /* transformers 5 saves model.visual., the published checkpoints visual. */
+  /* visual.* (published files, transformers 5.17's save_pretrained) or model.visual.* (its
+   * module tree) */
   snprintf(v->prefix, sizeof(v->prefix), "%s",
            model_plan_has(p, "model.visual.patch_embed.proj.weight") ? "model.visual" : "visual");
   const char *pre = v->prefix;
