@@ -981,6 +981,11 @@ static enum MHD_Result serve_tokenize(struct MHD_Connection *c, kiln_server_t *s
   kiln_engine_info_t info;
   kiln_engine_get_info(eng, &info);
   lim.vocab_size = info.vocab_size;
+  /* image parts as chat takes them (the count is of the rendered prompt: one placeholder per
+   * image) */
+  lim.max_images = kiln_engine_max_images(eng);
+  lim.max_image_bytes = s->opt.max_image_bytes;
+  lim.allow_remote_images = s->opt.allow_remote_images; /* accepted, not fetched */
   kiln_api_request_t *r = NULL;
   kiln_api_error_t err;
   if (!kiln_api_parse(route == R_TOKENIZE ? KILN_API_TOKENIZE : KILN_API_DETOKENIZE,
