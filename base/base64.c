@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 bool kiln_base64_decode(const char *s, size_t len, unsigned char **out, size_t *out_len,
-                            int64_t *bad_at) {
+                        int64_t *bad_at) {
   *out = NULL;
   *out_len = 0;
   *bad_at = -1;

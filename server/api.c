@@ -21,7 +21,6 @@ void kiln_api_limits_default(kiln_api_limits_t *l) {
   l->allow_remote_images = false;
 }
 
-
 void kiln_api_error_set(kiln_api_error_t *err, int status, const char *type, const char *param,
                         const char *fmt, ...) {
   err->status = status;
@@ -208,8 +207,8 @@ static bool parse_image_part(const kiln_json_t *part, size_t i, size_t j, kiln_a
   const char *url = kiln_json_string(u, &ul);
   if (!url)
     return BAD("messages",
-               "messages[%zu].content[%zu].image_url: must be an object with a string \"url\"",
-               i, j);
+               "messages[%zu].content[%zu].image_url: must be an object with a string \"url\"", i,
+               j);
   kiln_api_image_t im = {.message = (int32_t)i, .part = (int32_t)j};
   if (ul >= 5 && !strncmp(url, "data:", 5)) {
     const char *comma = memchr(url, ',', ul);

@@ -111,7 +111,6 @@ typedef struct kiln_api_request {
  * images of at most 20 MiB each, no remote images. */
 void kiln_api_limits_default(kiln_api_limits_t *l);
 
-
 /* Parses a request body of the given kind. Returns true with *out_req set (owned), or false
  * with *err filled (status 400 for a malformed body, a wrong type or an out-of-range value;
  * 500 for out-of-memory) and *out_req NULL. */

@@ -957,8 +957,8 @@ static enum MHD_Result serve_get(struct MHD_Connection *c, kiln_server_t *s, rou
       kiln_strbuf_printf(&sb,
                          ", \"parent\": null, \"max_model_len\": %lld, \"input_modalities\": "
                          "%s, \"max_images_per_prompt\": %d}]}",
-                         (long long)info.max_model_len, mi > 0 ? "[\"text\", \"image\"]" : "[\"text\"]",
-                         mi);
+                         (long long)info.max_model_len,
+                         mi > 0 ? "[\"text\", \"image\"]" : "[\"text\"]", mi);
       return respond_json(c, s, 200, &sb);
     }
     case R_METRICS: {

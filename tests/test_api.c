@@ -239,12 +239,14 @@ static void test_messages_normalized(void **state) {
  * "image"} left in their place; every bad URL refused naming the part. */
 static void test_image_parts(void **state) {
   (void)state;
-  kiln_api_request_t *r = parse_ok(
-      KILN_API_CHAT,
-      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"user\", \"content\": "
-      "[{\"type\": \"text\", \"text\": \"look\"}, {\"type\": \"image_url\", \"image_url\": {\"url\": "
-      "\"data:image/png;base64,aGVsbG8=\"}}, {\"type\": \"image_url\", \"image_url\": "
-      "\"data:image/jpeg;base64,aGk\"}]}]}");
+  kiln_api_request_t *r =
+      parse_ok(KILN_API_CHAT,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"user\", "
+               "\"content\": "
+               "[{\"type\": \"text\", \"text\": \"look\"}, {\"type\": \"image_url\", "
+               "\"image_url\": {\"url\": "
+               "\"data:image/png;base64,aGVsbG8=\"}}, {\"type\": \"image_url\", \"image_url\": "
+               "\"data:image/jpeg;base64,aGk\"}]}]}");
   assert_int_equal(r->num_images, 2);
   assert_int_equal(r->images[0].message, 1);
   assert_int_equal(r->images[0].part, 1);
@@ -263,8 +265,9 @@ static void test_image_parts(void **state) {
   assert_string_equal(kiln_json_string(kiln_json_get(kiln_json_at(c, 2), "type"), NULL), "image");
   kiln_json_doc_free(doc);
   kiln_api_request_free(r);
-#define IMG(url) "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", " \
-                 "\"image_url\": {\"url\": \"" url "\"}}]}]}"
+#define IMG(url)                                                                  \
+  "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", " \
+  "\"image_url\": {\"url\": \"" url "\"}}]}]}"
   parse_bad(KILN_API_CHAT, IMG("data:image/png;base64,aGV*bG8="), 400, "messages",
             "messages[0].content[0]: the data URL is not valid base64 (at character 3");
   parse_bad(KILN_API_CHAT, IMG("data:image/png;base64,aGVsb"), 400, "messages", "not valid base64");
@@ -279,20 +282,23 @@ static void test_image_parts(void **state) {
   /* limits: a text-only model, the count, the size; remote URLs when allowed */
   kiln_api_limits_t l = limits();
   kiln_api_error_t err;
-  const char *two = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
-                    "\"image_url\": {\"url\": \"data:image/png;base64,aGk=\"}}, {\"type\": \"image_url\", "
-                    "\"image_url\": {\"url\": \"http://127.0.0.1/x.png\"}}]}]}";
+  const char *two =
+      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+      "\"image_url\": {\"url\": \"data:image/png;base64,aGk=\"}}, {\"type\": \"image_url\", "
+      "\"image_url\": {\"url\": \"http://127.0.0.1/x.png\"}}]}]}";
   l.max_images = 0;
   assert_false(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
-  assert_non_null(strstr(err.message, "messages[0].content[0]: content of type 'image_url' is not "
-                                      "supported by this model (text only)"));
+  assert_non_null(strstr(err.message,
+                         "messages[0].content[0]: content of type 'image_url' is not "
+                         "supported by this model (text only)"));
   l.max_images = 1;
   assert_false(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
   assert_non_null(strstr(err.message, "messages[0].content[1]: more than 1 images"));
   l.max_images = 2;
   l.max_image_bytes = 1;
   assert_false(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
-  assert_non_null(strstr(err.message, "messages[0].content[0]: the image is over the limit of 1 bytes"));
+  assert_non_null(
+      strstr(err.message, "messages[0].content[0]: the image is over the limit of 1 bytes"));
   l.max_image_bytes = 100;
   l.allow_remote_images = true;
   assert_true(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));

@@ -34,16 +34,16 @@
 #include "kiln/kiln.h"
 
 #define LP_TOL 1e-4
-#define MAXP 8   /* prompts */
-#define MAXI 4   /* images per prompt */
-#define STEPS 8  /* greedy tokens recorded */
+#define MAXP 8  /* prompts */
+#define MAXI 4  /* images per prompt */
+#define STEPS 8 /* greedy tokens recorded */
 #define PATCH 1176
 
 static char g_dir[1100], g_src[1024];
 
 typedef struct prompt {
   char name[64];
-  int32_t ids[256]; /* collapsed: one placeholder per image */
+  int32_t ids[256];  /* collapsed: one placeholder per image */
   int32_t n, full_n; /* collapsed and expanded lengths */
   int32_t nimg;
   int32_t grid[MAXI][3];
@@ -100,7 +100,8 @@ static int setup(void **state) {
       assert_true(p->n < 256);
       p->ids[p->n++] = id;
     }
-    const kiln_json_t *imgs = kiln_json_get(j, "images"), *grids = kiln_json_get(j, "image_grid_thw");
+    const kiln_json_t *imgs = kiln_json_get(j, "images"),
+                      *grids = kiln_json_get(j, "image_grid_thw");
     p->nimg = (int32_t)kiln_json_len(imgs);
     assert_true(p->nimg <= MAXI);
     int64_t rows = 0;
@@ -165,9 +166,14 @@ static void eng_open(eng_t *g, const char *model_dir, const char *const *extra, 
   snprintf(mp, sizeof(mp), "model.path=%s", model_dir);
   const char *want = getenv("KILN_TEST_BACKEND");
   snprintf(be, sizeof(be), "backend.name=%s", want && want[0] ? want : "cpu");
-  const char *base[] = {mp, be, "backend.threads=2", "model.dtype=float32", "cache.block_size=8",
+  const char *base[] = {mp,
+                        be,
+                        "backend.threads=2",
+                        "model.dtype=float32",
+                        "cache.block_size=8",
                         "cache.num_blocks=256"};
-  for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++) check_st(kiln_config_set(g->cfg, base[i]));
+  for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
+    check_st(kiln_config_set(g->cfg, base[i]));
   for (int32_t i = 0; i < nextra; i++) check_st(kiln_config_set(g->cfg, extra[i]));
   kiln_engine_setup_t su;
   memset(&su, 0, sizeof(su));
@@ -420,8 +426,8 @@ static void test_encoder_cache_bound(void **state) {
   g_enc_bytes = 14 * 16 * 4;
   eng_open(&g, g_dir, NULL, 0);
   const prompt_t *p = find("one_image");
-  kiln_image_input_t a = {.pixel_values = p->pixels, .grid_t = 1, .grid_h = p->grid[0][1],
-                          .grid_w = p->grid[0][2]};
+  kiln_image_input_t a = {
+      .pixel_values = p->pixels, .grid_t = 1, .grid_h = p->grid[0][1], .grid_w = p->grid[0][2]};
   kiln_request_t *rq = NULL;
   kiln_status_t st = submit(&g, p->ids, p->n, &a, 1, STEPS, &rq);
   assert_non_null(st);
@@ -442,14 +448,14 @@ static void test_prefix_cache(void **state) {
   assert_non_null(other);
   memcpy(other, p->pixels, (size_t)rows * PATCH * sizeof(float));
   for (int64_t i = 0; i < rows * PATCH; i += 7) other[i] = -other[i]; /* another picture */
-  int32_t first = -1; /* the first image token */
+  int32_t first = -1;                                                 /* the first image token */
   for (int32_t t = 0; t < p->n && first < 0; t++)
     if (p->ids[t] == g_image_token) first = t;
   assert_true(first > 8); /* so that block 0 (8 tokens) is text only */
   eng_t g;
   eng_open(&g, g_dir, NULL, 0);
-  kiln_image_input_t a = {.pixel_values = p->pixels, .grid_t = 1, .grid_h = p->grid[0][1],
-                          .grid_w = p->grid[0][2]};
+  kiln_image_input_t a = {
+      .pixel_values = p->pixels, .grid_t = 1, .grid_h = p->grid[0][1], .grid_w = p->grid[0][2]};
   kiln_image_input_t b = a;
   b.pixel_values = other;
   kiln_request_t *r;
@@ -540,7 +546,8 @@ static void test_errors(void **state) {
                  "image 0: GIF images are not supported (PNG, JPEG and WebP are)");
   free(gif);
   bad = (kiln_image_input_t){.data = NULL, .size = 0};
-  expect_refused(&g, one->ids, one->n, &bad, 1, KILN_ERR_INVALID_ARGUMENT, "image 0: no image data");
+  expect_refused(&g, one->ids, one->n, &bad, 1, KILN_ERR_INVALID_ARGUMENT,
+                 "image 0: no image data");
   /* pixel values with a grid that is not whole merge units, or a video */
   bad = (kiln_image_input_t){.pixel_values = one->pixels, .grid_t = 1, .grid_h = 3, .grid_w = 4};
   expect_refused(&g, one->ids, one->n, &bad, 1, KILN_ERR_INVALID_ARGUMENT,

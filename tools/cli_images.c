@@ -39,7 +39,8 @@ static kiln_status_t add_image(kiln_cli_images_t *im, unsigned char *bytes, size
   return NULL;
 }
 
-static kiln_status_t read_file(const char *path, const char *what, unsigned char **out, size_t *len) {
+static kiln_status_t read_file(const char *path, const char *what, unsigned char **out,
+                               size_t *len) {
   *out = NULL;
   *len = 0;
   FILE *f = fopen(path, "rb");
@@ -85,7 +86,8 @@ kiln_status_t kiln_cli_images_read(const char *const *paths, int32_t n, kiln_cli
 }
 
 /* An image part's URL: a data: URL (decoded), a file:// URL or a path (read). */
-static kiln_status_t image_url(const char *url, size_t ul, const char *where, kiln_cli_images_t *im) {
+static kiln_status_t image_url(const char *url, size_t ul, const char *where,
+                               kiln_cli_images_t *im) {
   unsigned char *b = NULL;
   size_t len = 0;
   if (ul >= 5 && !strncmp(url, "data:", 5)) {
@@ -96,9 +98,10 @@ static kiln_status_t image_url(const char *url, size_t ul, const char *where, ki
     int64_t at = -1;
     if (!kiln_base64_decode(comma + 1, ul - (size_t)(comma + 1 - url), &b, &len, &at)) {
       if (at < 0) return oom();
-      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                              "%s: the data URL is not valid base64 (at character %lld of its data)",
-                              where, (long long)at);
+      return kiln_status_make(
+          KILN_ERR_INVALID_ARGUMENT,
+          "%s: the data URL is not valid base64 (at character %lld of its data)", where,
+          (long long)at);
     }
   } else if ((ul > 7 && !strncmp(url, "http://", 7)) || (ul > 8 && !strncmp(url, "https://", 8))) {
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
@@ -184,12 +187,14 @@ kiln_status_t kiln_cli_chat_ids(kiln_engine_t *eng, const char *messages_file, c
     kiln_json_doc_t *doc = NULL;
     if ((st = kiln_json_parse_file(messages_file, &doc))) return st;
     const kiln_json_t *root = kiln_json_root(doc);
-    const kiln_json_t *msgs = kiln_json_is(root, KILN_JSON_OBJECT) ? kiln_json_get(root, "messages") : root;
+    const kiln_json_t *msgs =
+        kiln_json_is(root, KILN_JSON_OBJECT) ? kiln_json_get(root, "messages") : root;
     st = rewrite_messages(msgs, messages_file, &sb, images);
     kiln_json_doc_free(doc);
   } else {
     kiln_strbuf_append_str(&sb, "[{\"role\": \"user\", \"content\": [");
-    for (int32_t i = 0; i < images->num; i++) kiln_strbuf_append_str(&sb, "{\"type\": \"image\"}, ");
+    for (int32_t i = 0; i < images->num; i++)
+      kiln_strbuf_append_str(&sb, "{\"type\": \"image\"}, ");
     kiln_strbuf_append_str(&sb, "{\"type\": \"text\", \"text\": ");
     kiln_json_write_string(&sb, prompt ? prompt : "", prompt ? strlen(prompt) : 0, false);
     kiln_strbuf_append_str(&sb, "}]}]");
@@ -198,7 +203,8 @@ kiln_status_t kiln_cli_chat_ids(kiln_engine_t *eng, const char *messages_file, c
   char *text = NULL;
   size_t tl = 0;
   if (!st) {
-    kiln_chat_args_t a = {.messages_json = kiln_strbuf_cstr(&sb), .messages_len = sb.len,
+    kiln_chat_args_t a = {.messages_json = kiln_strbuf_cstr(&sb),
+                          .messages_len = sb.len,
                           .add_generation_prompt = true};
     st = kiln_engine_apply_chat_template(eng, &a, &text, &tl);
   }
@@ -212,7 +218,8 @@ kiln_status_t kiln_cli_images_error(const kiln_cli_images_t *im, kiln_status_t s
   const char *msg = kiln_status_message(st);
   int idx = -1, used = 0;
   if (sscanf(msg, "image %d: %n", &idx, &used) == 1 && used > 0 && idx >= 0 && idx < im->num) {
-    kiln_status_t out = kiln_status_make(kiln_status_code(st), "%s: %s", im->names[idx], msg + used);
+    kiln_status_t out =
+        kiln_status_make(kiln_status_code(st), "%s: %s", im->names[idx], msg + used);
     kiln_status_free(st);
     return out;
   }

@@ -12,7 +12,8 @@
 typedef struct kiln_cli_images {
   kiln_image_input_t *images; /* [num], data owned below */
   int32_t num;
-  char **names; /* [num] what each image is called in messages (its path, "messages[1].content[0]") */
+  char *
+      *names; /* [num] what each image is called in messages (its path, "messages[1].content[0]") */
   unsigned char **bytes; /* [num] owned */
 } kiln_cli_images_t;
 

@@ -232,7 +232,8 @@ static kiln_status_t mc_score_images(mc_ctx_t *c, const int32_t *ids, const int3
   kiln_vision_image_t vi[MC_MAX_IMAGES];
   int32_t first[MC_MAX_IMAGES];
   for (int32_t i = 0, off = 0; i < im->n; i++) {
-    vi[i] = (kiln_vision_image_t){im->p[i].pixels, im->p[i].grid_t, im->p[i].grid_h, im->p[i].grid_w};
+    vi[i] =
+        (kiln_vision_image_t){im->p[i].pixels, im->p[i].grid_t, im->p[i].grid_h, im->p[i].grid_w};
     first[i] = off;
     off += (int32_t)kiln_vision_image_tokens(c->model, &vi[i]);
   }
@@ -241,7 +242,9 @@ static kiln_status_t mc_score_images(mc_ctx_t *c, const int32_t *ids, const int3
   kiln_status_t st = NULL;
   if (!tab || !meta || !em) st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "score: out of memory");
   kiln_hal_error_t *he =
-      st ? NULL : be->buffer_alloc(c->dev, (uint64_t)im->tokens * (uint64_t)H * kiln_hal_dtype_size(dt), 0, &enc);
+      st ? NULL
+         : be->buffer_alloc(c->dev, (uint64_t)im->tokens * (uint64_t)H * kiln_hal_dtype_size(dt), 0,
+                            &enc);
   if (he) st = kiln_hal_status_from_error(he, "score: the images' embeddings");
   const int64_t es[2] = {im->tokens, H};
   kiln_hal_tensor_t et = st ? (kiln_hal_tensor_t){0} : kiln_hal_tensor_make(enc, 0, dt, 2, es);
@@ -262,14 +265,23 @@ static kiln_status_t mc_score_images(mc_ctx_t *c, const int32_t *ids, const int3
       int32_t hi = start[i] + (int32_t)kiln_vision_image_tokens(c->model, &vi[i]);
       if (hi > s0 + cn) hi = s0 + cn;
       if (lo < hi)
-        em[ne++] = (kiln_batch_embed_t){.row = lo - s0, .count = hi - lo,
-                                        .first = first[i] + lo - start[i], .src = et};
+        em[ne++] = (kiln_batch_embed_t){
+            .row = lo - s0, .count = hi - lo, .first = first[i] + lo - start[i], .src = et};
     }
     const int32_t len = s0 + cn, qsl[2] = {0, cn};
-    kiln_batch_t b = {.num_tokens = cn, .num_seqs = 1, .token_ids = ids + s0, .positions = p,
-                      .slot_mapping = slots, .seq_lens = &len, .query_start_loc = qsl,
-                      .block_tables = tab, .max_blocks_per_seq = nb, .num_logits = cn,
-                      .logits_rows = rows, .mrope_positions = mp, .num_embeds = ne,
+    kiln_batch_t b = {.num_tokens = cn,
+                      .num_seqs = 1,
+                      .token_ids = ids + s0,
+                      .positions = p,
+                      .slot_mapping = slots,
+                      .seq_lens = &len,
+                      .query_start_loc = qsl,
+                      .block_tables = tab,
+                      .max_blocks_per_seq = nb,
+                      .num_logits = cn,
+                      .logits_rows = rows,
+                      .mrope_positions = mp,
+                      .num_embeds = ne,
                       .embeds = ne ? em : NULL};
     st = kiln_model_forward(c->model, kv, &b);
     if (!st) st = kiln_model_read_logits(c->model, cn, out + (size_t)s0 * (size_t)V);

@@ -39,7 +39,7 @@ static const kiln_command_t commands[] = {
     {"template", kiln_cmd_template,
      "render a chat template (--tokenizer DIR --messages FILE.json [--add-generation-prompt])"},
     {"score", kiln_cmd_score,
-     "logits of every position to a .npy file (--model DIR --ids 1,2,3 [--image PATH] --out F.npy)"},
+     "logits of every position to a .npy file (--model DIR --ids 1,2 [--image P] --out F.npy)"},
     {"generate", kiln_cmd_generate,
      "continue a prompt (--prompt TEXT [--image PATH] | --ids | --messages F) or --input FILE"},
     {"perplexity", kiln_cmd_perplexity,

@@ -554,8 +554,7 @@ static kiln_status_t enc_ensure(kiln_engine_t *e, req_image_t *im, int32_t index
   e->enc_used += im->enc_bytes;
   e->enc_encodes++;
   const int64_t shape[2] = {im->ntok, kiln_model_get_config(e->model)->hidden_size};
-  kiln_hal_tensor_t out =
-      kiln_hal_tensor_make(im->enc, 0, kiln_model_dtype(e->model), 2, shape);
+  kiln_hal_tensor_t out = kiln_hal_tensor_make(im->enc, 0, kiln_model_dtype(e->model), 2, shape);
   kiln_vision_image_t vi = {im->pixels, im->grid_t, im->grid_h, im->grid_w};
   kiln_status_t st = kiln_vision_encode(e->model, &vi, 1, out);
   if (st) {
@@ -836,9 +835,10 @@ static kiln_status_t prepare_image(kiln_engine_t *e, const kiln_image_input_t *i
     if (st) return kiln_status_annotate(st, "%s", what);
     if (pt.patch_dim != pdim || pt.grid_t != 1) {
       kiln_image_patches_free(&pt);
-      return bad("image %d: the image processor (%s) makes patches of %lld values, the vision "
-                 "tower takes %lld",
-                 i, e->preproc.source, (long long)pt.patch_dim, (long long)pdim);
+      return bad(
+          "image %d: the image processor (%s) makes patches of %lld values, the vision "
+          "tower takes %lld",
+          i, e->preproc.source, (long long)pt.patch_dim, (long long)pdim);
     }
     out->pixels = pt.pixels; /* taken */
     out->grid_t = pt.grid_t;
@@ -853,13 +853,13 @@ static kiln_status_t prepare_image(kiln_engine_t *e, const kiln_image_input_t *i
     return bad("image %d: %lld tokens (grid %d x %d), beyond the model's context of %lld", i,
                (long long)nt, out->grid_h, out->grid_w, (long long)e->max_len);
   out->ntok = (int32_t)nt;
-  out->enc_bytes = (uint64_t)nt * (uint64_t)c->hidden_size *
-                   kiln_hal_dtype_size(kiln_model_dtype(e->model));
+  out->enc_bytes =
+      (uint64_t)nt * (uint64_t)c->hidden_size * kiln_hal_dtype_size(kiln_model_dtype(e->model));
   if (out->enc_bytes > e->enc_cap)
-    return bad("image %d: its encoder output (%lld tokens, %llu bytes) is larger than the "
-               "encoder cache ([model] encoder_cache_mb: %llu bytes)",
-               i, (long long)nt, (unsigned long long)out->enc_bytes,
-               (unsigned long long)e->enc_cap);
+    return bad(
+        "image %d: its encoder output (%lld tokens, %llu bytes) is larger than the "
+        "encoder cache ([model] encoder_cache_mb: %llu bytes)",
+        i, (long long)nt, (unsigned long long)out->enc_bytes, (unsigned long long)e->enc_cap);
   return NULL;
 }
 
@@ -879,9 +879,10 @@ static kiln_status_t prepare_images(kiln_engine_t *e, const kiln_image_input_t *
   int32_t ph = 0;
   for (int32_t i = 0; i < n; i++) ph += ids[i] == c->image_token_id;
   if (ph != nimg)
-    return bad("the prompt has %d image placeholder%s (token %d, <|image_pad|>) for %d image%s: "
-               "each image needs exactly one, where it goes",
-               ph, ph == 1 ? "" : "s", c->image_token_id, nimg, nimg == 1 ? "" : "s");
+    return bad(
+        "the prompt has %d image placeholder%s (token %d, <|image_pad|>) for %d image%s: "
+        "each image needs exactly one, where it goes",
+        ph, ph == 1 ? "" : "s", c->image_token_id, nimg, nimg == 1 ? "" : "s");
   if (nimg == 0) return NULL; /* a text prompt */
   if (!(out->imgs = calloc((size_t)(nimg ? nimg : 1), sizeof(*out->imgs))) ||
       !(out->simgs = calloc((size_t)(nimg ? nimg : 1), sizeof(*out->simgs))))
@@ -894,9 +895,10 @@ static kiln_status_t prepare_images(kiln_engine_t *e, const kiln_image_input_t *
     total += out->imgs[i].ntok;
   }
   if (total >= e->max_len)
-    return bad("the prompt has %lld tokens with its images' (%lld before), beyond the model's "
-               "context of %lld tokens",
-               (long long)total, (long long)n, (long long)e->max_len);
+    return bad(
+        "the prompt has %lld tokens with its images' (%lld before), beyond the model's "
+        "context of %lld tokens",
+        (long long)total, (long long)n, (long long)e->max_len);
   out->n = (int32_t)total;
   kiln_mrope_grid_t *grids = calloc((size_t)(nimg ? nimg : 1), sizeof(*grids));
   out->ids = malloc((size_t)total * 4);
@@ -913,8 +915,8 @@ static kiln_status_t prepare_images(kiln_engine_t *e, const kiln_image_input_t *
     }
     req_image_t *ri = &out->imgs[im];
     ri->start = k;
-    out->simgs[im] = (kiln_seq_image_t){.start = k, .count = ri->ntok,
-                                        .hash = {out->simgs[im].hash[0], out->simgs[im].hash[1]}};
+    out->simgs[im] = (kiln_seq_image_t){
+        .start = k, .count = ri->ntok, .hash = {out->simgs[im].hash[0], out->simgs[im].hash[1]}};
     grids[im] = (kiln_mrope_grid_t){ri->grid_t, ri->grid_h, ri->grid_w};
     for (int32_t j = 0; j < ri->ntok; j++) out->ids[k++] = c->image_token_id;
     im++;

@@ -199,8 +199,8 @@ typedef struct kiln_request_desc {
  * vision tower, more than [model] max_images_per_prompt, placeholders that do not match the
  * images in number; an image that does not decode or preprocess, or is too large for
  * [model] encoder_cache_mb: messages about one image start "image I: " (I from 0), with
- * KILN_ERR_UNSUPPORTED for an image format Kiln does not read; code 9 (unavailable) when the engine is shutting down
- * or the waiting queue is full ([server] max_queued_requests). */
+ * KILN_ERR_UNSUPPORTED for an image format Kiln does not read; code 9 (unavailable) when the engine
+ * is shutting down or the waiting queue is full ([server] max_queued_requests). */
 kiln_status_t kiln_engine_submit(kiln_engine_t *eng, const kiln_request_desc_t *desc,
                                  kiln_request_t **out_request);
 
