@@ -323,8 +323,13 @@ static void run_prompts(bool files, const char *const *extra, int32_t nextra, co
   if (together) {
     kiln_metrics_t m;
     kiln_engine_get_metrics(g.e, &m);
-    print_message("%s: %llu steps, %llu preemptions\n", how, (unsigned long long)m.steps,
-                  (unsigned long long)m.preemptions);
+    kiln_model_graph_stats_t gs;
+    kiln_model_graph_stats(kiln_engine_model(g.e), &gs);
+    print_message("%s: %llu steps, %llu preemptions, %lld graph replays, %lld eager forwards\n",
+                  how, (unsigned long long)m.steps, (unsigned long long)m.preemptions,
+                  (long long)gs.replays, (long long)gs.eager_forwards);
+    /* decode steps of image requests (M-RoPE delta != 0) replay the decode graphs */
+    if (gs.active) assert_true(gs.replays > 0);
   }
   eng_close(&g);
 }

@@ -1923,6 +1923,8 @@ void kiln_engine_encoder_stats(const kiln_engine_t *e, uint64_t *encodes, uint64
   *bytes_used = e->enc_used;
 }
 
+kiln_model_t *kiln_engine_model(kiln_engine_t *e) { return e->model; }
+
 int32_t kiln_engine_max_images(const kiln_engine_t *e) { return e->has_vision ? e->max_images : 0; }
 
 void kiln_engine_get_info(const kiln_engine_t *e, kiln_engine_info_t *out) {
