@@ -489,8 +489,31 @@ static void test_prefix_cache(void **state) {
   assert_true(rd.cached > first + p->full_n - p->n);
   assert_true(fabs(rd.lp0 - rb.lp0) <= 1e-6);
   for (int32_t k = 0; k < STEPS; k++) assert_int_equal(rd.ids[k], rb.ids[k]);
-  /* The same pixels decoded from a file and given as pixel values are different identities
-   * (pixel values are hashed as floats), so nothing is shared past the text either. */
+  /* The same image, other text after it: the hit ends inside the image's tokens (blocks of 8:
+   * the image's last block also holds the changed text), so the step starts mid-image and
+   * takes the encoder's rows from there; the result is the one computed without the cache. */
+  int32_t alt[256];
+  memcpy(alt, p->ids, sizeof(int32_t) * (size_t)p->n);
+  alt[first + 2] = 100; /* the first text token after <|vision_end|> */
+  const int32_t img_end = first + p->full_n - p->n + 1; /* past the image's tokens */
+  assert_true(img_end % 8 != 0);
+  result_t re, rf;
+  check_st(submit(&g, alt, p->n, &a, 1, STEPS, &r));
+  run_all(&g, &r, &re, 1);
+  print_message("prefix cache: another text after the image: cached %d (image tokens %d..%d)\n",
+                re.cached, first, img_end - 1);
+  assert_int_equal(re.cached, (img_end - 1) / 8 * 8);
+  assert_true(re.cached > first); /* inside the image */
+  eng_close(&g);
+  const char *nocache[] = {"cache.enable_prefix_caching=false"};
+  eng_open(&g, g_dir, nocache, 1);
+  check_st(submit(&g, alt, p->n, &a, 1, STEPS, &r));
+  run_all(&g, &r, &rf, 1);
+  assert_int_equal(rf.cached, 0);
+  if (!(fabs(re.lp0 - rf.lp0) <= 1e-5))
+    fail_msg("from mid-image: first logprob %.7f, computed whole %.7f", (double)re.lp0,
+             (double)rf.lp0);
+  for (int32_t k = 0; k < STEPS; k++) assert_int_equal(re.ids[k], rf.ids[k]);
   free(other);
   eng_close(&g);
 }
