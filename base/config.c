@@ -111,6 +111,10 @@ static const config_row_t config_rows[] = {
              "Weight and activation dtype; auto = the dtype in the model's config"),
     ROW_INT("model", "max_model_len", "0", 0, 16777216,
             "Longest sequence (prompt + output) in tokens; 0 = from the model's config"),
+    ROW_INT("model", "max_images_per_prompt", "8", 0, 1024,
+            "Most images one request may carry (vision-language models); more is refused"),
+    ROW_INT("model", "encoder_cache_mb", "1024", 1, 1048576,
+            "MiB of device memory for vision encoder outputs awaiting prefill (docs/engine.md)"),
 
     ROW_INT("engine", "max_num_seqs", "256", 1, 65536,
             "Most sequences (requests) scheduled together in one engine step"),
@@ -157,6 +161,13 @@ static const config_row_t config_rows[] = {
               "Seconds after which a request is aborted; 0 = no limit"),
     ROW_INT("server", "max_body_bytes", "33554432", 1024, 1073741824,
             "Largest HTTP request body accepted, in bytes"),
+    ROW_INT("server", "max_image_bytes", "20971520", 1024, 1073741824,
+            "Largest image accepted in a request (a data URL's decoded bytes, or a fetched URL's "
+            "body), in bytes"),
+    ROW_BOOL("server", "allow_remote_images", "false",
+             "Fetch http:// and https:// image URLs in chat messages; off = only data: URLs"),
+    ROW_FLOAT("server", "image_fetch_timeout", "10", 0.1, 600,
+              "Seconds a remote image fetch may take (allow_remote_images)"),
 
     ROW_BOOL("graph", "enabled", "true",
              "Capture decode steps as device graphs (e.g. CUDA graphs) and replay them"),

@@ -28,23 +28,11 @@ static kiln_status_t hal_st(kiln_hal_error_t *e, const char *what) {
 
 /* ---- the weight plan: which checkpoint tensors go where in the device buffer ------------- */
 
-typedef struct upload {
-  const kiln_weight_t *w;
-  uint64_t dst; /* byte offset in the weight buffer */
-} upload_t;
-
-typedef struct plan {
-  const char *path;
-  const kiln_weights_t *src;
-  int32_t dtype;
-  size_t es;
-  uint64_t size; /* bytes so far */
-  upload_t *ups;
-  size_t n, cap;
-} plan_t;
+typedef model_plan_t plan_t;
+typedef model_upload_t upload_t;
 
 /* Reserves room for a tensor of numel elements; returns its offset. */
-static uint64_t plan_reserve(plan_t *p, int64_t numel) {
+uint64_t model_plan_reserve(plan_t *p, int64_t numel) {
   uint64_t off = p->size;
   p->size = align_up(p->size + (uint64_t)numel * p->es);
   return off;
@@ -83,31 +71,36 @@ static kiln_status_t plan_missing(const plan_t *p, const char *name) {
                           (long long)files);
 }
 
-/* Finds name with the given shape (ndim 1 or 2) and schedules it at dst. A missing optional
- * tensor leaves *found false; a missing required one is an error. */
-static kiln_status_t plan_tensor(plan_t *p, const char *name, int64_t d0, int64_t d1, uint64_t dst,
-                                 bool required, bool *found) {
+kiln_status_t model_plan_tensor_nd(plan_t *p, const char *name, int ndim, const int64_t *shape,
+                                   uint64_t dst, bool required, bool *found) {
   const kiln_weight_t *w = kiln_weights_find(p->src, name);
   if (found) *found = w != NULL;
   if (!w) return required ? plan_missing(p, name) : NULL;
-  int64_t shape[2] = {d0, d1};
-  kiln_status_t st = kiln_weight_expect_shape(w, d1 > 0 ? 2 : 1, shape);
+  kiln_status_t st = kiln_weight_expect_shape(w, ndim, shape);
   if (st) return st;
   return plan_push(p, w, dst);
 }
 
-/* Plans a tensor that must be present; returns its offset through *out_off. */
-static kiln_status_t plan_one(plan_t *p, const char *name, int64_t d0, int64_t d1,
-                              uint64_t *out_off) {
-  *out_off = plan_reserve(p, d0 * (d1 > 0 ? d1 : 1));
+bool model_plan_has(const plan_t *p, const char *name) {
+  return kiln_weights_find(p->src, name) != NULL;
+}
+
+/* Finds name with the given shape (ndim 1 or 2) and schedules it at dst. A missing optional
+ * tensor leaves *found false; a missing required one is an error. */
+static kiln_status_t plan_tensor(plan_t *p, const char *name, int64_t d0, int64_t d1, uint64_t dst,
+                                 bool required, bool *found) {
+  int64_t shape[2] = {d0, d1};
+  return model_plan_tensor_nd(p, name, d1 > 0 ? 2 : 1, shape, dst, required, found);
+}
+
+kiln_status_t model_plan_one(plan_t *p, const char *name, int64_t d0, int64_t d1,
+                             uint64_t *out_off) {
+  *out_off = model_plan_reserve(p, d0 * (d1 > 0 ? d1 : 1));
   return plan_tensor(p, name, d0, d1, *out_off, true, NULL);
 }
 
-/* Plans the rows of several [rows_i, cols] tensors stacked into one (fused QKV, gate+up). When
- * optional, either all parts exist or none (a mix is an error); *out_off is MODEL_NO_TENSOR
- * when none do. */
-static kiln_status_t plan_fused(plan_t *p, int n, char names[][160], const int64_t *rows,
-                                int64_t cols, bool optional, uint64_t *out_off) {
+kiln_status_t model_plan_fused(plan_t *p, int n, char names[][160], const int64_t *rows,
+                               int64_t cols, bool optional, uint64_t *out_off) {
   int64_t total = 0;
   int present = 0;
   for (int i = 0; i < n; i++) {
@@ -118,7 +111,7 @@ static kiln_status_t plan_fused(plan_t *p, int n, char names[][160], const int64
     *out_off = MODEL_NO_TENSOR;
     return NULL;
   }
-  uint64_t off = plan_reserve(p, total * (cols > 0 ? cols : 1));
+  uint64_t off = model_plan_reserve(p, total * (cols > 0 ? cols : 1));
   *out_off = off;
   for (int i = 0; i < n; i++) {
     kiln_status_t st = plan_tensor(p, names[i], rows[i], cols, off, true, NULL);
@@ -133,64 +126,72 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   const int64_t QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
   kiln_status_t st;
-  if ((st = plan_one(p, "model.embed_tokens.weight", V, H, &m->embed)) ||
-      (st = plan_one(p, "model.norm.weight", H, 0, &m->final_norm)))
+  /* Vision-language checkpoints: the published files and transformers 5.17's save_pretrained
+   * name the decoder model.*; transformers 5's module tree (and files saved from it as is)
+   * model.language_model.*. */
+  const char *pre = "model";
+  if (c->vision.present && model_plan_has(p, "model.language_model.embed_tokens.weight"))
+    pre = "model.language_model";
+  char nm[3][160];
+  snprintf(nm[0], sizeof(nm[0]), "%s.embed_tokens.weight", pre);
+  snprintf(nm[1], sizeof(nm[1]), "%s.norm.weight", pre);
+  if ((st = model_plan_one(p, nm[0], V, H, &m->embed)) ||
+      (st = model_plan_one(p, nm[1], H, 0, &m->final_norm)))
     return st;
   if (c->tie_word_embeddings) {
     m->lm_head = m->embed;
-  } else if ((st = plan_one(p, "lm_head.weight", V, H, &m->lm_head))) {
+  } else if ((st = model_plan_one(p, "lm_head.weight", V, H, &m->lm_head))) {
     return st;
   }
-  char nm[3][160];
   for (int64_t l = 0; l < c->num_layers; l++) {
     model_layer_t *L = &m->layers[l];
-    const char *pre = "model.layers";
-#define NAME(i, fmt) snprintf(nm[i], sizeof(nm[i]), "%s.%lld." fmt, pre, (long long)l)
+#define NAME(i, fmt) snprintf(nm[i], sizeof(nm[i]), "%s.layers.%lld." fmt, pre, (long long)l)
     NAME(0, "input_layernorm.weight");
-    if ((st = plan_one(p, nm[0], H, 0, &L->in_norm))) return st;
+    if ((st = model_plan_one(p, nm[0], H, 0, &L->in_norm))) return st;
     NAME(0, "post_attention_layernorm.weight");
-    if ((st = plan_one(p, nm[0], H, 0, &L->post_norm))) return st;
+    if ((st = model_plan_one(p, nm[0], H, 0, &L->post_norm))) return st;
     const int64_t qkv_rows[3] = {QD, KD, KD};
     NAME(0, "self_attn.q_proj.weight");
     NAME(1, "self_attn.k_proj.weight");
     NAME(2, "self_attn.v_proj.weight");
-    if ((st = plan_fused(p, 3, nm, qkv_rows, H, false, &L->qkv_w))) return st;
+    if ((st = model_plan_fused(p, 3, nm, qkv_rows, H, false, &L->qkv_w))) return st;
     NAME(0, "self_attn.q_proj.bias");
     NAME(1, "self_attn.k_proj.bias");
     NAME(2, "self_attn.v_proj.bias");
-    if ((st = plan_fused(p, 3, nm, qkv_rows, 0, !c->qkv_bias, &L->qkv_b))) return st;
+    if ((st = model_plan_fused(p, 3, nm, qkv_rows, 0, !c->qkv_bias, &L->qkv_b))) return st;
     if (c->qkv_bias && L->qkv_b == MODEL_NO_TENSOR) return plan_missing(p, nm[0]);
     L->q_norm = L->k_norm = MODEL_NO_TENSOR;
     if (c->qk_norm) {
       NAME(0, "self_attn.q_norm.weight");
-      if ((st = plan_one(p, nm[0], c->head_dim, 0, &L->q_norm))) return st;
+      if ((st = model_plan_one(p, nm[0], c->head_dim, 0, &L->q_norm))) return st;
       NAME(0, "self_attn.k_norm.weight");
-      if ((st = plan_one(p, nm[0], c->head_dim, 0, &L->k_norm))) return st;
+      if ((st = model_plan_one(p, nm[0], c->head_dim, 0, &L->k_norm))) return st;
     }
     NAME(0, "self_attn.o_proj.weight");
-    if ((st = plan_one(p, nm[0], H, QD, &L->o_w))) return st;
+    if ((st = model_plan_one(p, nm[0], H, QD, &L->o_w))) return st;
     L->o_b = MODEL_NO_TENSOR;
     if (c->o_bias) {
       NAME(0, "self_attn.o_proj.bias");
-      if ((st = plan_one(p, nm[0], H, 0, &L->o_b))) return st;
+      if ((st = model_plan_one(p, nm[0], H, 0, &L->o_b))) return st;
     }
     const int64_t gu_rows[2] = {I, I};
     NAME(0, "mlp.gate_proj.weight");
     NAME(1, "mlp.up_proj.weight");
-    if ((st = plan_fused(p, 2, nm, gu_rows, H, false, &L->gu_w))) return st;
+    if ((st = model_plan_fused(p, 2, nm, gu_rows, H, false, &L->gu_w))) return st;
     L->gu_b = L->down_b = MODEL_NO_TENSOR;
     if (c->mlp_bias) {
       NAME(0, "mlp.gate_proj.bias");
       NAME(1, "mlp.up_proj.bias");
-      if ((st = plan_fused(p, 2, nm, gu_rows, 0, false, &L->gu_b))) return st;
+      if ((st = model_plan_fused(p, 2, nm, gu_rows, 0, false, &L->gu_b))) return st;
       NAME(0, "mlp.down_proj.bias");
-      if ((st = plan_one(p, nm[0], H, 0, &L->down_b))) return st;
+      if ((st = model_plan_one(p, nm[0], H, 0, &L->down_b))) return st;
     }
     NAME(0, "mlp.down_proj.weight");
-    if ((st = plan_one(p, nm[0], H, I, &L->down_w))) return st;
+    if ((st = model_plan_one(p, nm[0], H, I, &L->down_w))) return st;
 #undef NAME
     L->window = c->layer_sliding[l] ? c->sliding_window : 0;
   }
+  if (c->vision.present) return vision_plan(m, p);
   return NULL;
 }
 
@@ -421,6 +422,18 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   if ((st = hal_st(backend->copy_h2d(stream, m->rope, 0, table, rope_bytes), "rope table")) ||
       (st = hal_st(backend->stream_sync(stream), "rope table")))
     goto fail;
+  if (c->mrope) {
+    /* M-RoPE rows take their cos/sin from the same table, one frequency band per axis. */
+    m->rope_host = table;
+    table = NULL;
+    const uint64_t mt = (uint64_t)m->opt.max_tokens * (uint64_t)R * sizeof(float);
+    m->mrope_host = malloc(mt + (uint64_t)m->opt.max_tokens * 2 * sizeof(int32_t));
+    if (!m->mrope_host) {
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory for the M-RoPE staging");
+      goto fail;
+    }
+    if ((st = alloc_buf(m, mt, 0, "the M-RoPE table", &m->mrope_tab))) goto fail;
+  }
 
   /* Activations. */
   const int64_t TM = m->opt.max_tokens, H = c->hidden_size, I = c->intermediate_size;
@@ -455,6 +468,7 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   m->m_seq_lens = mo, mo += SM;
   m->m_qsl = mo, mo += SM + 1;
   m->m_rows = mo, mo += m->opt.max_logits;
+  m->m_pos2 = mo, mo += TM;
   m->m_bt = mo, mo += SM * m->opt.max_blocks_per_seq;
   m->meta_count = mo;
   if ((st = alloc_buf(m, (uint64_t)mo * 4, 0, "batch metadata", &m->meta))) goto fail;
@@ -516,6 +530,10 @@ void kiln_model_free(kiln_model_t *m) {
   if (m->meta) m->be->buffer_free(m->meta);
   if (m->meta_pinned) m->be->buffer_free(m->meta_pinned);
   if (m->meta_host_owned) free(m->meta_host);
+  if (m->mrope_tab) m->be->buffer_free(m->mrope_tab);
+  free(m->rope_host);
+  free(m->mrope_host);
+  vision_free(m);
   free(m->graph_sizes);
   free(m->layers);
   free(m);
@@ -524,6 +542,8 @@ void kiln_model_free(kiln_model_t *m) {
 const kiln_model_config_t *kiln_model_get_config(const kiln_model_t *m) { return &m->cfg; }
 int32_t kiln_model_dtype(const kiln_model_t *m) { return m->dtype; }
 int64_t kiln_model_max_len(const kiln_model_t *m) { return m->max_len; }
+bool kiln_model_has_mrope(const kiln_model_t *m) { return m->cfg.mrope; }
+bool kiln_model_has_vision(const kiln_model_t *m) { return m->vis != NULL; }
 uint64_t kiln_model_weight_bytes(const kiln_model_t *m) { return m->weight_bytes; }
 
 /* ---- KV cache ------------------------------------------------------------------------- */
@@ -673,6 +693,38 @@ static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cach
   for (int32_t i = 0; i < b->num_logits; i++)
     if (b->logits_rows[i] < 0 || b->logits_rows[i] >= T)
       return BAD("logits row %d is %d, want 0..%lld", i, b->logits_rows[i], (long long)T - 1);
+  if (b->mrope_positions) {
+    if (!m->cfg.mrope)
+      return BAD("M-RoPE positions given, but model %s has no M-RoPE", m->cfg.architecture);
+    static const char axis[3] = {'t', 'h', 'w'};
+    for (int64_t i = 0; i < 3 * T; i++) {
+      const int32_t v = b->mrope_positions[i];
+      if (v < 0 || v >= m->max_len)
+        return BAD("token %lld has M-RoPE %c position %d, want 0..%lld", (long long)(i % T),
+                   axis[i / T], v, (long long)m->max_len - 1);
+    }
+  }
+  if (b->num_embeds < 0 || b->num_embeds > T || (b->num_embeds > 0 && !b->embeds))
+    return BAD("%d embedding runs for %lld tokens", b->num_embeds, (long long)T);
+  int64_t end = 0;
+  for (int32_t i = 0; i < b->num_embeds; i++) {
+    const kiln_batch_embed_t *e = &b->embeds[i];
+    const kiln_hal_tensor_t *t = &e->src;
+    if (e->count < 1 || e->row < end || e->row > T - e->count)
+      return BAD(
+          "embedding run %d covers rows [%d, %lld): want runs of >= 1 row, ascending, not "
+          "overlapping, within %lld tokens",
+          i, e->row, (long long)e->row + e->count, (long long)T);
+    end = (int64_t)e->row + e->count;
+    if (!t->buffer || t->ndim != 2 || t->shape[1] != m->cfg.hidden_size || t->stride[1] != 1 ||
+        t->stride[0] < t->shape[1] ||
+        (t->dtype != KILN_HAL_F32 && t->dtype != KILN_HAL_F16 && t->dtype != KILN_HAL_BF16))
+      return BAD("embedding run %d: the source must be a float [N, %lld] row-major tensor", i,
+                 (long long)m->cfg.hidden_size);
+    if (e->first < 0 || e->first > t->shape[0] - e->count)
+      return BAD("embedding run %d reads source rows [%d, %lld) of %lld", i, e->first,
+                 (long long)e->first + e->count, (long long)t->shape[0]);
+  }
   *out_mq = mq;
   *out_ms = ms;
   return NULL;
@@ -712,8 +764,9 @@ static double now_s(void) {
 /* The graph slot for a batch that passed model_check_batch, or -1: run it eagerly. The graph
  * has a row for every sequence and every logits row (a row may be asked for twice). */
 static int32_t graph_slot(const kiln_model_t *m, const kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                          int32_t max_query_len) {
-  if (!kv->graphs || m->graphs_failed || max_query_len != 1 || b->num_tokens != b->num_seqs)
+                          int32_t max_query_len, int32_t mrope_rows) {
+  if (!kv->graphs || m->graphs_failed || max_query_len != 1 || b->num_tokens != b->num_seqs ||
+      mrope_rows > 0 || b->num_embeds > 0)
     return -1;
   const int32_t rows = b->num_logits > b->num_seqs ? b->num_logits : b->num_seqs;
   for (int32_t i = 0; i < m->num_graph_sizes; i++)
@@ -772,14 +825,14 @@ static void graphs_give_up(kiln_model_t *m, kiln_status_t st) {
 
 /* Stages batch b padded to P rows in m->meta_host; returns the bytes to upload. */
 static uint64_t graph_stage(kiln_model_t *m, const kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                            int32_t P) {
+                            const int32_t *rope_pos, int32_t P) {
   const int32_t S = b->num_seqs, R = b->num_logits, W = m->opt.max_blocks_per_seq;
   const int32_t MB = b->max_blocks_per_seq;
   int32_t *h = m->meta_host;
   int32_t *ids = h + m->m_ids, *pos = h + m->m_pos, *slots = h + m->m_slots;
   int32_t *lens = h + m->m_seq_lens, *qsl = h + m->m_qsl, *rows = h + m->m_rows, *bt = h + m->m_bt;
   memcpy(ids, b->token_ids, (size_t)S * 4);
-  memcpy(pos, b->positions, (size_t)S * 4);
+  memcpy(pos, rope_pos, (size_t)S * 4);
   memcpy(slots, b->slot_mapping, (size_t)S * 4);
   memcpy(lens, b->seq_lens, (size_t)S * 4);
   if (R) memcpy(rows, b->logits_rows, (size_t)R * 4);
@@ -804,7 +857,7 @@ static uint64_t graph_stage(kiln_model_t *m, const kiln_kv_cache_t *kv, const ki
 /* Runs a checked decode batch through graph slot i. *out_eager is set when the capture was
  * refused and the batch must run eagerly instead (nothing was enqueued then). */
 static kiln_status_t forward_graph(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                                   int32_t i, bool *out_eager) {
+                                   const int32_t *rope_pos, int32_t i, bool *out_eager) {
   *out_eager = false;
   if (!kv->graphs[i]) {
     kiln_status_t cst = graph_capture(m, kv, i);
@@ -815,7 +868,7 @@ static kiln_status_t forward_graph(kiln_model_t *m, kiln_kv_cache_t *kv, const k
     }
   }
   const int32_t P = m->graph_sizes[i];
-  uint64_t bytes = graph_stage(m, kv, b, P);
+  uint64_t bytes = graph_stage(m, kv, b, rope_pos, P);
   kiln_status_t st =
       hal_st(m->be->copy_h2d(m->stream, m->meta, 0, m->meta_host, bytes), "batch metadata");
   if (st) return st;
@@ -852,6 +905,40 @@ void kiln_model_graph_stats(const kiln_model_t *m, kiln_model_graph_stats_t *out
   *out = m->gstats;
 }
 
+/* The rotary positions of a batch with M-RoPE positions, staged after the model's M-RoPE
+ * table: [2T] int32, the first T the rows' positions in the normal rope table (-1 for a row
+ * whose t, h and w differ), the next T those rows' indices into m->mrope_tab (-1 for the
+ * others); their cos/sin rows are written to m->mrope_host. A row whose three positions are
+ * equal (every text token) is an ordinary rope row at that position: the sections then all
+ * read the same table row. */
+static const int32_t *mrope_stage(kiln_model_t *m, const kiln_batch_t *b, int32_t *out_rows) {
+  const int64_t T = b->num_tokens, R = m->cfg.rope.rotary_dim, half = R / 2;
+  const int32_t *pt = b->mrope_positions, *ph = pt + T, *pw = ph + T;
+  float *tab = m->mrope_host;
+  int32_t *pos = (int32_t *)(tab + (size_t)m->opt.max_tokens * (size_t)R), *pos2 = pos + T;
+  const int32_t s0 = m->cfg.mrope_section[0], s1 = s0 + m->cfg.mrope_section[1];
+  int32_t k = 0;
+  for (int64_t t = 0; t < T; t++) {
+    if (pt[t] == ph[t] && ph[t] == pw[t]) {
+      pos[t] = pt[t];
+      pos2[t] = -1;
+      continue;
+    }
+    pos[t] = -1;
+    pos2[t] = k;
+    float *row = tab + (size_t)k * (size_t)R;
+    for (int64_t i = 0; i < half; i++) {
+      const int32_t p = i < s0 ? pt[t] : i < s1 ? ph[t] : pw[t];
+      const float *src = m->rope_host + (size_t)p * (size_t)R;
+      row[i] = src[i];
+      row[half + i] = src[half + i];
+    }
+    k++;
+  }
+  *out_rows = k;
+  return pos;
+}
+
 kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b) {
   int32_t mq = 0, ms = 0;
   kiln_status_t st = model_check_batch(m, kv, b, &mq, &ms);
@@ -861,17 +948,26 @@ kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kil
     if ((st = hal_st(m->be->stream_sync(m->stream), "forward"))) return st;
     m->in_flight = false;
   }
-  int32_t gi = graph_slot(m, kv, b, mq);
+  const int64_t T = b->num_tokens, S = b->num_seqs;
+  int32_t mrope_rows = 0;
+  const int32_t *rope_pos = b->mrope_positions ? mrope_stage(m, b, &mrope_rows) : b->positions;
+  int32_t gi = graph_slot(m, kv, b, mq, mrope_rows);
   if (gi >= 0) {
     bool eager = false;
-    st = forward_graph(m, kv, b, gi, &eager);
+    st = forward_graph(m, kv, b, rope_pos, gi, &eager);
     if (!eager) return st;
   }
   m->gstats.eager_forwards++;
-  const int64_t T = b->num_tokens, S = b->num_seqs;
   int32_t *h = m->meta_host;
   memcpy(h + m->m_ids, b->token_ids, (size_t)T * 4);
-  memcpy(h + m->m_pos, b->positions, (size_t)T * 4);
+  memcpy(h + m->m_pos, rope_pos, (size_t)T * 4);
+  if (mrope_rows) {
+    memcpy(h + m->m_pos2, rope_pos + T, (size_t)T * 4);
+    const uint64_t tb = (uint64_t)mrope_rows * (uint64_t)m->cfg.rope.rotary_dim * sizeof(float);
+    if ((st = hal_st(m->be->copy_h2d(m->stream, m->mrope_tab, 0, m->mrope_host, tb),
+                     "M-RoPE table")))
+      return st;
+  }
   memcpy(h + m->m_slots, b->slot_mapping, (size_t)T * 4);
   memcpy(h + m->m_seq_lens, b->seq_lens, (size_t)S * 4);
   memcpy(h + m->m_qsl, b->query_start_loc, (size_t)(S + 1) * 4);
@@ -887,7 +983,10 @@ kiln_status_t kiln_model_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const kil
                     .bt_width = b->max_blocks_per_seq,
                     .max_query_len = mq,
                     .max_seq_len = ms,
-                    .gather = b->num_logits != b->num_tokens};
+                    .gather = b->num_logits != b->num_tokens,
+                    .num_mrope_rows = mrope_rows,
+                    .num_embeds = b->num_embeds,
+                    .embeds = b->embeds};
   for (int32_t i = 0; !p.gather && i < b->num_logits; i++) p.gather = b->logits_rows[i] != i;
   return llama_forward(m, kv, &p);
 }

@@ -81,6 +81,10 @@ const kiln_model_config_t *kiln_model_get_config(const kiln_model_t *m);
 int32_t kiln_model_dtype(const kiln_model_t *m);
 /* Longest sequence the model takes (rope rows, capped by max_model_len). */
 int64_t kiln_model_max_len(const kiln_model_t *m);
+/* Whether the model takes 3-D M-RoPE positions (Qwen2-VL) / has a vision tower
+ * (models/vision/vision.h). */
+bool kiln_model_has_mrope(const kiln_model_t *m);
+bool kiln_model_has_vision(const kiln_model_t *m);
 /* Device bytes held by the weights. */
 uint64_t kiln_model_weight_bytes(const kiln_model_t *m);
 
@@ -105,6 +109,16 @@ kiln_status_t kiln_kv_cache_copy_blocks(kiln_kv_cache_t *kv, const int32_t *src,
 
 /* ---- one forward pass -------------------------------------------------------------------- */
 
+/* A run of batch rows whose input embeddings are given instead of looked up (a vision encoder's
+ * output for an image's tokens): batch rows [row, row + count) take rows [first, first + count)
+ * of src, copied after the embedding lookup. src: [N, H] in any float dtype (converted to the
+ * serving dtype), row stride >= H, on the model's device; it must stay valid until the forward
+ * has run (the next stream sync). */
+typedef struct kiln_batch_embed {
+  int32_t row, count, first;
+  kiln_hal_tensor_t src;
+} kiln_batch_embed_t;
+
 typedef struct kiln_batch {
   int32_t num_tokens;             /* T */
   int32_t num_seqs;               /* S */
@@ -117,6 +131,13 @@ typedef struct kiln_batch {
   int32_t max_blocks_per_seq;
   int32_t num_logits;         /* R: rows of logits wanted (may be 0) */
   const int32_t *logits_rows; /* [R] indices into [0, T) */
+  /* Optional, zeroed = off. */
+  /* M-RoPE models only (kiln_model_has_mrope): each row's rotary (t, h, w) positions, [3 * T]
+   * (every row's t, then every row's h, then every row's w; see models/mrope.h). NULL: the
+   * rotary position is `positions`. `positions` stays the row's place in the KV cache. */
+  const int32_t *mrope_positions;
+  int32_t num_embeds;               /* E: runs of rows with given input embeddings */
+  const kiln_batch_embed_t *embeds; /* [E], by ascending row, not overlapping */
 } kiln_batch_t;
 
 /* Runs the model on one batch and leaves float32 logits [R, V] on the device (read them with

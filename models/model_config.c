@@ -29,11 +29,14 @@ static const struct {
     {"mistral", "MistralForCausalLM", KILN_ARCH_MISTRAL},
     {"qwen2", "Qwen2ForCausalLM", KILN_ARCH_QWEN2},
     {"qwen3", "Qwen3ForCausalLM", KILN_ARCH_QWEN3},
+    {"qwen2_vl", "Qwen2VLForConditionalGeneration", KILN_ARCH_QWEN2_VL},
+    {"qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", KILN_ARCH_QWEN2_5_VL},
 };
 #define N_ARCHS (sizeof(k_archs) / sizeof(k_archs[0]))
 #define SUPPORTED_ARCHS                                                                      \
   "llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 " \
-  "(Qwen3ForCausalLM)"
+  "(Qwen3ForCausalLM), qwen2_vl (Qwen2VLForConditionalGeneration), qwen2_5_vl "              \
+  "(Qwen2_5_VLForConditionalGeneration)"
 #define SUPPORTED_ROPE "default, linear, dynamic, llama3, yarn"
 
 const char *kiln_arch_name(int32_t arch) {
@@ -218,6 +221,10 @@ static int find_arch_by_name(const char *architecture) {
   for (size_t i = 0; i < N_ARCHS; i++)
     if (strcmp(k_archs[i].architecture, architecture) == 0) return (int)i;
   return -1;
+}
+
+static bool is_vl(const kiln_model_config_t *c) {
+  return c->arch == KILN_ARCH_QWEN2_VL || c->arch == KILN_ARCH_QWEN2_5_VL;
 }
 
 /* model_type and architectures[0]: both must name the same supported architecture. */
@@ -410,6 +417,32 @@ static kiln_status_t parse_rope(const kiln_json_t *root, const char *name, kiln_
   double rd = (double)c->head_dim * prf; /* Python's int(head_dim * partial_rotary_factor) */
   r->rotary_dim = rd < (double)INT32_MAX ? (int32_t)rd : INT32_MAX; /* validate() bounds it */
 
+  /* M-RoPE (Qwen2-VL): mrope_section in the rope object; its type "mrope" (published
+   * checkpoints) is plain default rope to transformers. */
+  bool mrope_type = false;
+  if (is_vl(c)) {
+    const char *sk = rkey(kb, sizeof(kb), pk, "mrope_section");
+    const kiln_json_t *sv = rp ? opt(rp, "mrope_section") : NULL;
+    if (!sv)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: %s: missing (model_type \"%s\" needs the M-RoPE sections)", name,
+                              rp ? sk : "rope_scaling.mrope_section", c->model_type);
+    if (!kiln_json_is(sv, KILN_JSON_ARRAY) || kiln_json_len(sv) != 3)
+      return bad_value(name, sk, "a list of 3 positive integers", sv);
+    for (size_t i = 0; i < 3; i++) {
+      int64_t x = 0;
+      char ek[128];
+      snprintf(ek, sizeof(ek), "%s[%zu]", sk, i);
+      if ((st = read_int(name, ek, kiln_json_at(sv, i), 1, KILN_ROPE_MAX_FREQS, &x))) return st;
+      c->mrope_section[i] = (int32_t)x;
+    }
+    c->mrope = true;
+    const kiln_json_t *tyv = rp ? opt(rp, "rope_type") : NULL;
+    if (!tyv && rp) tyv = opt(rp, "type");
+    mrope_type =
+        kiln_json_is(tyv, KILN_JSON_STRING) && strcmp(kiln_json_string(tyv, NULL), "mrope") == 0;
+  }
+
   /* The type: "rope_type", or "type" (older 4.x files); "default" when neither. */
   const char *type = "default";
   const char *type_key = rkey(kb, sizeof(kb), pk, "rope_type");
@@ -420,6 +453,12 @@ static kiln_status_t parse_rope(const kiln_json_t *root, const char *name, kiln_
       return bad_value(name, type_key, "a string", tyv);
     if (tyv) type = kiln_json_string(tyv, NULL);
   }
+  if (mrope_type) type = "default";
+  if (is_vl(c) && strcmp(type, "default") != 0)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: %s: \"%s\" with M-RoPE is not supported (supported: default, "
+                            "mrope)",
+                            name, type_key, type);
   if (strcmp(type, "default") == 0)
     r->kind = KILN_ROPE_DEFAULT;
   else if (strcmp(type, "linear") == 0)
@@ -513,6 +552,33 @@ static kiln_status_t parse_sliding(const kiln_json_t *root, const char *name,
   int64_t window = 0; /* 0 = no window configured (None) */
   const kiln_json_t *wv = opt(root, "sliding_window");
   bool use = true;
+  if (is_vl(c)) {
+    /* Qwen2-VL's text model: sliding windows only with use_sliding_window, which the eager and
+     * SDPA paths ignore; Kiln refuses it rather than pick one meaning. */
+    use = false;
+    if ((st = opt_bool(root, name, "use_sliding_window", &use))) return st;
+    if (use)
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "%s: use_sliding_window: true is not supported for model_type \"%s\"",
+                              name, c->model_type);
+    const kiln_json_t *lt = opt(root, "layer_types");
+    if (lt && !kiln_json_is(lt, KILN_JSON_ARRAY))
+      return bad_value(name, "layer_types", "a list", lt);
+    for (size_t i = 0; lt && i < kiln_json_len(lt); i++) {
+      const kiln_json_t *e = kiln_json_at(lt, i);
+      if (!kiln_json_is(e, KILN_JSON_STRING) || strcmp(kiln_json_string(e, NULL), "full_attention"))
+        return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                                "%s: layer_types[%zu]: only \"full_attention\" is supported for "
+                                "model_type \"%s\"",
+                                name, i, c->model_type);
+    }
+    if (lt && (int64_t)kiln_json_len(lt) != c->num_layers)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: layer_types: has %zu entries, want num_hidden_layers = %lld",
+                              name, kiln_json_len(lt), (long long)c->num_layers);
+    c->sliding_window = 0;
+    return NULL;
+  }
   if (c->arch == KILN_ARCH_QWEN2 || c->arch == KILN_ARCH_QWEN3) {
     /* Qwen2Config/Qwen3Config: sliding_window = sliding_window if use_sliding_window else None
      * (sliding_window defaults to 4096, use_sliding_window to false). */
@@ -592,6 +658,180 @@ static kiln_status_t parse_sliding(const kiln_json_t *root, const char *name,
   return NULL;
 }
 
+/* ---- vision-language models (Qwen2-VL, Qwen2.5-VL) ------------------------------------- */
+
+/* A required token id of the top-level config (the vision special tokens). */
+static kiln_status_t req_token(const kiln_json_t *root, const char *name, const char *key,
+                               int32_t *out) {
+  const kiln_json_t *v = opt(root, key);
+  if (!v)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: %s: missing (want a token id)", name,
+                            key);
+  kiln_status_t st = read_token_id(name, key, v, out);
+  if (!st && *out < 0) st = bad_value(name, key, "a token id >= 0", v);
+  return st;
+}
+
+/* An optional positive integer of vision_config, named "vision_config.<key>" in messages. */
+static kiln_status_t vis_int(const kiln_json_t *vc, const char *name, const char *key,
+                             int64_t *out) {
+  char k[96];
+  snprintf(k, sizeof(k), "vision_config.%s", key);
+  const kiln_json_t *v = opt(vc, key);
+  return v ? read_int(name, k, v, 1, INT32_MAX, out) : NULL;
+}
+
+static kiln_status_t vis_num(const kiln_json_t *vc, const char *name, const char *key,
+                             double *out) {
+  char k[96];
+  snprintf(k, sizeof(k), "vision_config.%s", key);
+  const kiln_json_t *v = opt(vc, key);
+  return v ? read_num(name, k, v, out) : NULL;
+}
+
+/* vision_config, with Qwen2VLVisionConfig's / Qwen2_5_VLVisionConfig's defaults. */
+static kiln_status_t parse_vision(const kiln_json_t *root, const char *name,
+                                  kiln_model_config_t *c) {
+  kiln_vision_config_t *vc = &c->vision;
+  kiln_status_t st = NULL;
+  const kiln_json_t *v = opt(root, "vision_config");
+  if (!v)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: vision_config: missing (model_type \"%s\" has a vision tower)",
+                            name, c->model_type);
+  if (!kiln_json_is(v, KILN_JSON_OBJECT)) return bad_value(name, "vision_config", "an object", v);
+  const bool v25 = c->arch == KILN_ARCH_QWEN2_5_VL;
+  vc->present = true;
+  vc->depth = 32;
+  vc->num_heads = 16;
+  vc->in_channels = 3;
+  vc->patch_size = 14;
+  vc->temporal_patch_size = 2;
+  vc->spatial_merge_size = 2;
+  const char *act = v25 ? "silu" : "quick_gelu";
+  if ((st = vis_int(v, name, "depth", &vc->depth)) ||
+      (st = vis_int(v, name, "num_heads", &vc->num_heads)) ||
+      (st = vis_int(v, name, "in_channels", &vc->in_channels)) ||
+      (st = vis_int(v, name, "patch_size", &vc->patch_size)) ||
+      (st = vis_int(v, name, "temporal_patch_size", &vc->temporal_patch_size)) ||
+      (st = vis_int(v, name, "spatial_merge_size", &vc->spatial_merge_size)) ||
+      (st = opt_str(v, name, "hidden_act", &act)))
+    return st;
+  if (v25) {
+    vc->embed_dim = 3584;
+    vc->intermediate_size = 3420;
+    vc->out_hidden_size = 3584;
+    vc->window_size = 112;
+    vc->tokens_per_second = 4;
+    vc->gated_mlp = true;
+    if ((st = vis_int(v, name, "hidden_size", &vc->embed_dim)) ||
+        (st = vis_int(v, name, "intermediate_size", &vc->intermediate_size)) ||
+        (st = vis_int(v, name, "out_hidden_size", &vc->out_hidden_size)) ||
+        (st = vis_int(v, name, "window_size", &vc->window_size)) ||
+        (st = vis_num(v, name, "tokens_per_second", &vc->tokens_per_second)))
+      return st;
+    const kiln_json_t *fv = kiln_json_get(v, "fullatt_block_indexes");
+    if (!fv) {
+      static const int32_t def[4] = {7, 15, 23, 31};
+      vc->num_fullatt = 4;
+      memcpy(vc->fullatt_blocks, def, sizeof(def));
+    } else if (!kiln_json_is(fv, KILN_JSON_ARRAY) || kiln_json_len(fv) > KILN_MODEL_MAX_LAYERS) {
+      return bad_value(name, "vision_config.fullatt_block_indexes", "a list of block indexes", fv);
+    } else {
+      vc->num_fullatt = (int32_t)kiln_json_len(fv);
+      for (int32_t i = 0; i < vc->num_fullatt; i++) {
+        int64_t x = 0;
+        char k[96];
+        snprintf(k, sizeof(k), "vision_config.fullatt_block_indexes[%d]", i);
+        if ((st = read_int(name, k, kiln_json_at(fv, (size_t)i), 0, vc->depth - 1, &x))) return st;
+        vc->fullatt_blocks[i] = (int32_t)x;
+      }
+    }
+  } else {
+    vc->embed_dim = 1280;
+    vc->out_hidden_size = 3584;
+    double ratio = 4;
+    if ((st = vis_int(v, name, "embed_dim", &vc->embed_dim)) ||
+        (st = vis_int(v, name, "hidden_size", &vc->out_hidden_size)) ||
+        (st = vis_num(v, name, "mlp_ratio", &ratio)))
+      return st;
+    double w = (double)vc->embed_dim * ratio; /* Python's int(embed_dim * mlp_ratio) */
+    if (!(ratio > 0) || !(w >= 1) || w > (double)INT32_MAX)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: vision_config.mlp_ratio: %g gives an MLP of %g", name, ratio, w);
+    vc->intermediate_size = (int64_t)w;
+  }
+  /* The 2-D rotary: transformers 5 writes rope_parameters {rope_type: axial, rope_theta}. */
+  vc->rope_theta = 10000.0;
+  const kiln_json_t *rp = opt(v, "rope_parameters");
+  if (rp) {
+    if (!kiln_json_is(rp, KILN_JSON_OBJECT))
+      return bad_value(name, "vision_config.rope_parameters", "an object", rp);
+    const char *rt = NULL;
+    const kiln_json_t *rtv = opt(rp, "rope_type");
+    if (rtv && !kiln_json_is(rtv, KILN_JSON_STRING))
+      return bad_value(name, "vision_config.rope_parameters.rope_type", "a string", rtv);
+    if (rtv) rt = kiln_json_string(rtv, NULL);
+    if (rt && strcmp(rt, "axial") != 0 && strcmp(rt, "default") != 0)
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "%s: vision_config.rope_parameters.rope_type: \"%s\" is not "
+                              "supported (supported: axial, default)",
+                              name, rt);
+    const kiln_json_t *tv = opt(rp, "rope_theta");
+    if (tv &&
+        (st = read_num(name, "vision_config.rope_parameters.rope_theta", tv, &vc->rope_theta)))
+      return st;
+  } else if ((st = vis_num(v, name, "rope_theta", &vc->rope_theta))) {
+    return st;
+  }
+  if (!(vc->rope_theta > 0) || !isfinite(vc->rope_theta))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: vision_config rope_theta: want a positive number, got %g", name,
+                            vc->rope_theta);
+  if (strcmp(act, "quick_gelu") == 0)
+    vc->hidden_act = KILN_HAL_ACT_QUICK_GELU;
+  else if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0)
+    vc->hidden_act = KILN_HAL_ACT_SILU;
+  else if (strcmp(act, "gelu") == 0)
+    vc->hidden_act = KILN_HAL_ACT_GELU;
+  else if (strcmp(act, "gelu_pytorch_tanh") == 0 || strcmp(act, "gelu_new") == 0)
+    vc->hidden_act = KILN_HAL_ACT_GELU_TANH;
+  else
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: vision_config.hidden_act: \"%s\" is not supported (supported: "
+                            "quick_gelu, silu, gelu, gelu_pytorch_tanh)",
+                            name, act);
+  if (vc->depth > KILN_MODEL_MAX_LAYERS)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED, "%s: vision_config.depth: %lld is more than %d",
+                            name, (long long)vc->depth, KILN_MODEL_MAX_LAYERS);
+  if (vc->embed_dim % vc->num_heads || (vc->embed_dim / vc->num_heads) % 4)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: vision_config: %lld wide with %lld heads: the head dim must be a "
+                            "multiple of 4 (its 2-D rotary splits it in quarters)",
+                            name, (long long)vc->embed_dim, (long long)vc->num_heads);
+  if (vc->in_channels != 3)
+    return kiln_status_make(
+        KILN_ERR_UNSUPPORTED,
+        "%s: vision_config.in_channels: %lld (only RGB images, 3, are supported)", name,
+        (long long)vc->in_channels);
+  if (vc->out_hidden_size != c->hidden_size)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: vision_config.%s: %lld, but the text hidden_size is %lld", name,
+                            v25 ? "out_hidden_size" : "hidden_size", (long long)vc->out_hidden_size,
+                            (long long)c->hidden_size);
+  if (v25 && vc->window_size % (vc->patch_size * vc->spatial_merge_size))
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: vision_config.window_size: %lld is not a multiple of patch_size * "
+                            "spatial_merge_size (%lld)",
+                            name, (long long)vc->window_size,
+                            (long long)(vc->patch_size * vc->spatial_merge_size));
+  if (!(vc->tokens_per_second >= 0) || !isfinite(vc->tokens_per_second))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: vision_config.tokens_per_second: want a number >= 0, got %g", name,
+                            vc->tokens_per_second);
+  return NULL;
+}
+
 /* ---- the public functions -------------------------------------------------------------- */
 
 kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
@@ -604,6 +844,33 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
     return bad_value(name, "(top level)", "an object", root);
   if ((st = parse_arch(root, name, c))) return st;
   if ((st = refuse_unsupported(root, name))) return st;
+  c->image_token_id = c->video_token_id = c->vision_start_token_id = c->vision_end_token_id = -1;
+
+  /* Vision-language checkpoints keep the text model's keys in "text_config" (transformers 5)
+   * or at the top level (the published files); the vision tower in "vision_config". */
+  const kiln_json_t *top = root;
+  if (is_vl(c)) {
+    const kiln_json_t *tc = opt(root, "text_config");
+    if (tc && !kiln_json_is(tc, KILN_JSON_OBJECT))
+      return bad_value(name, "text_config", "an object", tc);
+    if (tc && kiln_json_len(tc) > 0) {
+      if ((st = refuse_unsupported(tc, name))) return st;
+      /* tie_word_embeddings at both levels must agree: which one transformers reads has moved. */
+      const kiln_json_t *a = opt(tc, "tie_word_embeddings"), *b = opt(root, "tie_word_embeddings");
+      if (a && b && kiln_json_is(a, KILN_JSON_BOOL) && kiln_json_is(b, KILN_JSON_BOOL) &&
+          kiln_json_bool(a) != kiln_json_bool(b))
+        return kiln_status_make(
+            KILN_ERR_INVALID_ARGUMENT,
+            "%s: tie_word_embeddings: %s at the top level but %s in text_config", name,
+            kiln_json_bool(b) ? "true" : "false", kiln_json_bool(a) ? "true" : "false");
+      root = tc;
+    }
+    if ((st = req_token(top, name, "image_token_id", &c->image_token_id)) ||
+        (st = req_token(top, name, "video_token_id", &c->video_token_id)) ||
+        (st = req_token(top, name, "vision_start_token_id", &c->vision_start_token_id)) ||
+        (st = req_token(top, name, "vision_end_token_id", &c->vision_end_token_id)))
+      return st;
+  }
 
   if ((st = req_pos_int(root, name, "vocab_size", &c->vocab_size)) ||
       (st = req_pos_int(root, name, "hidden_size", &c->hidden_size)) ||
@@ -622,10 +889,19 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
   c->head_dim = c->hidden_size / c->num_heads;
   if (c->arch == KILN_ARCH_QWEN3 && !kiln_json_get(root, "head_dim")) c->head_dim = 128;
   if ((st = opt_pos_int(root, name, "head_dim", &c->head_dim))) return st;
+  if (is_vl(c) && (c->head_dim * c->num_heads != c->hidden_size))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: hidden_size %lld is not num_attention_heads %lld x head_dim %lld "
+                            "(Qwen2-VL's attention needs head_dim = hidden_size / heads)",
+                            name, (long long)c->hidden_size, (long long)c->num_heads,
+                            (long long)c->head_dim);
 
   c->rms_norm_eps = 1e-6;
   if ((st = opt_num(root, name, "rms_norm_eps", &c->rms_norm_eps))) return st;
   if ((st = opt_bool(root, name, "tie_word_embeddings", &c->tie_word_embeddings))) return st;
+  if (root != top && !opt(root, "tie_word_embeddings") &&
+      (st = opt_bool(top, name, "tie_word_embeddings", &c->tie_word_embeddings)))
+    return st;
 
   /* Biases, as each transformers architecture builds its projections. */
   bool attention_bias = false, mlp_bias = false;
@@ -638,28 +914,38 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
       break;
     case KILN_ARCH_MISTRAL: /* every projection bias=False */ break;
     case KILN_ARCH_QWEN2: /* q/k/v bias=True, o bias=False */ c->qkv_bias = true; break;
+    case KILN_ARCH_QWEN2_VL:
+    case KILN_ARCH_QWEN2_5_VL: /* as Qwen2 */ c->qkv_bias = true; break;
     case KILN_ARCH_QWEN3: /* q/k/v/o bias=attention_bias; q_norm/k_norm */
       c->qkv_bias = c->o_bias = attention_bias;
       c->qk_norm = true;
       break;
   }
   if ((st = parse_act(root, name, &c->hidden_act))) return st;
-  if ((st = parse_dtype(root, name, &c->dtype))) return st;
+  if ((st =
+           parse_dtype(opt(top, "dtype") || opt(top, "torch_dtype") ? top : root, name, &c->dtype)))
+    return st;
   if ((st = parse_sliding(root, name, c))) return st;
   if ((st = parse_rope(root, name, c))) return st;
+  if (is_vl(c) && (st = parse_vision(top, name, c))) return st;
 
   /* Token ids; when a key is absent, the architecture's config class default. */
   bool llama_like = c->arch == KILN_ARCH_LLAMA || c->arch == KILN_ARCH_MISTRAL;
   c->bos_token_id = llama_like ? 1 : -1;
   c->pad_token_id = -1;
   const kiln_json_t *v;
-  if ((v = kiln_json_get(root, "bos_token_id")) &&
+  /* A vision-language config may keep these at the top level only. */
+  static const char *const id_keys[] = {"bos_token_id", "pad_token_id", "eos_token_id"};
+  const kiln_json_t *ids_src[3] = {root, root, root};
+  for (int i = 0; i < 3 && top != root; i++)
+    if (!kiln_json_get(root, id_keys[i]) && kiln_json_get(top, id_keys[i])) ids_src[i] = top;
+  if ((v = kiln_json_get(ids_src[0], "bos_token_id")) &&
       (st = read_token_id(name, "bos_token_id", v, &c->bos_token_id)))
     return st;
-  if ((v = kiln_json_get(root, "pad_token_id")) &&
+  if ((v = kiln_json_get(ids_src[1], "pad_token_id")) &&
       (st = read_token_id(name, "pad_token_id", v, &c->pad_token_id)))
     return st;
-  if ((v = kiln_json_get(root, "eos_token_id"))) {
+  if ((v = kiln_json_get(ids_src[2], "eos_token_id"))) {
     if ((st = read_eos(name, v, c->eos_token_ids, &c->num_eos))) return st;
   } else if (llama_like) {
     c->eos_token_ids[c->num_eos++] = 2;
@@ -828,7 +1114,7 @@ static kiln_status_t validate_rope(const kiln_model_config_t *c, const char *nam
 
 kiln_status_t kiln_model_config_validate(const kiln_model_config_t *c, const char *name) {
   if (!name) name = "model config";
-  if (c->arch < KILN_ARCH_LLAMA || c->arch > KILN_ARCH_QWEN3)
+  if (c->arch < KILN_ARCH_LLAMA || c->arch > KILN_ARCH_QWEN2_5_VL)
     FAIL("%s: arch: %d is not a supported architecture", name, c->arch);
   const struct {
     const char *key;
@@ -872,6 +1158,15 @@ kiln_status_t kiln_model_config_validate(const kiln_model_config_t *c, const cha
            c->sliding_window);
   kiln_status_t st = validate_rope(c, name);
   if (st) return st;
+  if (c->mrope) {
+    int64_t sum = (int64_t)c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2];
+    if (c->mrope_section[0] < 0 || c->mrope_section[1] < 0 || c->mrope_section[2] < 0 ||
+        sum != c->rope.rotary_dim / 2)
+      FAIL("%s: mrope_section: [%d, %d, %d] must sum to rotary_dim / 2 = %d", name,
+           c->mrope_section[0], c->mrope_section[1], c->mrope_section[2], c->rope.rotary_dim / 2);
+    if (c->rope.style != KILN_HAL_ROPE_NEOX || c->rope.kind != KILN_ROPE_DEFAULT)
+      FAIL("%s: M-RoPE needs default neox rope", name);
+  }
   if (c->num_eos < 0 || c->num_eos > KILN_MODEL_MAX_EOS)
     FAIL("%s: eos_token_id: %d ids, at most %d", name, c->num_eos, KILN_MODEL_MAX_EOS);
   for (int32_t i = 0; i < c->num_eos; i++)

@@ -27,6 +27,9 @@ typedef enum kiln_arch {
   KILN_ARCH_MISTRAL = 1, /* MistralForCausalLM, "mistral" */
   KILN_ARCH_QWEN2 = 2,   /* Qwen2ForCausalLM, "qwen2" */
   KILN_ARCH_QWEN3 = 3,   /* Qwen3ForCausalLM, "qwen3" */
+  /* Vision-language: a Qwen2 decoder with M-RoPE, plus a vision tower (kiln_vision_config_t) */
+  KILN_ARCH_QWEN2_VL = 4,   /* Qwen2VLForConditionalGeneration, "qwen2_vl" */
+  KILN_ARCH_QWEN2_5_VL = 5, /* Qwen2_5_VLForConditionalGeneration, "qwen2_5_vl" */
 } kiln_arch_t;
 
 typedef enum kiln_rope_kind {
@@ -56,9 +59,31 @@ typedef struct kiln_rope_config {
   float freq_factors[KILN_ROPE_MAX_FREQS];
 } kiln_rope_config_t;
 
+/* The vision tower of a Qwen2-VL / Qwen2.5-VL checkpoint ("vision_config"). */
+typedef struct kiln_vision_config {
+  bool present;
+  int64_t depth;             /* blocks */
+  int64_t embed_dim;         /* qwen2_vl embed_dim; qwen2_5_vl hidden_size */
+  int64_t num_heads;         /* head_dim = embed_dim / num_heads, a multiple of 4 */
+  int64_t intermediate_size; /* MLP width: int(embed_dim * mlp_ratio) (2-VL) or intermediate_size */
+  int64_t out_hidden_size;   /* merger output = the text hidden_size (2-VL hidden_size, 2.5
+                                out_hidden_size) */
+  int64_t in_channels;       /* 3 */
+  int64_t patch_size;        /* 14 */
+  int64_t temporal_patch_size; /* 2 */
+  int64_t spatial_merge_size;  /* 2 */
+  int32_t hidden_act;          /* KILN_HAL_ACT_QUICK_GELU (2-VL) / _SILU (2.5, gated) ... */
+  bool gated_mlp;           /* 2.5: gate/up/down with biases, RMSNorm; 2-VL: fc1/fc2, LayerNorm */
+  int64_t window_size;      /* 2.5: in pixels (112); 0 = no windowed blocks */
+  double tokens_per_second; /* 2.5 (videos only) */
+  double rope_theta;   /* the 2-D rotary base: rope_parameters.rope_theta (transformers 5), 10000 */
+  int32_t num_fullatt; /* 2.5 fullatt_block_indexes */
+  int32_t fullatt_blocks[KILN_MODEL_MAX_LAYERS];
+} kiln_vision_config_t;
+
 typedef struct kiln_model_config {
   char architecture[64]; /* "LlamaForCausalLM" (GGUF: derived from general.architecture) */
-  char model_type[32];   /* "llama", "mistral", "qwen2", "qwen3" */
+  char model_type[32];   /* "llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl" */
   int32_t arch;          /* kiln_arch_t */
 
   int64_t vocab_size;
@@ -82,6 +107,15 @@ typedef struct kiln_model_config {
   uint8_t layer_sliding[KILN_MODEL_MAX_LAYERS]; /* 1 = this layer uses sliding_window */
 
   kiln_rope_config_t rope;
+
+  /* M-RoPE (Qwen2-VL): rotary frequency i < mrope_section[0] takes the temporal position,
+   * then mrope_section[1] the height, mrope_section[2] the width; the three sum to
+   * rotary_dim / 2. mrope false for text-only architectures. */
+  bool mrope;
+  int32_t mrope_section[3];
+  kiln_vision_config_t vision;
+  /* Vision special tokens from config.json (-1 when the model has none). */
+  int32_t image_token_id, video_token_id, vision_start_token_id, vision_end_token_id;
 
   int32_t dtype; /* the checkpoint's torch_dtype / dtype as a KILN_HAL_* float dtype;
                     KILN_HAL_F32 when absent */

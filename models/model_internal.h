@@ -3,6 +3,7 @@
 #ifndef KILN_MODELS_MODEL_INTERNAL_H
 #define KILN_MODELS_MODEL_INTERNAL_H
 
+#include "models/loader/weights.h"
 #include "models/model.h"
 
 #define MODEL_NO_TENSOR UINT64_MAX /* an absent optional weight (a bias, a q/k norm) */
@@ -58,6 +59,18 @@ struct kiln_model {
   int64_t m_ids, m_pos, m_slots, m_seq_lens, m_qsl, m_bt, m_rows;
   bool in_flight; /* a forward's metadata copy may still read meta_host */
 
+  /* The vision tower, NULL for text-only models (models/vision/vision.c). */
+  struct kiln_vision *vis;
+
+  /* M-RoPE (cfg.mrope): rows whose (t, h, w) positions differ get a second rope call with a
+   * per-forward table of just those rows (mrope_tab [max_tokens, R] F32, staged in
+   * mrope_host), built from rope_host, a host copy of the rope table. m_pos2 indexes it (-1:
+   * the row is not one of them). */
+  float *rope_host;
+  float *mrope_host;
+  kiln_hal_buffer_t *mrope_tab;
+  int64_t m_pos2;
+
   /* Decode graphs (model.c, "Decode graphs"). graph_sizes is NULL when the model has none. */
   int32_t *graph_sizes; /* [num_graph_sizes] ascending padded batch sizes */
   int32_t num_graph_sizes;
@@ -77,6 +90,45 @@ struct kiln_kv_cache {
   kiln_hal_graph_t **graphs; /* [m->num_graph_sizes], NULL until captured; NULL: no graphs */
 };
 
+/* ---- the weight plan (model.c): checkpoint tensors scheduled into the weight buffer ------ */
+
+typedef struct model_upload {
+  const kiln_weight_t *w;
+  uint64_t dst; /* byte offset in the weight buffer */
+} model_upload_t;
+
+typedef struct model_plan {
+  const char *path;
+  const kiln_weights_t *src;
+  int32_t dtype;
+  size_t es;
+  uint64_t size; /* bytes so far */
+  model_upload_t *ups;
+  size_t n, cap;
+} model_plan_t;
+
+/* Reserves room for a tensor of numel elements; returns its offset. */
+uint64_t model_plan_reserve(model_plan_t *p, int64_t numel);
+/* Whether the checkpoint has a tensor of that name. */
+bool model_plan_has(const model_plan_t *p, const char *name);
+/* Finds name with exactly this shape and schedules it at dst. A missing optional tensor leaves
+ * *found false; a missing required one is an error naming it. */
+kiln_status_t model_plan_tensor_nd(model_plan_t *p, const char *name, int ndim,
+                                   const int64_t *shape, uint64_t dst, bool required, bool *found);
+/* Reserves and plans a required [d0] (d1 == 0) or [d0, d1] tensor; its offset in *out_off. */
+kiln_status_t model_plan_one(model_plan_t *p, const char *name, int64_t d0, int64_t d1,
+                             uint64_t *out_off);
+/* The rows of several [rows_i, cols] tensors stacked into one (fused QKV, gate+up; cols 0 for
+ * vectors). When optional, either all parts exist or none (a mix is an error); *out_off is
+ * MODEL_NO_TENSOR when none do. */
+kiln_status_t model_plan_fused(model_plan_t *p, int n, char names[][160], const int64_t *rows,
+                               int64_t cols, bool optional, uint64_t *out_off);
+
+/* The vision tower (models/vision/vision.c): plans its weights after the decoder's, and frees
+ * what it allocated (its scratch buffers) with the model. */
+kiln_status_t vision_plan(kiln_model_t *m, model_plan_t *p);
+void vision_free(kiln_model_t *m);
+
 /* One pass of the forward, as llama_forward sees it: sizes only; the contents are in m->meta. */
 typedef struct model_pass {
   int32_t num_tokens; /* T rows of activations */
@@ -84,7 +136,10 @@ typedef struct model_pass {
   int32_t num_logits; /* R rows of logits (0: none) */
   int32_t bt_width;   /* elements per block-table row in m->meta */
   int32_t max_query_len, max_seq_len;
-  bool gather; /* logits rows come through m->m_rows; false: they are rows 0..R-1 */
+  bool gather;            /* logits rows come through m->m_rows; false: they are rows 0..R-1 */
+  int32_t num_mrope_rows; /* rows of m->mrope_tab this pass uses (0: no second rope) */
+  int32_t num_embeds;     /* embedding overrides (kiln_batch_t.embeds), eager only */
+  const kiln_batch_embed_t *embeds;
 } model_pass_t;
 
 /* The forward pass of models/llama/llama.c, after the batch passed model_check_batch() and

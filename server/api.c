@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "server/api.h"
 
+#include "base/base64.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,6 +16,9 @@ void kiln_api_limits_default(kiln_api_limits_t *l) {
   l->max_stop = 16;
   l->max_logprobs = 20;
   l->vocab_size = INT32_MAX;
+  l->max_images = 8;
+  l->max_image_bytes = (size_t)20 << 20;
+  l->allow_remote_images = false;
 }
 
 void kiln_api_error_set(kiln_api_error_t *err, int status, const char *type, const char *param,
@@ -182,10 +187,110 @@ static bool parse_prompts(const kiln_json_t *root, kiln_api_request_t *r,
   return true;
 }
 
-/* messages: [{"role": str, "content": str | null | [{"type": "text", "text": str}, ...], ...}].
- * Content-part lists are joined into one string (text parts separated by "\n", as vLLM does
- * for templates that expect string content); other members pass through unchanged. */
-static bool parse_messages(const kiln_json_t *root, kiln_api_request_t *r, kiln_api_error_t *err) {
+/* An image_url part of messages[i].content[j]: a data URL (decoded now) or, when allowed, an
+ * http(s) URL for the server to fetch; appended to r->images. */
+static bool parse_image_part(const kiln_json_t *part, size_t i, size_t j, kiln_api_request_t *r,
+                             const kiln_api_limits_t *l, kiln_api_error_t *err) {
+  if (l->max_images <= 0)
+    return BAD("messages",
+               "messages[%zu].content[%zu]: content of type 'image_url' is not supported by this "
+               "model (text only)",
+               i, j);
+  if (r->num_images >= l->max_images)
+    return BAD("messages",
+               "messages[%zu].content[%zu]: more than %d images in the request ([model] "
+               "max_images_per_prompt)",
+               i, j, l->max_images);
+  const kiln_json_t *iu = kiln_json_get(part, "image_url");
+  const kiln_json_t *u = kiln_json_is(iu, KILN_JSON_STRING) ? iu : kiln_json_get(iu, "url");
+  size_t ul = 0;
+  const char *url = kiln_json_string(u, &ul);
+  if (!url)
+    return BAD("messages",
+               "messages[%zu].content[%zu].image_url: must be an object with a string \"url\"", i,
+               j);
+  kiln_api_image_t im = {.message = (int32_t)i, .part = (int32_t)j};
+  if (ul >= 5 && !strncmp(url, "data:", 5)) {
+    const char *comma = memchr(url, ',', ul);
+    if (!comma)
+      return BAD("messages", "messages[%zu].content[%zu]: a data URL needs a ',' before its data",
+                 i, j);
+    size_t hl = (size_t)(comma - url); /* "data:image/png;base64" */
+    const char *mt = url + 5;
+    size_t ml = 0;
+    while (5 + ml < hl && mt[ml] != ';') ml++;
+    bool b64 = hl >= 7 && !strncmp(url + hl - 7, ";base64", 7);
+    static const char *const types[] = {"image/png", "image/jpeg", "image/jpg", "image/webp"};
+    bool known = false;
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++)
+      known |= ml == strlen(types[k]) && !strncmp(mt, types[k], ml);
+    if (!known)
+      return BAD("messages",
+                 "messages[%zu].content[%zu]: unsupported image type '%.*s' in the data URL "
+                 "(image/png, image/jpeg and image/webp are supported)",
+                 i, j, (int)(ml > 64 ? 64 : ml), mt);
+    if (!b64)
+      return BAD("messages",
+                 "messages[%zu].content[%zu]: the data URL must be base64 (data:%.*s;base64,...)",
+                 i, j, (int)(ml > 64 ? 64 : ml), mt);
+    const char *b = comma + 1;
+    size_t bl = ul - hl - 1;
+    if (bl / 4 * 3 > l->max_image_bytes + 3)
+      return BAD("messages",
+                 "messages[%zu].content[%zu]: the image is over the limit of %zu bytes ([server] "
+                 "max_image_bytes)",
+                 i, j, l->max_image_bytes);
+    int64_t at = -1;
+    if (!kiln_base64_decode(b, bl, &im.data, &im.size, &at)) {
+      if (at < 0) return OOM();
+      return BAD("messages",
+                 "messages[%zu].content[%zu]: the data URL is not valid base64 (at character "
+                 "%lld of its data)",
+                 i, j, (long long)at);
+    }
+    if (im.size == 0) {
+      free(im.data);
+      return BAD("messages", "messages[%zu].content[%zu]: the data URL holds no image data", i, j);
+    }
+    if (im.size > l->max_image_bytes) {
+      free(im.data);
+      return BAD("messages",
+                 "messages[%zu].content[%zu]: the image is over the limit of %zu bytes ([server] "
+                 "max_image_bytes)",
+                 i, j, l->max_image_bytes);
+    }
+  } else if ((ul > 7 && !strncmp(url, "http://", 7)) || (ul > 8 && !strncmp(url, "https://", 8))) {
+    if (!l->allow_remote_images)
+      return BAD("messages",
+                 "messages[%zu].content[%zu]: image URLs are not fetched by this server ([server] "
+                 "allow_remote_images is off): send the image as a data URL",
+                 i, j);
+    if (memchr(url, '\0', ul) || !(im.url = dup_n(url, ul))) return OOM();
+  } else {
+    return BAD("messages",
+               "messages[%zu].content[%zu].image_url.url: must be a data: URL "
+               "(data:image/png;base64,...) or an http(s):// URL",
+               i, j);
+  }
+  kiln_api_image_t *grown = realloc(r->images, (size_t)(r->num_images + 1) * sizeof(*grown));
+  if (!grown) {
+    free(im.data);
+    free(im.url);
+    return OOM();
+  }
+  r->images = grown;
+  r->images[r->num_images++] = im;
+  return true;
+}
+
+/* messages: [{"role": str, "content": str | null | [{"type": "text", "text": str} |
+ * {"type": "image_url", "image_url": {"url": str}}, ...], ...}]. Text-only content-part lists
+ * are joined into one string (text parts separated by "\n", as vLLM does for templates that
+ * expect string content); a list with images stays a list, each image becoming {"type":
+ * "image"} (its bytes go to r->images) so the chat template writes its placeholder there;
+ * other members pass through unchanged. */
+static bool parse_messages(const kiln_json_t *root, kiln_api_request_t *r,
+                           const kiln_api_limits_t *limits, kiln_api_error_t *err) {
   const kiln_json_t *m = kiln_json_get(root, "messages");
   if (absent(m)) return BAD("messages", "messages: is required");
   if (!kiln_json_is(m, KILN_JSON_ARRAY))
@@ -223,6 +328,12 @@ static bool parse_messages(const kiln_json_t *root, kiln_api_request_t *r, kiln_
       if (kl == 7 && !memcmp(key, "content", 7) && kiln_json_is(val, KILN_JSON_ARRAY)) {
         kiln_strbuf_t text = KILN_STRBUF_INIT;
         size_t np = kiln_json_len(val);
+        bool images = false;
+        for (size_t j = 0; j < np; j++) {
+          const char *type = kiln_json_string(kiln_json_get(kiln_json_at(val, j), "type"), NULL);
+          images |= type && !strcmp(type, "image_url");
+        }
+        if (images) kiln_strbuf_append_char(&text, '[');
         for (size_t j = 0; j < np; j++) {
           const kiln_json_t *part = kiln_json_at(val, j);
           const char *type = kiln_json_string(kiln_json_get(part, "type"), NULL);
@@ -233,6 +344,15 @@ static bool parse_messages(const kiln_json_t *root, kiln_api_request_t *r, kiln_
             kiln_strbuf_free(&sb);
             return BAD("messages", "messages[%zu].content[%zu]: must be an object with a \"type\"",
                        i, j);
+          }
+          if (!strcmp(type, "image_url")) {
+            if (!parse_image_part(part, i, j, r, limits, err)) {
+              kiln_strbuf_free(&text);
+              kiln_strbuf_free(&sb);
+              return false;
+            }
+            kiln_strbuf_append_str(&text, j ? ", {\"type\": \"image\"}" : "{\"type\": \"image\"}");
+            continue;
           }
           if (strcmp(type, "text") != 0) {
             kiln_strbuf_free(&text);
@@ -247,10 +367,22 @@ static bool parse_messages(const kiln_json_t *root, kiln_api_request_t *r, kiln_
             kiln_strbuf_free(&sb);
             return BAD("messages", "messages[%zu].content[%zu].text: must be a string", i, j);
           }
+          if (images) {
+            if (j) kiln_strbuf_append_str(&text, ", ");
+            kiln_strbuf_append_str(&text, "{\"type\": \"text\", \"text\": ");
+            kiln_json_write_string(&text, t, tl, false);
+            kiln_strbuf_append_char(&text, '}');
+            continue;
+          }
           if (j) kiln_strbuf_append_char(&text, '\n');
           kiln_strbuf_append(&text, t, tl);
         }
-        kiln_json_write_string(&sb, kiln_strbuf_cstr(&text), text.len, false);
+        if (images) {
+          kiln_strbuf_append_char(&text, ']');
+          kiln_strbuf_append(&sb, kiln_strbuf_cstr(&text), text.len);
+        } else {
+          kiln_json_write_string(&sb, kiln_strbuf_cstr(&text), text.len, false);
+        }
         bool ok = kiln_strbuf_ok(&text);
         kiln_strbuf_free(&text);
         if (!ok) {
@@ -547,7 +679,7 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
     case KILN_API_CHAT:
       r->sp.max_tokens = -1; /* the rest of the context */
       r->add_special_tokens = false;
-      if (!parse_messages(root, r, err) || !parse_sampling(root, r, limits, err) ||
+      if (!parse_messages(root, r, limits, err) || !parse_sampling(root, r, limits, err) ||
           !parse_logprobs(root, r, limits, err) ||
           !get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err) ||
           !get_bool(root, "add_special_tokens", &r->add_special_tokens, err) ||
@@ -567,7 +699,7 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
     case KILN_API_TOKENIZE:
       if (!absent(kiln_json_get(root, "messages"))) {
         r->add_special_tokens = false;
-        if (!parse_messages(root, r, err) ||
+        if (!parse_messages(root, r, limits, err) ||
             !get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err) ||
             !write_member(root, "tools", KILN_JSON_ARRAY, &r->tools_json, &r->tools_len, err) ||
             !write_member(root, "chat_template_kwargs", KILN_JSON_OBJECT, &r->template_kwargs_json,
@@ -618,6 +750,11 @@ void kiln_api_request_free(kiln_api_request_t *r) {
   free(r->messages_json);
   free(r->tools_json);
   free(r->template_kwargs_json);
+  for (int32_t i = 0; i < r->num_images; i++) {
+    free(r->images[i].data);
+    free(r->images[i].url);
+  }
+  free(r->images);
   free(r->tokens);
   for (int32_t i = 0; i < r->num_stop; i++) free(r->stop[i]);
   free(r->stop);

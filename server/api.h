@@ -52,7 +52,19 @@ typedef struct kiln_api_limits {
   int32_t max_stop;     /* most stop strings */
   int32_t max_logprobs; /* top logprobs, at most 20 */
   int32_t vocab_size;   /* logit_bias / stop_token_ids / prompt ids must be below it */
+  int32_t max_images;   /* image parts per request; 0 = the model takes text only */
+  size_t max_image_bytes;   /* a data URL's decoded bytes at most */
+  bool allow_remote_images; /* http(s):// image URLs are accepted (to be fetched) */
 } kiln_api_limits_t;
+
+/* One image of a chat request, from an {"type": "image_url", "image_url": {"url": ...}} part of
+ * messages[message].content[part]: a data URL's decoded bytes, or an http(s) URL to fetch. */
+typedef struct kiln_api_image {
+  int32_t message, part;
+  unsigned char *data; /* owned; NULL for a remote URL */
+  size_t size;
+  char *url; /* owned; NULL for a data URL */
+} kiln_api_image_t;
 
 typedef struct kiln_api_request {
   kiln_api_kind_t kind;
@@ -75,6 +87,10 @@ typedef struct kiln_api_request {
   char *template_kwargs_json;
   size_t template_kwargs_len;
   bool add_generation_prompt;
+  /* chat: the images of the messages, in order (the messages' JSON holds {"type": "image"}
+   * parts where they were, so the template writes one image placeholder for each) */
+  kiln_api_image_t *images;
+  int32_t num_images;
   bool add_special_tokens; /* tokenize the text prompt with the tokenizer's BOS etc. */
   /* logprobs: completions' integer logprobs k (-1 = none); chat's logprobs + top_logprobs */
   bool chat_logprobs;
@@ -91,6 +107,8 @@ typedef struct kiln_api_request {
   float *bias_values;
 } kiln_api_request_t;
 
+/* The defaults: 256 sequences and prompts, 16 stop strings, 20 logprobs, any vocabulary, 8
+ * images of at most 20 MiB each, no remote images. */
 void kiln_api_limits_default(kiln_api_limits_t *l);
 
 /* Parses a request body of the given kind. Returns true with *out_req set (owned), or false

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "server/server.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -539,6 +540,96 @@ static void submit_error(kiln_status_t st, const char *param, kiln_api_error_t *
     kiln_api_error_set(err, 500, "server_error", NULL, "%s", kiln_status_message(st));
 }
 
+/* ---- images ---------------------------------------------------------------------------------- */
+
+typedef struct fetch_buf {
+  unsigned char *data;
+  size_t len, cap, max;
+  bool over;
+} fetch_buf_t;
+
+static size_t fetch_write(char *ptr, size_t size, size_t nmemb, void *user) {
+  fetch_buf_t *b = user;
+  size_t n = size * nmemb;
+  if (b->len + n > b->max) {
+    b->over = true;
+    return 0; /* aborts the transfer */
+  }
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 65536;
+    while (cap < b->len + n) cap *= 2;
+    if (cap > b->max) cap = b->max;
+    unsigned char *g = realloc(b->data, cap);
+    if (!g) return 0;
+    b->data = g;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, ptr, n);
+  b->len += n;
+  return n;
+}
+
+/* Fetches an http(s) image URL into im->data under the server's size and time limits. */
+static bool fetch_image(kiln_server_t *s, kiln_api_image_t *im, kiln_api_error_t *err) {
+  CURL *c = curl_easy_init();
+  if (!c) {
+    kiln_api_error_set(err, 500, "server_error", NULL, "out of memory");
+    return false;
+  }
+  fetch_buf_t b = {.max = s->opt.max_image_bytes};
+  char eb[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(c, CURLOPT_URL, im->url);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 3L);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(s->opt.image_fetch_timeout * 1000.0));
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, fetch_write);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, eb);
+  CURLcode rc = curl_easy_perform(c);
+  curl_easy_cleanup(c);
+  if (b.over) {
+    free(b.data);
+    kiln_api_error_set(err, 400, "invalid_request_error", "messages",
+                       "messages[%d].content[%d]: the image at the URL is over the limit of %zu "
+                       "bytes ([server] max_image_bytes)",
+                       im->message, im->part, s->opt.max_image_bytes);
+    return false;
+  }
+  if (rc != CURLE_OK || b.len == 0) {
+    free(b.data);
+    kiln_api_error_set(err, 400, "invalid_request_error", "messages",
+                       "messages[%d].content[%d]: fetching the image URL failed: %s", im->message,
+                       im->part,
+                       rc != CURLE_OK ? (eb[0] ? eb : curl_easy_strerror(rc)) : "an empty body");
+    return false;
+  }
+  im->data = b.data;
+  im->size = b.len;
+  return true;
+}
+
+/* An engine refusal of a chat request with images: one that names an image ("image I: ...")
+ * names the message part it came from instead. */
+static void image_submit_error(kiln_status_t st, const kiln_api_request_t *r,
+                               kiln_api_error_t *err) {
+  const char *msg = kiln_status_message(st);
+  int idx = -1, used = 0;
+  if (sscanf(msg, "image %d: %n", &idx, &used) == 1 && used > 0 && idx >= 0 &&
+      idx < r->num_images) {
+    int code = kiln_status_code(st);
+    bool client = code == KILN_ERR_INVALID_ARGUMENT || code == KILN_ERR_UNSUPPORTED;
+    kiln_api_error_set(err, client ? 400 : 500, client ? "invalid_request_error" : "server_error",
+                       "messages", "messages[%d].content[%d]: %s", r->images[idx].message,
+                       r->images[idx].part, msg + used);
+    return;
+  }
+  submit_error(st, "messages", err);
+}
+
 /* Tokenizes the prompts (or renders and tokenizes the chat) into prompt ids, checks the
  * context, and submits one engine request per prompt. */
 static bool job_submit(job_t *j, kiln_api_error_t *err) {
@@ -641,6 +732,27 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
       return false;
     }
   }
+  kiln_image_input_t *imgs = NULL;
+  if (r->num_images > 0) {
+    if (kiln_engine_max_images(j->eng) <= 0) { /* the parser knew; this is a safety net */
+      kiln_api_error_set(err, 400, "invalid_request_error", "messages",
+                         "messages[%d].content[%d]: content of type 'image_url' is not supported "
+                         "by this model (text only)",
+                         r->images[0].message, r->images[0].part);
+      return false;
+    }
+    for (int32_t k = 0; k < r->num_images; k++)
+      if (!r->images[k].data && r->images[k].url && !fetch_image(j->s, &r->images[k], err))
+        return false;
+    if (!(imgs = calloc((size_t)(uint32_t)r->num_images, sizeof(*imgs)))) {
+      kiln_api_error_set(err, 500, "server_error", NULL, "out of memory");
+      return false;
+    }
+    for (int32_t k = 0; k < r->num_images; k++) {
+      imgs[k].data = r->images[k].data;
+      imgs[k].size = r->images[k].size;
+    }
+  }
   for (int32_t i = 0; i < np; i++) {
     kiln_request_desc_t d;
     memset(&d, 0, sizeof(d));
@@ -650,14 +762,21 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
     d.params = &r->sp;
     d.user = j;
     d.on_queued = job_notify;
+    d.images = imgs;
+    d.num_images = imgs ? r->num_images : 0;
     kiln_status_t st = kiln_engine_submit(j->eng, &d, &j->kreq[i]);
     if (st) {
-      submit_error(st, param, err);
+      free(imgs);
+      if (d.num_images)
+        image_submit_error(st, r, err);
+      else
+        submit_error(st, param, err);
       kiln_status_free(st);
       job_cancel_all(j); /* job_free releases what was submitted */
       return false;
     }
   }
+  free(imgs); /* the engine copied the images */
   return true;
 }
 
@@ -834,8 +953,12 @@ static enum MHD_Result serve_get(struct MHD_Connection *c, kiln_server_t *s, rou
                          (long long)s->created);
       const char *root = info.model_path ? info.model_path : s->model_name;
       kiln_json_write_string(&sb, root, strlen(root), false);
-      kiln_strbuf_printf(&sb, ", \"parent\": null, \"max_model_len\": %lld}]}",
-                         (long long)info.max_model_len);
+      int32_t mi = eng ? kiln_engine_max_images(eng) : 0;
+      kiln_strbuf_printf(&sb,
+                         ", \"parent\": null, \"max_model_len\": %lld, \"input_modalities\": "
+                         "%s, \"max_images_per_prompt\": %d}]}",
+                         (long long)info.max_model_len,
+                         mi > 0 ? "[\"text\", \"image\"]" : "[\"text\"]", mi);
       return respond_json(c, s, 200, &sb);
     }
     case R_METRICS: {
@@ -858,6 +981,11 @@ static enum MHD_Result serve_tokenize(struct MHD_Connection *c, kiln_server_t *s
   kiln_engine_info_t info;
   kiln_engine_get_info(eng, &info);
   lim.vocab_size = info.vocab_size;
+  /* image parts as chat takes them (the count is of the rendered prompt: one placeholder per
+   * image) */
+  lim.max_images = kiln_engine_max_images(eng);
+  lim.max_image_bytes = s->opt.max_image_bytes;
+  lim.allow_remote_images = s->opt.allow_remote_images; /* accepted, not fetched */
   kiln_api_request_t *r = NULL;
   kiln_api_error_t err;
   if (!kiln_api_parse(route == R_TOKENIZE ? KILN_API_TOKENIZE : KILN_API_DETOKENIZE,
@@ -926,6 +1054,9 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, kiln_server_t *s
   kiln_engine_get_info(eng, &info);
   lim.vocab_size = info.vocab_size;
   lim.max_n = info.max_num_seqs;
+  lim.max_images = kiln_engine_max_images(eng);
+  lim.max_image_bytes = s->opt.max_image_bytes;
+  lim.allow_remote_images = s->opt.allow_remote_images;
   kiln_api_request_t *r = NULL;
   kiln_api_error_t err;
   const kiln_api_kind_t kind = cn->route == R_CHAT ? KILN_API_CHAT : KILN_API_COMPLETIONS;
@@ -1143,6 +1274,9 @@ kiln_status_t kiln_server_start(const kiln_server_options_t *opt, kiln_server_t 
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "server: out of memory");
   }
   if (!s->opt.max_body_bytes) s->opt.max_body_bytes = 32u << 20;
+  if (!s->opt.max_image_bytes) s->opt.max_image_bytes = (size_t)20 << 20;
+  if (!(s->opt.image_fetch_timeout > 0)) s->opt.image_fetch_timeout = 10;
+  if (s->opt.allow_remote_images) curl_global_init(CURL_GLOBAL_DEFAULT); /* before any thread */
 
   char port[16];
   snprintf(port, sizeof(port), "%d", opt->port);

@@ -45,6 +45,9 @@ typedef struct kiln_server_options {
   const char *model_name;  /* the served name (the "model" field) */
   const char *version;     /* for /version */
   int max_connections;     /* concurrent connections (threads); 0 = 1024 */
+  size_t max_image_bytes;  /* an image's bytes at most (data URL or fetched); 0 = 20 MiB */
+  bool allow_remote_images;   /* fetch http(s):// image URLs (libcurl) */
+  double image_fetch_timeout; /* seconds per fetch; 0 = 10 */
 } kiln_server_options_t;
 
 /* Binds and starts serving (/health answers 503 until kiln_server_attach). Errors name the

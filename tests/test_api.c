@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "base/base64.h"
 #include "base/json.h"
 #include "server/api.h"
 
@@ -234,6 +235,109 @@ static void test_messages_normalized(void **state) {
   kiln_api_request_free(r);
 }
 
+/* image_url parts: decoded data URLs in r->images (with their message and part), {"type":
+ * "image"} left in their place; every bad URL refused naming the part. */
+static void test_image_parts(void **state) {
+  (void)state;
+  kiln_api_request_t *r =
+      parse_ok(KILN_API_CHAT,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"user\", "
+               "\"content\": "
+               "[{\"type\": \"text\", \"text\": \"look\"}, {\"type\": \"image_url\", "
+               "\"image_url\": {\"url\": "
+               "\"data:image/png;base64,aGVsbG8=\"}}, {\"type\": \"image_url\", \"image_url\": "
+               "\"data:image/jpeg;base64,aGk\"}]}]}");
+  assert_int_equal(r->num_images, 2);
+  assert_int_equal(r->images[0].message, 1);
+  assert_int_equal(r->images[0].part, 1);
+  assert_int_equal(r->images[0].size, 5);
+  assert_memory_equal(r->images[0].data, "hello", 5);
+  assert_int_equal(r->images[1].part, 2);
+  assert_int_equal(r->images[1].size, 2);
+  assert_memory_equal(r->images[1].data, "hi", 2);
+  kiln_json_doc_t *doc = NULL;
+  assert_null(kiln_json_parse(r->messages_json, r->messages_len, "messages", &doc));
+  const kiln_json_t *c = kiln_json_get(kiln_json_at(kiln_json_root(doc), 1), "content");
+  assert_int_equal(kiln_json_len(c), 3);
+  assert_string_equal(kiln_json_string(kiln_json_get(kiln_json_at(c, 0), "text"), NULL), "look");
+  assert_string_equal(kiln_json_string(kiln_json_get(kiln_json_at(c, 1), "type"), NULL), "image");
+  assert_null(kiln_json_get(kiln_json_at(c, 1), "image_url")); /* the bytes are not in the JSON */
+  assert_string_equal(kiln_json_string(kiln_json_get(kiln_json_at(c, 2), "type"), NULL), "image");
+  kiln_json_doc_free(doc);
+  kiln_api_request_free(r);
+#define IMG(url)                                                                  \
+  "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", " \
+  "\"image_url\": {\"url\": \"" url "\"}}]}]}"
+  parse_bad(KILN_API_CHAT, IMG("data:image/png;base64,aGV*bG8="), 400, "messages",
+            "messages[0].content[0]: the data URL is not valid base64 (at character 3");
+  parse_bad(KILN_API_CHAT, IMG("data:image/png;base64,aGVsb"), 400, "messages", "not valid base64");
+  parse_bad(KILN_API_CHAT, IMG("data:image/png;base64,"), 400, "messages", "holds no image data");
+  parse_bad(KILN_API_CHAT, IMG("data:image/bmp;base64,aGk="), 400, "messages",
+            "unsupported image type 'image/bmp'");
+  parse_bad(KILN_API_CHAT, IMG("data:image/png,aGk="), 400, "messages", "must be base64");
+  parse_bad(KILN_API_CHAT, IMG("https://example.com/a.png"), 400, "messages",
+            "messages[0].content[0]: image URLs are not fetched by this server");
+  parse_bad(KILN_API_CHAT, IMG("file:///etc/passwd"), 400, "messages", "must be a data: URL");
+#undef IMG
+  /* limits: a text-only model, the count, the size; remote URLs when allowed */
+  kiln_api_limits_t l = limits();
+  kiln_api_error_t err;
+  const char *two =
+      "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+      "\"image_url\": {\"url\": \"data:image/png;base64,aGk=\"}}, {\"type\": \"image_url\", "
+      "\"image_url\": {\"url\": \"http://127.0.0.1/x.png\"}}]}]}";
+  l.max_images = 0;
+  assert_false(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
+  assert_non_null(strstr(err.message,
+                         "messages[0].content[0]: content of type 'image_url' is not "
+                         "supported by this model (text only)"));
+  l.max_images = 1;
+  assert_false(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
+  assert_non_null(strstr(err.message, "messages[0].content[1]: more than 1 images"));
+  l.max_images = 2;
+  l.max_image_bytes = 1;
+  assert_false(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
+  assert_non_null(
+      strstr(err.message, "messages[0].content[0]: the image is over the limit of 1 bytes"));
+  l.max_image_bytes = 100;
+  l.allow_remote_images = true;
+  assert_true(kiln_api_parse(KILN_API_CHAT, two, strlen(two), &l, &r, &err));
+  assert_int_equal(r->num_images, 2);
+  assert_string_equal(r->images[1].url, "http://127.0.0.1/x.png");
+  assert_null(r->images[1].data);
+  kiln_api_request_free(r);
+}
+
+/* base64 against known encodings, with and without padding, and its errors. */
+static void test_base64(void **state) {
+  (void)state;
+  static const char *const plain[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
+  static const char *const enc[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};
+  for (int i = 0; i < 7; i++) {
+    for (int pad = 0; pad < 2; pad++) {
+      size_t n = strlen(enc[i]);
+      while (!pad && n && enc[i][n - 1] == '=') n--;
+      unsigned char *out = NULL;
+      size_t len = 99;
+      int64_t at = 0;
+      assert_true(kiln_base64_decode(enc[i], n, &out, &len, &at));
+      assert_int_equal(len, strlen(plain[i]));
+      if (len) assert_memory_equal(out, plain[i], len);
+      free(out);
+    }
+  }
+  unsigned char *out = NULL;
+  size_t len = 0;
+  int64_t at = 0;
+  assert_false(kiln_base64_decode("Zm9v-mFy", 8, &out, &len, &at));
+  assert_int_equal(at, 4);
+  assert_false(kiln_base64_decode("Zm9vY", 5, &out, &len, &at)); /* 1 char past a group */
+  assert_int_equal(at, 5);
+  assert_false(kiln_base64_decode("Zm9v=mFy", 8, &out, &len, &at)); /* padding inside */
+  assert_int_equal(at, 4);
+  assert_null(out);
+}
+
 static kiln_json_doc_t *parse_json(const char *text, size_t len) {
   kiln_json_doc_t *doc = NULL;
   kiln_status_t st = kiln_json_parse(text, len, "out", &doc);
@@ -404,6 +508,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_completion_defaults), cmocka_unit_test(test_every_field),
       cmocka_unit_test(test_field_errors),        cmocka_unit_test(test_messages_normalized),
+      cmocka_unit_test(test_image_parts),         cmocka_unit_test(test_base64),
       cmocka_unit_test(test_write_completion),    cmocka_unit_test(test_write_chat_stream),
       cmocka_unit_test(test_write_error),
   };

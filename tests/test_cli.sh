@@ -74,10 +74,10 @@ declare -A want_opts=(
   [tokenize]="--tokenizer --special --json"
   [detokenize]="--tokenizer --skip-special"
   [template]="--tokenizer --messages --add-generation-prompt --template"
-  [score]="--model --ids --out --dtype --chunk"
+  [score]="--model --ids --out --dtype --chunk --image"
   [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
-    --max-in-flight"
+    --max-in-flight --image --messages"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup

@@ -9,7 +9,9 @@
 #       logged by the server, and the numbers are printed (docs/perf.md has a reference run).
 # Every server must exit 0 on SIGTERM, with no sanitizer report on its stderr (an ASan build runs
 # the same script). Servers are always killed on the way out.
-# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load]
+#   images: image input (tests/server/images.mjs) on the tiny Qwen2-VL fixture, data URLs and
+#       remote URLs from a local HTTP server.
+# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images]
 # Env: KILN_NPM_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/kiln/npm-server),
 #      KILN_LOAD_RATE (requests/s, default 30), KILN_LOAD_PROMPTS (default 60 s worth),
 #      KILN_TEST_SEED (disconnect.mjs's random schedule).
@@ -279,8 +281,33 @@ EOF
   echo "test_server_load: passed"
 }
 
+# ---- images ------------------------------------------------------------------------------------
+
+# Image input on the tiny Qwen2-VL fixture, made servable (a tokenizer and chat template) by
+# tests/server/make_vl_model.py; a text-only server for the refusal.
+run_images() {
+  npm_setup
+  local model="$TMP/vl-tiny"
+  python3 "$TESTS/make_vl_model.py" "$SRC/tests/fixtures/models/qwen2_vl" "$model" ||
+    fail "make_vl_model.py failed"
+  local vlset=(--set "model.path=$model" --set model.dtype=float32 --set cache.num_blocks=512)
+  start_server vl "${vlset[@]}" --set model.max_images_per_prompt=2
+  start_server remote "${vlset[@]}" --set server.allow_remote_images=true \
+    --set server.max_image_bytes=60000 --set server.image_fetch_timeout=1
+  start_server text
+  local vl remote text
+  vl=$(wait_ready vl)
+  remote=$(wait_ready remote)
+  text=$(wait_ready text)
+  run_node images.mjs KILN_URL_VL="$vl" KILN_URL_REMOTE="$remote" KILN_URL_TEXT="$text" \
+    KILN_IMAGES="$SRC/tests/fixtures/models/qwen2_vl/images" KILN_DATA_IMAGES="$SRC/tests/data/images"
+  for name in vl remote text; do stop_server "$name"; done
+  echo "test_server_images: all passed"
+}
+
 case "$MODE" in
 api) run_api ;;
 load) run_load ;;
-*) fail "unknown mode '$MODE' (api or load)" ;;
+images) run_images ;;
+*) fail "unknown mode '$MODE' (api, load or images)" ;;
 esac

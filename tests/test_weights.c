@@ -629,7 +629,7 @@ static void test_file_errors(void **state) {
       {"[2, 3]", 48, 72, "truncated"}, /* beyond the data region */
       {"[2, -3]", 24, 48, "shape"},
       {"[2, 3.5]", 24, 48, "shape"},
-      {"[1, 1, 1, 1, 6]", 24, 48, "5 dimensions"},
+      {"[1, 1, 1, 1, 1, 6]", 24, 48, "6 dimensions"},
       {"\"x\"", 24, 48, "shape"},
       {"[4611686018427387904, 4]", 24, 48, "model.w"},
       {"[2, 3]", -5, 19, "data_offsets"},

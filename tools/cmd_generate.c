@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_images.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "base/strbuf.h"
@@ -40,6 +41,8 @@ typedef struct gen_args {
   double temperature, top_p, min_p;
   bool has_seed, ignore_eos, json, help;
   kiln_opt_list_t stop; /* --stop values (borrowed from argv) */
+  kiln_opt_list_t images; /* --image paths (borrowed from argv) */
+  const char *messages;   /* --messages FILE.json */
 } gen_args_t;
 
 /* A growable token-id list. */
@@ -78,12 +81,21 @@ typedef struct gen_job {
 
 static const char gen_usage[] =
     "usage: kiln generate [--model DIR|FILE.gguf] (--ids 1,2,3 | --prompt TEXT) [options]\n"
+    "       kiln generate [--model DIR] --image PATH [--image PATH2...] --prompt TEXT "
+    "[options]\n"
+    "       kiln generate [--model DIR] --messages CHAT.json [options]\n"
     "       kiln generate [--model DIR|FILE.gguf] --input REQUESTS.jsonl [--output "
     "RESULTS.jsonl] [options]\n"
     "\n"
     "One request: prints the prompt, then the continuation as it is generated (token ids\n"
     "when the model has no tokenizer); with --json, one JSON object at the end: prompt_ids,\n"
     "token_ids, text, finish_reason, usage, time_to_first_token_s, total_time_s.\n"
+    "\n"
+    "Images (vision-language models): --image files with --prompt are one user message, the\n"
+    "images then the text, rendered with the model's chat template; --messages takes\n"
+    "OpenAI-style messages whose image_url parts hold data: URLs or file paths. With --ids,\n"
+    "each --image takes one image placeholder id of the ids. prompt_ids are the rendered\n"
+    "prompt's (one placeholder per image); usage.prompt_tokens counts the image tokens.\n"
     "\n"
     "Batch (--input): each non-blank line is one JSON request: \"prompt\" (text) or\n"
     "\"prompt_ids\" (token ids), plus any of max_tokens, min_tokens, temperature, top_p,\n"
@@ -123,6 +135,10 @@ static const kiln_opt_t gen_rows[] = {
     KILN_OPT_FLAG("--ignore-eos", gen_args_t, ignore_eos, "keep going past end-of-sequence tokens"),
     KILN_OPT_INT("--logprobs", "K", gen_args_t, logprobs, 0, 20,
                  "the sampled token's logprob and the top K, [0, 20] (JSON output)"),
+    KILN_OPT_LIST("--image", "PATH", gen_args_t, images,
+                  "one request: an image (PNG, JPEG, WebP) for the prompt (repeatable)"),
+    KILN_OPT_STRING("--messages", "FILE.json", gen_args_t, messages,
+                    "one request: an OpenAI-style chat (image_url parts: data: URLs or\npaths)"),
     KILN_OPT_FLAG("--json", gen_args_t, json, "one request: print one JSON object"),
     KILN_OPT_INT("--chunk", "N", gen_args_t, chunk, 0, 1 << 24,
                  "one request: most prompt tokens per step\n(engine.max_num_batched_tokens)"),
@@ -152,6 +168,9 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   if (a->dtype && (st = kiln_cli_dtype(a->dtype, &dtype)))
     return kiln_status_annotate(st, "%s", cmd);
   if (a->input) {
+    if (a->images.n || a->messages)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: --image and --messages are for one request, not --input", cmd);
     if (a->ids || a->prompt)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                               "%s: --input runs the requests of a JSONL file; --ids and --prompt "
@@ -166,6 +185,14 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   if (a->output)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: --output goes with --input FILE.jsonl",
                             cmd);
+  if (a->messages) {
+    if (a->ids || a->prompt || a->images.n)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: --messages holds the whole chat, images included: no --ids, "
+                              "--prompt or --image with it",
+                              cmd);
+    return NULL;
+  }
   if ((a->ids != NULL) == (a->prompt != NULL))
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: give exactly one of --ids 1,2,3 and --prompt TEXT (or --input "
@@ -424,19 +451,40 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
   gen_job_t *j = NULL;
   kiln_engine_info_t info;
   memset(&info, 0, sizeof(info));
+  kiln_cli_images_t imgs;
+  memset(&imgs, 0, sizeof(imgs));
   kiln_status_t st = NULL;
   if (a->ids) st = kiln_cli_parse_ids(cmd, a->ids, &pids.v, &pids.len);
   pids.cap = pids.len;
+  if (!st && (st = kiln_cli_images_read(a->images.v, a->images.n, &imgs)))
+    st = kiln_status_annotate(st, "%s", cmd);
   if (!st) st = gen_engine(cli, a, true, &eng);
+  if (!st && a->images.n && kiln_engine_max_images(eng) == 0) {
+    kiln_engine_get_info(eng, &info);
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "%s: --image: model %s takes text only (it has no vision tower)", cmd,
+                          info.model_name);
+  }
+  /* a chat: images with a text prompt, or a messages file */
+  const bool chat = a->messages || (a->prompt && a->images.n);
   if (!st) {
     kiln_engine_get_info(eng, &info);
-    if (a->prompt && !info.has_tokenizer)
+    if ((a->prompt || chat) && !info.has_tokenizer)
       st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: --prompt needs a tokenizer.json beside the model (%s); give "
-                            "--ids instead",
+                            "%s: --prompt and --messages need a tokenizer.json beside the model "
+                            "(%s); give --ids instead",
                             cmd, info.model_path);
   }
-  if (!st && a->prompt) st = gen_tokenize(eng, a->prompt, &pids);
+  if (!st && chat) {
+    int32_t *ids = NULL, n = 0;
+    st = kiln_cli_chat_ids(eng, a->messages, a->prompt, &imgs, &ids, &n);
+    for (int32_t i = 0; !st && i < n; i++) gen_ids_push(&pids, ids[i]);
+    if (!st && pids.oom) st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    free(ids);
+    if (st) st = kiln_status_annotate(st, "%s", cmd);
+  } else if (!st && a->prompt) {
+    st = gen_tokenize(eng, a->prompt, &pids);
+  }
   if (!st && pids.len == 0)
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: the prompt encodes to no tokens", cmd);
   if (!st && !(j = gen_job_new((int32_t)a->n, a->logprobs >= 0)))
@@ -448,17 +496,20 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
       (int64_t)pids.len + p.max_tokens > info.max_model_len)
     p.max_tokens = (int32_t)(info.max_model_len - (int64_t)pids.len);
   kiln_request_desc_t d = {.struct_size = sizeof(d), .params = &p};
-  if (a->prompt)
+  if (a->prompt && !chat)
     d.prompt = a->prompt;
   else
     d.prompt_ids = pids.v, d.num_prompt_ids = (int32_t)pids.len;
+  d.images = imgs.images;
+  d.num_images = imgs.num;
   double t0 = kiln_cli_now(), t1 = 0, t2;
-  if (!st) st = kiln_engine_submit(eng, &d, &req);
+  if (!st && (st = kiln_engine_submit(eng, &d, &req)))
+    st = kiln_status_annotate(kiln_cli_images_error(&imgs, st), "%s", cmd);
   /* Stream one sequence as it comes (text, or ids without a tokenizer); n > 1 prints at the
    * end. */
   bool stream = !st && !a->json && a->n == 1;
   size_t streamed = 0;
-  if (stream && a->prompt) fputs(a->prompt, stdout), fflush(stdout);
+  if (stream && a->prompt && !chat) fputs(a->prompt, stdout), fflush(stdout);
   while (!st) {
     kiln_output_t *o = NULL;
     if ((st = kiln_request_poll(req, -1, &o)) || !o) break;
@@ -494,6 +545,7 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
   kiln_engine_destroy(eng);
   gen_job_free(j);
   free(pids.v);
+  kiln_cli_images_free(&imgs);
   if (st) return kiln_cli_fail(st);
   return 0;
 }

@@ -114,6 +114,9 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
   so.max_body_bytes = (size_t)kiln_config_get_int(cli->config, "server", "max_body_bytes");
   so.request_timeout = kiln_config_get_float(cli->config, "server", "request_timeout");
   so.shutdown_timeout = kiln_config_get_float(cli->config, "server", "shutdown_timeout");
+  so.max_image_bytes = (size_t)kiln_config_get_int(cli->config, "server", "max_image_bytes");
+  so.allow_remote_images = kiln_config_get_bool(cli->config, "server", "allow_remote_images");
+  so.image_fetch_timeout = kiln_config_get_float(cli->config, "server", "image_fetch_timeout");
   so.version = KILN_VERSION_STRING;
   char model_path[4096];
   if ((st = kiln_config_model_path(cli->config, model_path, sizeof(model_path)))) goto done;

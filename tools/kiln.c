@@ -39,9 +39,9 @@ static const kiln_command_t commands[] = {
     {"template", kiln_cmd_template,
      "render a chat template (--tokenizer DIR --messages FILE.json [--add-generation-prompt])"},
     {"score", kiln_cmd_score,
-     "logits of every position to a .npy file (--model DIR --ids 1,2,3 --out FILE.npy)"},
+     "logits of every position to a .npy file (--model DIR --ids 1,2 [--image P] --out F.npy)"},
     {"generate", kiln_cmd_generate,
-     "continue a prompt (--prompt TEXT | --ids 1,2,3) or a JSONL batch (--input FILE)"},
+     "continue a prompt (--prompt TEXT [--image PATH] | --ids | --messages F) or --input FILE"},
     {"perplexity", kiln_cmd_perplexity,
      "perplexity of a text file (--model DIR --file TEXT [--ctx N] [--json])"},
 #ifdef KILN_HTTP

@@ -30,13 +30,32 @@
 #include "core/sched/scheduler.h"
 #include "base/strbuf.h"
 #include "hal/loader.h"
+#include "kiln/hal_util.h"
 #include "models/loader/gguf.h"
+#include "models/mrope.h"
 #include "models/rope.h"
 #include "models/template/template.h"
+#include "models/vision/preproc.h"
+#include "models/vision/vision.h"
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #define PROMPT_ROWS 512 /* logits rows per step for prompt logprobs */
 
 /* ---- requests ----------------------------------------------------------------------------- */
+
+/* One image of a request: its patches (kept for a re-encode after preemption or eviction) and,
+ * while its tokens await prefill, the vision tower's output for them on the device (the
+ * encoder cache: kiln_engine.enc_used counts every such buffer against enc_cap). */
+typedef struct req_image {
+  float *pixels; /* [t * h * w, patch_dim] */
+  int32_t grid_t, grid_h, grid_w;
+  int32_t start, ntok; /* its tokens in the expanded prompt */
+  uint64_t enc_bytes;  /* the output's size */
+  kiln_hal_buffer_t *enc;
+  uint64_t enc_step; /* the step that last needed it */
+} req_image_t;
 
 typedef struct seq_state {
   uint64_t rng;
@@ -65,6 +84,14 @@ struct kiln_request {
   float *bias_values;
   int32_t *prompt;
   int32_t num_prompt;
+  /* images (vision-language models): the prompt is expanded, each image's placeholder become
+   * its tokens; mrope [3 * num_prompt] are the prompt's M-RoPE positions, a generated token at
+   * KV position p has p + mrope_delta on all three axes */
+  req_image_t *imgs;
+  kiln_seq_image_t *simgs; /* [num_imgs] for the prefix cache's hashes */
+  int32_t num_imgs;
+  int32_t *mrope;
+  int32_t mrope_delta;
   int32_t max_tokens; /* resolved */
   uint64_t seed;
   kiln_output_fn cb;
@@ -115,6 +142,15 @@ struct kiln_engine {
   const char *backend_name;
   int32_t *eos;
   int32_t num_eos;
+  /* images: the processor's settings (has_preproc; else preproc_error says why not), the
+   * encoder cache's bound and use (bytes, engine thread) */
+  bool has_vision, has_preproc;
+  kiln_vision_preproc_t preproc;
+  char *preproc_error;
+  int32_t max_images;
+  uint64_t enc_cap, enc_used, step_no;
+  uint64_t enc_encodes, enc_evictions;
+  int32_t *b_mrope; /* [3 * max_tokens] */
   /* the engine proper */
   kiln_runner_t runner;
   kiln_kv_manager_t *kv;
@@ -215,6 +251,10 @@ static void req_free(kiln_request_t *r) {
   free(r->bias_ids);
   free(r->bias_values);
   free(r->prompt);
+  for (int32_t i = 0; r->imgs && i < r->num_imgs; i++) free(r->imgs[i].pixels);
+  free(r->imgs);
+  free(r->simgs);
+  free(r->mrope);
   free(r->seqs);
   free(r->ss);
   free(r->plp);
@@ -457,6 +497,142 @@ static void act_unlink(kiln_engine_t *e, kiln_request_t *r) {
   r->next = r->prev = NULL;
 }
 
+/* ---- the encoder cache --------------------------------------------------------------------- */
+
+/* Frees an image's encoder output. The stream is synchronised first: a forward still in flight
+ * may read it. Engine thread. */
+static void enc_free(kiln_engine_t *e, req_image_t *im) {
+  if (!im->enc) return;
+  if (e->runner.backend && e->runner.stream) {
+    kiln_hal_error_t *he = e->runner.backend->stream_sync(e->runner.stream);
+    if (he) {
+      kiln_status_t st = kiln_hal_status_from_error(he, "encoder cache");
+      kiln_log(KILN_LOG_WARN, "%s", kiln_status_message(st));
+      kiln_status_free(st);
+    }
+    e->runner.backend->buffer_free(im->enc);
+  }
+  im->enc = NULL;
+  e->enc_used -= im->enc_bytes;
+}
+
+static void enc_release_all(kiln_engine_t *e, kiln_request_t *r) {
+  for (int32_t i = 0; r->imgs && i < r->num_imgs; i++) enc_free(e, &r->imgs[i]);
+}
+
+/* Frees the least recently needed encoder outputs that this step does not need until `need`
+ * more bytes fit the bound (or none is left to free: the step's own images always stay). */
+static void enc_evict(kiln_engine_t *e, uint64_t need) {
+  while (e->enc_used + need > e->enc_cap) {
+    req_image_t *best = NULL;
+    for (kiln_request_t *r = e->act_head; r; r = r->next)
+      for (int32_t i = 0; i < r->num_imgs; i++) {
+        req_image_t *im = &r->imgs[i];
+        if (im->enc && im->enc_step != e->step_no && (!best || im->enc_step < best->enc_step))
+          best = im;
+      }
+    if (!best) return;
+    enc_free(e, best);
+    e->enc_evictions++;
+  }
+}
+
+/* Makes sure image im's encoder output is on the device: encodes it (enqueued on the model's
+ * stream, ahead of the forward that reads it) unless it still is. */
+static kiln_status_t enc_ensure(kiln_engine_t *e, req_image_t *im, int32_t index) {
+  im->enc_step = e->step_no;
+  if (im->enc) return NULL;
+  enc_evict(e, im->enc_bytes);
+  const kiln_hal_backend_t *be = e->runner.backend;
+  kiln_hal_error_t *he = be->buffer_alloc(e->runner.device, im->enc_bytes, 0, &im->enc);
+  if (he) {
+    im->enc = NULL;
+    return kiln_status_annotate(kiln_hal_status_from_error(he, "encoder cache"),
+                                "image %d: %.1f MiB for its encoder output", index,
+                                (double)im->enc_bytes / 1048576.0);
+  }
+  e->enc_used += im->enc_bytes;
+  e->enc_encodes++;
+  const int64_t shape[2] = {im->ntok, kiln_model_get_config(e->model)->hidden_size};
+  kiln_hal_tensor_t out = kiln_hal_tensor_make(im->enc, 0, kiln_model_dtype(e->model), 2, shape);
+  kiln_vision_image_t vi = {im->pixels, im->grid_t, im->grid_h, im->grid_w};
+  kiln_status_t st = kiln_vision_encode(e->model, &vi, 1, out);
+  if (st) {
+    enc_free(e, im);
+    return kiln_status_annotate(st, "encoding image %d", index);
+  }
+  return NULL;
+}
+
+/* The step's M-RoPE positions (when a request in it has images) and its rows of image
+ * embeddings, encoding the images whose rows the step holds first. */
+static kiln_status_t step_images(kiln_engine_t *e, const kiln_sched_step_t *step, int32_t T,
+                                 kiln_batch_t *b) {
+  bool any = false;
+  int32_t runs = 0;
+  for (int32_t s = 0; s < step->num_items; s++) {
+    const kiln_sched_item_t *it = &step->items[s];
+    kiln_request_t *r = it->seq->owner;
+    if (!r->mrope) continue;
+    any = true;
+    for (int32_t i = 0; i < r->num_imgs; i++)
+      runs += r->imgs[i].start < it->start + it->count &&
+              r->imgs[i].start + r->imgs[i].ntok > it->start;
+  }
+  if (!any) return NULL;
+  int32_t *pt = e->b_mrope, *ph = pt + T, *pw = ph + T;
+  kiln_batch_embed_t *em =
+      runs ? kiln_arena_alloc(&e->arena, (size_t)runs * sizeof(*em), _Alignof(kiln_batch_embed_t))
+           : NULL;
+  if (runs && !em) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "images: out of memory");
+  int32_t k = 0;
+  for (int32_t s = 0; s < step->num_items; s++) {
+    const kiln_sched_item_t *it = &step->items[s];
+    kiln_request_t *r = it->seq->owner;
+    const int32_t row0 = e->b_qsl[s], np = r->num_prompt;
+    for (int32_t j = 0; j < it->count; j++) {
+      const int32_t pos = it->start + j, t = row0 + j;
+      if (r->mrope && pos < np) {
+        pt[t] = r->mrope[pos];
+        ph[t] = r->mrope[np + pos];
+        pw[t] = r->mrope[2 * np + pos];
+      } else {
+        pt[t] = ph[t] = pw[t] = pos + (r->mrope ? r->mrope_delta : 0);
+      }
+    }
+    for (int32_t i = 0; r->mrope && i < r->num_imgs; i++) {
+      req_image_t *im = &r->imgs[i];
+      int32_t a = im->start > it->start ? im->start : it->start;
+      int32_t z = im->start + im->ntok < it->start + it->count ? im->start + im->ntok
+                                                               : it->start + it->count;
+      if (a >= z) continue;
+      kiln_status_t st = enc_ensure(e, im, i);
+      if (st) return st;
+      const int64_t shape[2] = {im->ntok, kiln_model_get_config(e->model)->hidden_size};
+      em[k++] = (kiln_batch_embed_t){
+          .row = row0 + (a - it->start),
+          .count = z - a,
+          .first = a - im->start,
+          .src = kiln_hal_tensor_make(im->enc, 0, kiln_model_dtype(e->model), 2, shape)};
+    }
+  }
+  b->mrope_positions = e->b_mrope;
+  b->num_embeds = k;
+  b->embeds = em;
+  return NULL;
+}
+
+/* Frees the encoder outputs whose rows the step's sequences have all computed now. */
+static void step_images_done(kiln_engine_t *e, const kiln_sched_step_t *step) {
+  for (int32_t s = 0; s < step->num_items; s++) {
+    const kiln_seq_t *q = step->items[s].seq;
+    kiln_request_t *r = q->owner;
+    for (int32_t i = 0; i < r->num_imgs; i++)
+      if (r->imgs[i].enc && r->imgs[i].start + r->imgs[i].ntok <= q->num_computed)
+        enc_free(e, &r->imgs[i]);
+  }
+}
+
 /* Ends sequence i of r with `why` (its blocks go back) and delivers its final event with the
  * text still held back; the request's last sequence also ends the request. */
 static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_reason_t why,
@@ -498,6 +674,7 @@ static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_
   if (with_plp) r->plp_sent = true;
   ss->has_token = false;
   if (last) {
+    enc_release_all(e, r);
     if (!r->started) atomic_fetch_sub(&e->num_queued, 1);
     r->started = true;
     metrics_finish(e, r, ss->finish);
@@ -590,9 +767,174 @@ static void *dup_mem(const void *src, size_t n) {
   return d;
 }
 
+/* A request's images, prepared at submission: the expanded prompt and its M-RoPE positions. */
+typedef struct img_prep {
+  int32_t *ids; /* the expanded prompt [n] */
+  int32_t n;
+  req_image_t *imgs;
+  kiln_seq_image_t *simgs;
+  int32_t num;
+  int32_t *mrope; /* [3 * n] */
+  int32_t delta;
+} img_prep_t;
+
+static void img_prep_free(img_prep_t *p) {
+  for (int32_t i = 0; p->imgs && i < p->num; i++) free(p->imgs[i].pixels);
+  free(p->imgs);
+  free(p->simgs);
+  free(p->ids);
+  free(p->mrope);
+  memset(p, 0, sizeof(*p));
+}
+
+/* Image i's patches from the caller's pixel values or its encoded bytes, and its identity. */
+static kiln_status_t prepare_image(kiln_engine_t *e, const kiln_image_input_t *in, int32_t i,
+                                   req_image_t *out, uint64_t hash[2]) {
+  const kiln_model_config_t *c = kiln_model_get_config(e->model);
+  const kiln_vision_config_t *vc = &c->vision;
+  const int64_t pdim = vc->in_channels * vc->temporal_patch_size * vc->patch_size * vc->patch_size;
+  if (in->pixel_values) {
+    if (in->grid_t != 1)
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "image %d: grid_t is %d: videos (several frames) are not supported "
+                              "yet; an image has grid_t 1",
+                              i, in->grid_t);
+    kiln_vision_image_t vi = {in->pixel_values, in->grid_t, in->grid_h, in->grid_w};
+    if (kiln_vision_image_tokens(e->model, &vi) < 0 || in->grid_h > 65536 || in->grid_w > 65536)
+      return bad("image %d: grid %d x %d x %d is not whole %lld x %lld merge units", i, in->grid_t,
+                 in->grid_h, in->grid_w, (long long)vc->spatial_merge_size,
+                 (long long)vc->spatial_merge_size);
+    size_t bytes = (size_t)in->grid_h * (size_t)in->grid_w * (size_t)pdim * sizeof(float);
+    if (!(out->pixels = dup_mem(in->pixel_values, bytes)))
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "image %d: out of memory", i);
+    out->grid_t = 1;
+    out->grid_h = in->grid_h;
+    out->grid_w = in->grid_w;
+    XXH3_state_t hs;
+    XXH3_128bits_reset(&hs);
+    const int32_t g[4] = {0x70697865 /* "pixe": not a decoded image's hash */, 1, in->grid_h,
+                          in->grid_w};
+    XXH3_128bits_update(&hs, g, sizeof(g));
+    XXH3_128bits_update(&hs, in->pixel_values, bytes);
+    XXH128_hash_t h = XXH3_128bits_digest(&hs);
+    hash[0] = h.low64;
+    hash[1] = h.high64;
+  } else {
+    if (!in->data || !in->size) return bad("image %d: no image data (0 bytes)", i);
+    if (!e->has_preproc)
+      return bad("image %d: the model's image processor settings are missing: %s", i,
+                 e->preproc_error ? e->preproc_error : "not loaded");
+    char what[32];
+    snprintf(what, sizeof(what), "image %d", i);
+    kiln_image_t img;
+    kiln_status_t st = kiln_image_decode(in->data, in->size, what, NULL, &img);
+    if (st) return st;
+    kiln_image_patches_t pt;
+    st = kiln_image_preprocess(&e->preproc, &img, &pt);
+    kiln_image_free(&img);
+    if (st) return kiln_status_annotate(st, "%s", what);
+    if (pt.patch_dim != pdim || pt.grid_t != 1) {
+      kiln_image_patches_free(&pt);
+      return bad(
+          "image %d: the image processor (%s) makes patches of %lld values, the vision "
+          "tower takes %lld",
+          i, e->preproc.source, (long long)pt.patch_dim, (long long)pdim);
+    }
+    out->pixels = pt.pixels; /* taken */
+    out->grid_t = pt.grid_t;
+    out->grid_h = pt.grid_h;
+    out->grid_w = pt.grid_w;
+    hash[0] = pt.hash[0];
+    hash[1] = pt.hash[1];
+  }
+  kiln_vision_image_t vi = {out->pixels, out->grid_t, out->grid_h, out->grid_w};
+  int64_t nt = kiln_vision_image_tokens(e->model, &vi);
+  if (nt < 1 || nt > e->max_len)
+    return bad("image %d: %lld tokens (grid %d x %d), beyond the model's context of %lld", i,
+               (long long)nt, out->grid_h, out->grid_w, (long long)e->max_len);
+  out->ntok = (int32_t)nt;
+  out->enc_bytes =
+      (uint64_t)nt * (uint64_t)c->hidden_size * kiln_hal_dtype_size(kiln_model_dtype(e->model));
+  if (out->enc_bytes > e->enc_cap)
+    return bad(
+        "image %d: its encoder output (%lld tokens, %llu bytes) is larger than the "
+        "encoder cache ([model] encoder_cache_mb: %llu bytes)",
+        i, (long long)nt, (unsigned long long)out->enc_bytes, (unsigned long long)e->enc_cap);
+  return NULL;
+}
+
+/* Checks a request's images against the model and the prompt (ids[n], with one placeholder per
+ * image), prepares each, expands the prompt and computes its M-RoPE positions into *out. */
+static kiln_status_t prepare_images(kiln_engine_t *e, const kiln_image_input_t *in, int32_t nimg,
+                                    const int32_t *ids, int32_t n, img_prep_t *out) {
+  memset(out, 0, sizeof(*out));
+  if (nimg < 0) return bad("num_images must be >= 0, got %d", nimg);
+  if (nimg > 0 && !e->has_vision)
+    return bad("%d image%s given, but model %s takes text only (it has no vision tower)", nimg,
+               nimg == 1 ? "" : "s", e->model_name ? e->model_name : "(custom)");
+  if (nimg > 0 && !in) return bad("images: NULL with num_images %d", nimg);
+  if (nimg > e->max_images)
+    return bad("%d images, more than [model] max_images_per_prompt (%d)", nimg, e->max_images);
+  const kiln_model_config_t *c = kiln_model_get_config(e->model);
+  int32_t ph = 0;
+  for (int32_t i = 0; i < n; i++) ph += ids[i] == c->image_token_id;
+  if (ph != nimg)
+    return bad(
+        "the prompt has %d image placeholder%s (token %d, <|image_pad|>) for %d image%s: "
+        "each image needs exactly one, where it goes",
+        ph, ph == 1 ? "" : "s", c->image_token_id, nimg, nimg == 1 ? "" : "s");
+  if (nimg == 0) return NULL; /* a text prompt */
+  if (!(out->imgs = calloc((size_t)(nimg ? nimg : 1), sizeof(*out->imgs))) ||
+      !(out->simgs = calloc((size_t)(nimg ? nimg : 1), sizeof(*out->simgs))))
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "images: out of memory");
+  out->num = nimg;
+  int64_t total = n - nimg;
+  kiln_status_t st = NULL;
+  for (int32_t i = 0; i < nimg; i++) {
+    if ((st = prepare_image(e, &in[i], i, &out->imgs[i], out->simgs[i].hash))) return st;
+    total += out->imgs[i].ntok;
+  }
+  if (total >= e->max_len)
+    return bad(
+        "the prompt has %lld tokens with its images' (%lld before), beyond the model's "
+        "context of %lld tokens",
+        (long long)total, (long long)n, (long long)e->max_len);
+  out->n = (int32_t)total;
+  kiln_mrope_grid_t *grids = calloc((size_t)(nimg ? nimg : 1), sizeof(*grids));
+  out->ids = malloc((size_t)total * 4);
+  out->mrope = malloc((size_t)total * 3 * 4);
+  if (!grids || !out->ids || !out->mrope) {
+    free(grids);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "images: out of memory");
+  }
+  int32_t k = 0, im = 0;
+  for (int32_t i = 0; i < n; i++) {
+    if (ids[i] != c->image_token_id) {
+      out->ids[k++] = ids[i];
+      continue;
+    }
+    req_image_t *ri = &out->imgs[im];
+    ri->start = k;
+    out->simgs[im] = (kiln_seq_image_t){
+        .start = k, .count = ri->ntok, .hash = {out->simgs[im].hash[0], out->simgs[im].hash[1]}};
+    grids[im] = (kiln_mrope_grid_t){ri->grid_t, ri->grid_h, ri->grid_w};
+    for (int32_t j = 0; j < ri->ntok; j++) out->ids[k++] = c->image_token_id;
+    im++;
+  }
+  st = kiln_mrope_positions(c, out->ids, out->n, grids, nimg, out->mrope, &out->delta);
+  free(grids);
+  return st;
+}
+
 kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
                                  kiln_request_t **out) {
   *out = NULL;
+  img_prep_t ip;
+  memset(&ip, 0, sizeof(ip));
+  const int32_t nimg =
+      d->struct_size >= offsetof(kiln_request_desc_t, num_images) + sizeof(d->num_images)
+          ? d->num_images
+          : 0;
   kiln_sampling_params_t defaults;
   kiln_sampling_params_init(&defaults);
   const kiln_sampling_params_t *p = d->params ? d->params : &defaults;
@@ -619,6 +961,18 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
     kiln_tokens_free(&ids);
     st = bad("the prompt is empty");
     goto rejected;
+  }
+  if (nimg != 0 || e->has_vision) {
+    if ((st = prepare_images(e, nimg > 0 ? d->images : NULL, nimg,
+                             d->prompt ? ids.ids : d->prompt_ids, np, &ip))) {
+      kiln_tokens_free(&ids);
+      goto rejected;
+    }
+    if (nimg == 0) {
+      img_prep_free(&ip); /* text only: the prompt stays as it is */
+    } else {
+      np = ip.n;
+    }
   }
   int64_t max_tokens = p->max_tokens < 0 ? e->max_len - np : p->max_tokens;
   if ((int64_t)np >= e->max_len || np + max_tokens > e->max_len) {
@@ -648,6 +1002,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   kiln_request_t *r = calloc(1, sizeof(*r));
   if (!r) {
     kiln_tokens_free(&ids);
+    img_prep_free(&ip);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "submit: out of memory");
   }
   pthread_mutex_init(&r->mu, NULL);
@@ -668,7 +1023,15 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->num_prompt = np;
   r->max_tokens = (int32_t)max_tokens;
   bool oom = false;
-  if (d->prompt) {
+  if (ip.ids) {
+    r->prompt = ip.ids; /* take the expanded prompt and the images */
+    r->imgs = ip.imgs;
+    r->simgs = ip.simgs;
+    r->num_imgs = ip.num;
+    r->mrope = ip.mrope;
+    r->mrope_delta = ip.delta;
+    memset(&ip, 0, sizeof(ip));
+  } else if (d->prompt) {
     r->prompt = ids.ids; /* take the buffer */
     ids.ids = NULL;
   } else {
@@ -726,6 +1089,8 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
     q->no_prefix_cache = p->prompt_logprobs >= 0;
     q->max_logits_rows = p->prompt_logprobs >= 0 ? PROMPT_ROWS : 0;
     q->num_prompt = np;
+    q->images = r->simgs;
+    q->num_images = r->num_imgs;
     for (int32_t i = 0; !oom && i < np; i++) {
       kiln_status_t ast = kiln_seq_append(q, r->prompt[i]);
       oom = ast != NULL;
@@ -769,6 +1134,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   *out = r;
   return NULL;
 rejected:
+  img_prep_free(&ip);
   pthread_mutex_lock(&e->mu);
   e->metrics.requests_rejected++;
   pthread_mutex_unlock(&e->mu);
@@ -921,6 +1287,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   }
   if (!step->num_items) return NULL;
   kiln_arena_free(&e->arena);
+  e->step_no++;
   double t0 = now_s();
   /* Build the batch. */
   int32_t T = 0, R = 0, nsamp = 0, nscore = 0;
@@ -975,11 +1342,16 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
                     .max_blocks_per_seq = e->max_blocks,
                     .num_logits = R,
                     .logits_rows = e->b_rows};
+  if (e->has_vision && (st = step_images(e, step, T, &b))) {
+    fail_step(e, step, st);
+    return NULL;
+  }
   if ((st = e->runner.forward(e->runner.ctx, &b))) {
     fail_step(e, step, st);
     return NULL;
   }
   kiln_scheduler_update_computed(e->sched, step);
+  if (e->enc_used) step_images_done(e, step);
   /* Sample rows (forking n > 1 prompts first: the children share the parent's row). */
   for (int32_t s = 0; s < step->num_items && !st; s++) {
     const kiln_sched_item_t *it = &step->items[s];
@@ -1200,6 +1572,8 @@ static kiln_status_t alloc_scratch(kiln_engine_t *e) {
   e->b_ids = malloc(T * 4);
   e->b_pos = malloc(T * 4);
   e->b_slots = malloc(T * 4);
+  if (e->has_vision && !(e->b_mrope = malloc(T * 3 * 4)))
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
   e->b_lens = malloc(S * 4);
   e->b_qsl = malloc((S + 1) * 4);
   e->b_tables = calloc(S * (size_t)e->max_blocks, 4);
@@ -1368,6 +1742,21 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   kiln_model_graphs_capture(e->model, e->kvc,
                             kiln_config_get_float(cfg, "graph", "capture_budget_s"));
   *num_blocks = (int32_t)nb;
+  if (kiln_model_has_vision(e->model)) {
+    e->has_vision = true;
+    e->max_images = (int32_t)kiln_config_get_int(cfg, "model", "max_images_per_prompt");
+    /* Without the processor's settings, images given as pixel values still work; encoded
+     * images are refused with the reason. */
+    kiln_status_t pst = kiln_vision_preproc_load(path, &e->preproc);
+    if (pst) {
+      if (kiln_status_code(pst) == KILN_ERR_OUT_OF_MEMORY) return pst;
+      KILN_LOG_W("%s: %s", path, kiln_status_message(pst));
+      e->preproc_error = strdup(kiln_status_message(pst));
+      kiln_status_free(pst);
+    } else {
+      e->has_preproc = true;
+    }
+  }
   kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens (%.1f MiB)", (long long)nb, e->bs,
            (double)nb * (double)block_bytes / 1048576.0);
   return kiln_runner_model_init(&e->runner, e->model, e->kvc, be, e->dev, e->stream, e->max_logits);
@@ -1393,6 +1782,9 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   e->max_logits = e->max_seqs + PROMPT_ROWS;
   e->max_top = 20;
   e->manual = su->manual;
+  e->enc_cap = su->encoder_cache_bytes
+                   ? su->encoder_cache_bytes
+                   : (uint64_t)kiln_config_get_int(cfg, "model", "encoder_cache_mb") << 20;
   int32_t num_blocks = su->num_blocks;
   kiln_status_t st = NULL;
   if (su->runner.forward) {
@@ -1499,6 +1891,8 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   free(e->b_ids);
   free(e->b_pos);
   free(e->b_slots);
+  free(e->b_mrope);
+  free(e->preproc_error);
   free(e->b_lens);
   free(e->b_qsl);
   free(e->b_tables);
@@ -1521,6 +1915,17 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   pthread_cond_destroy(&e->cv);
   free(e);
 }
+
+void kiln_engine_encoder_stats(const kiln_engine_t *e, uint64_t *encodes, uint64_t *evictions,
+                               uint64_t *bytes_used) {
+  *encodes = e->enc_encodes;
+  *evictions = e->enc_evictions;
+  *bytes_used = e->enc_used;
+}
+
+kiln_model_t *kiln_engine_model(kiln_engine_t *e) { return e->model; }
+
+int32_t kiln_engine_max_images(const kiln_engine_t *e) { return e->has_vision ? e->max_images : 0; }
 
 void kiln_engine_get_info(const kiln_engine_t *e, kiln_engine_info_t *out) {
   memset(out, 0, sizeof(*out));

@@ -20,6 +20,8 @@ typedef struct kiln_engine_setup {
   const int32_t *eos_ids;            /* with a runner */
   int32_t num_eos;
   bool manual;       /* no engine thread: the caller calls kiln_engine_step */
+  uint64_t encoder_cache_bytes; /* > 0: the encoder cache's bound, instead of [model]
+                                   encoder_cache_mb (tests) */
   bool force_host_sampling;
 } kiln_engine_setup_t;
 
@@ -31,6 +33,14 @@ kiln_status_t kiln_engine_step(kiln_engine_t *eng, bool *idle);
 
 /* For tests: the block manager (to check invariants and that every block is free). */
 kiln_kv_manager_t *kiln_engine_kv(kiln_engine_t *eng);
+
+/* For tests: the model loaded from the config (NULL with a custom runner). */
+kiln_model_t *kiln_engine_model(kiln_engine_t *e);
+
+/* For tests: images encoded so far, encoder outputs evicted at the bound, bytes held now.
+ * Engine thread (or manual mode). */
+void kiln_engine_encoder_stats(const kiln_engine_t *e, uint64_t *encodes, uint64_t *evictions,
+                               uint64_t *bytes_used);
 
 /* The generator state a request's sequence `index` starts from. */
 uint64_t kiln_engine_seq_seed(uint64_t seed, int32_t index);

@@ -2,6 +2,8 @@
  * scheduler.h for the policy and the sequence life cycle). */
 #include "core/sched/scheduler.h"
 
+#include <xxhash.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,13 +97,26 @@ static void seq_release_blocks(kiln_scheduler_t *s, kiln_seq_t *q) {
   q->num_computed = 0;
 }
 
+/* The extra key of block i: the cache salt, mixed with every image that has a token in it. */
+static uint64_t block_extra(const kiln_scheduler_t *s, const kiln_seq_t *q, int32_t i) {
+  const int64_t b0 = (int64_t)i * s->bs, b1 = b0 + s->bs;
+  uint64_t x = s->o.cache_salt;
+  for (int32_t k = 0; k < q->num_images; k++) {
+    const kiln_seq_image_t *im = &q->images[k];
+    if (im->start >= b1 || (int64_t)im->start + im->count <= b0) continue;
+    uint64_t v[5] = {x, (uint64_t)im->start, (uint64_t)im->count, im->hash[0], im->hash[1]};
+    x = XXH3_64bits(v, sizeof(v));
+  }
+  return x;
+}
+
 /* Hashes of the full blocks among the first n tokens (extending the chain as needed). */
 static bool seq_hash_upto(kiln_scheduler_t *s, kiln_seq_t *q, int32_t nblocks) {
   if (nblocks <= q->num_hashes) return true;
   if (!grow((void **)&q->hashes, &q->cap_hashes, nblocks, sizeof(kiln_kv_hash_t))) return false;
   for (int32_t i = q->num_hashes; i < nblocks; i++)
     q->hashes[i] = kiln_kv_hash_block(i ? &q->hashes[i - 1] : NULL, q->tokens + (size_t)i * s->bs,
-                                      s->bs, s->o.cache_salt);
+                                      s->bs, block_extra(s, q, i));
   q->num_hashes = nblocks;
   return true;
 }

@@ -50,6 +50,13 @@ typedef enum kiln_seq_state {
   KILN_SEQ_FINISHED = 2,
 } kiln_seq_state_t;
 
+/* An image's tokens in a sequence's prompt, for the prefix cache: tokens [start, start + count)
+ * are the image's (all the same placeholder id), so the block hashes must tell images apart. */
+typedef struct kiln_seq_image {
+  int32_t start, count;
+  uint64_t hash[2]; /* the image's identity (its pixels' 128-bit hash) */
+} kiln_seq_image_t;
+
 typedef struct kiln_seq {
   uint64_t arrival;   /* submission order (ties broken by index) */
   int32_t index;      /* which of the request's n sequences */
@@ -69,6 +76,11 @@ typedef struct kiln_seq {
   int32_t num_cached;     /* prompt tokens taken from the prefix cache at first admission */
   bool admitted_once;
   int32_t max_logits_rows; /* > 0: rows this sequence's prefill may ask for per step */
+  /* Images in the prompt (borrowed from the owner, by ascending start; forks share them): a
+   * block's hash takes, besides the cache salt, the hash, start and count of every image with a
+   * token in the block; images before it are in the chain through the parent hash. */
+  const kiln_seq_image_t *images;
+  int32_t num_images;
   struct kiln_seq *prev, *next; /* in the waiting or running list */
 } kiln_seq_t;
 

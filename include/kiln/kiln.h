@@ -162,6 +162,19 @@ typedef void (*kiln_output_fn)(void *user, const kiln_output_t *out);
  * one thread wait for several requests (signal a condition variable, write to a pipe...). */
 typedef void (*kiln_notify_fn)(void *user);
 
+/* One image of a request (vision-language models: kiln_engine_max_images() > 0). Either its
+ * encoded bytes (data/size: PNG, JPEG or WebP, decoded and preprocessed at submission with the
+ * model's image processor settings, preprocessor_config.json), or, for tools and tests that
+ * have them, the image processor's output itself (pixel_values: grid_t * grid_h * grid_w rows
+ * of 3 * temporal_patch_size * patch_size^2 floats, exactly Qwen2VLImageProcessor's
+ * pixel_values and image_grid_thw). Both are copied at submission. */
+typedef struct kiln_image_input {
+  const void *data; /* encoded bytes, or NULL with pixel_values */
+  size_t size;
+  const float *pixel_values;
+  int32_t grid_t, grid_h, grid_w;
+} kiln_image_input_t;
+
 typedef struct kiln_request_desc {
   uint32_t struct_size;
   const char *prompt;          /* text (tokenized with the model's tokenizer, adding BOS as
@@ -172,13 +185,22 @@ typedef struct kiln_request_desc {
   kiln_output_fn on_output;    /* NULL = queue events for kiln_request_poll */
   void *user;
   kiln_notify_fn on_queued;    /* poll mode only: NULL, or called as each event is queued */
+  /* Images, in prompt order (read when struct_size covers them). The prompt (text or ids)
+   * holds exactly one image placeholder token (the config's image_token_id, <|image_pad|>,
+   * as the chat template writes it) per image; each is expanded to the image's tokens. */
+  const kiln_image_input_t *images;
+  int32_t num_images;
 } kiln_request_desc_t;
 
 /* Validates and queues a request. Errors (nothing is queued): KILN_ERR_INVALID_ARGUMENT for a
  * bad parameter (named), an empty prompt, token ids outside the vocabulary, or a request
  * that can never fit (prompt + max_tokens beyond the context, or n sequences beyond the KV
- * pool; the message gives the numbers); code 9 (unavailable) when the engine is shutting down
- * or the waiting queue is full ([server] max_queued_requests). */
+ * pool; the message gives the numbers; image tokens count); for images: a model without a
+ * vision tower, more than [model] max_images_per_prompt, placeholders that do not match the
+ * images in number; an image that does not decode or preprocess, or is too large for
+ * [model] encoder_cache_mb: messages about one image start "image I: " (I from 0), with
+ * KILN_ERR_UNSUPPORTED for an image format Kiln does not read; code 9 (unavailable) when the engine
+ * is shutting down or the waiting queue is full ([server] max_queued_requests). */
 kiln_status_t kiln_engine_submit(kiln_engine_t *eng, const kiln_request_desc_t *desc,
                                  kiln_request_t **out_request);
 
@@ -221,6 +243,10 @@ typedef struct kiln_engine_info {
 
 /* Borrowed strings, valid until kiln_engine_destroy. */
 void kiln_engine_get_info(const kiln_engine_t *eng, kiln_engine_info_t *out);
+
+/* The most images a request may carry: [model] max_images_per_prompt for a model with a
+ * vision tower, 0 for a text-only model. */
+int32_t kiln_engine_max_images(const kiln_engine_t *eng);
 
 /* Tokenizes text with the model's tokenizer exactly as a text prompt is (add_special: the
  * tokenizer's BOS/template tokens). *out_ids is malloc'ed (free()). Errors:

@@ -140,6 +140,19 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
   emb.ids = meta1(m, m->m_ids, T);
   emb.out = x;
   HAL(m->be->embedding(m->stream, &emb), "embedding");
+  /* Rows whose embeddings are given (an image's tokens): copied over the lookup. */
+  for (int32_t i = 0; i < p->num_embeds; i++) {
+    const kiln_batch_embed_t *e = &p->embeds[i];
+    kiln_hal_copy_args_t ca;
+    memset(&ca, 0, sizeof(ca));
+    ca.struct_size = sizeof(ca);
+    ca.src = e->src;
+    ca.src.offset += (uint64_t)e->first * (uint64_t)e->src.stride[0] *
+                     (uint64_t)kiln_hal_dtype_size(e->src.dtype);
+    ca.src.shape[0] = e->count;
+    ca.dst = view2(m->act, m->x + (uint64_t)e->row * H * es, dt, e->count, H, H);
+    HAL(m->be->copy(m->stream, &ca), "embedding rows");
+  }
   HAL(m->be->fill(m->stream, m->act, m->resid, (uint64_t)T * H * es, 0), "fill");
 
   /* q, k, v: slices of one fused GEMM output, or (with q/k norms, which need each head's
@@ -205,6 +218,12 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     ra.cos_sin = rope_tab;
     ra.style = c->rope.style;
     HAL(m->be->rope(m->stream, &ra), "rope");
+    if (p->num_mrope_rows > 0) { /* M-RoPE rows whose t, h, w differ: their own table */
+      const int64_t ms[2] = {p->num_mrope_rows, c->rope.rotary_dim};
+      ra.positions = meta1(m, m->m_pos2, T);
+      ra.cos_sin = kiln_hal_tensor_make(m->mrope_tab, 0, KILN_HAL_F32, 2, ms);
+      HAL(m->be->rope(m->stream, &ra), "rope (M-RoPE rows)");
+    }
 
     const uint64_t kc_off = (uint64_t)layer * 2 * kv->cache_bytes,
                    vc_off = kc_off + kv->cache_bytes;

@@ -23,6 +23,7 @@
 #define GGUF_MAX_ALIGNMENT ((uint64_t)1 << 30)
 #define GGUF_MAX_ARRAY_DEPTH 4
 #define GGUF_MAX_NAME 1024 /* tensor names; llama.cpp's own limit is 64 */
+#define GGUF_MAX_DIMS 4    /* ggml tensors have at most 4 dimensions */
 
 enum gguf_value_type {
   GGUF_U8 = 0,
@@ -190,7 +191,7 @@ typedef struct gguf_tensor_info {
   const char *name; /* into the file */
   uint64_t name_len;
   uint32_t n_dims;
-  int64_t ne[KILN_WEIGHT_MAX_DIMS];
+  int64_t ne[GGUF_MAX_DIMS];
   uint32_t type;
   uint64_t offset;
 } gguf_tensor_info_t;
@@ -604,10 +605,10 @@ kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
     snprintf(what, sizeof(what), "tensor info %llu (%.*s)", (unsigned long long)i,
              ti->name_len > 48 ? 48 : (int)ti->name_len, ti->name);
     if ((st = rd_u32(&r, &ti->n_dims))) goto done;
-    if (ti->n_dims > KILN_WEIGHT_MAX_DIMS) {
+    if (ti->n_dims > GGUF_MAX_DIMS) {
       st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: tensor %.*s has %u dimensions (at most %d)", g.file,
-                            (int)ti->name_len, ti->name, ti->n_dims, KILN_WEIGHT_MAX_DIMS);
+                            (int)ti->name_len, ti->name, ti->n_dims, GGUF_MAX_DIMS);
       goto done;
     }
     int64_t numel = 1;

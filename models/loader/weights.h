@@ -38,7 +38,7 @@ typedef enum kiln_wtype {
   KILN_WTYPE_COUNT = 4,
 } kiln_wtype_t;
 
-#define KILN_WEIGHT_MAX_DIMS 4
+#define KILN_WEIGHT_MAX_DIMS 5 /* Conv3d weights (a vision tower's patch embedding) */
 
 typedef struct kiln_weight {
   const char *name; /* Hugging Face name */

@@ -10,6 +10,7 @@
 # (bench/perf_check.py: batch-1 decode, prefill 512, offline 1,000 x (512 + 256) and the card's
 # ceilings on a random Qwen2-7B, compared with the newest bench/results/ file; PERF_COMMIT names
 # the commit, which the copied tree cannot tell) and exits 1 when a figure dropped over 5%.
+# VL=1 runs test_vl_engine (image requests through the engine) on the cuda backend.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc; for
 #                       image input libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo
@@ -106,6 +107,12 @@ if [ -n "${MODELS:-}" ]; then
     timeout 500 python3 bench/model_vs_hf.py --kiln ./build/bin/kiln --work /tmp/mb --shape "$shape" \
       --out "$OUT/model_vs_hf_$shape.json" 2>&1 | grep -v Warning | tail -8
   done
+fi
+if [ -n "${VL:-}" ]; then
+  echo "== image requests through the engine on cuda: test_vl_engine (the tiny Qwen2-VL and Qwen2.5-VL fixtures)"
+  (cd build/tests && KILN_SOURCE_DIR=/tmp/src KILN_BUILD_DIR=/tmp/src/build KILN_BACKEND_PATH=/tmp/src/build/lib/kiln \
+     KILN_TEST_BACKEND=cuda timeout 300 ./test_vl_engine) >"$OUT/vl_engine_cuda.log" 2>&1
+  echo "test_vl_engine rc=$?"; grep -E "OK|FAIL|PASSED|FAILED|preempt|cache|logprob|error" "$OUT/vl_engine_cuda.log" | head -40
 fi
 if [ -n "${ENGINE:-}" ]; then
   echo "== the engine on cuda: test_engine (fp32 fixture), default model perplexity, offline throughput"
