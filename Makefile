@@ -1,19 +1,22 @@
 # Kiln's two set-up commands (see README.md), each idempotent on a fresh Debian 12 machine:
 #   make run    install build deps, build, and run the main job (`kiln info`, `kiln selftest`,
 #               and `kiln generate` on the embedded default model)
-#   make test   install build deps, build twice (release, then ASan+UBSan) and run every test
+#   make test   install build deps, build three times (release, ASan+UBSan, libFuzzer), run
+#               every test and fuzz each target for a while
 # Anything else is plain CMake: cmake -B build && cmake --build build.
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECS  ?= 20
 JOBS       ?= $(shell nproc)
 DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev \
               libpcre2-dev libutf8proc-dev libxxhash-dev libcurl4-openssl-dev libmicrohttpd-dev \
               libpng-dev libjpeg62-turbo-dev libwebp-dev python3-pil python3-numpy \
-              valgrind hipcc libze-dev
+              valgrind hipcc libze-dev clang libclang-rt-14-dev
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-release test-asan test-memcheck clean
+.PHONY: all deps build run test test-release test-asan test-memcheck test-fuzz clean
 
 all: build
 
@@ -52,13 +55,22 @@ test-asan: deps
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
 # valgrind over the cmocka suites of the release build (the scripted CLI/SDK/server tests, the
-# Pillow cross-check (bash + python; its C half is test_image, which does run here) and the
-# selftest are left to the sanitizer build), for leaks and uninitialised reads. The engine
-# simulation runs 2,000 requests there instead of 100,000.
+# Pillow cross-check (bash + python; its C half is test_image, which does run here), the seed
+# corpus check (bash + python) and the selftest are left to the sanitizer build), for leaks and
+# uninitialised reads. The engine simulation runs 2,000 requests there instead of 100,000.
 test-memcheck: build
-	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil' --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_fuzz_corpus|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil' --output-on-failure -j $(JOBS)
 
-test: test-release test-asan test-memcheck
+# The libFuzzer targets (tests/fuzz, Debian's clang 14 with its compiler-rt), built alone, then
+# FUZZ_SECS seconds of fuzzing each from the committed seeds after replaying every kept crash
+# input (tests/fuzz/README.md). About 3 minutes on 2 cores; FUZZ_SECS=0 only replays.
+test-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+	  -DKILN_FUZZ=ON -DKILN_BACKEND_CUDA=OFF -DKILN_BACKEND_ROCM=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzzers
+	KILN_FUZZ_JOBS=$(JOBS) tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECS)
+
+test: test-release test-asan test-memcheck test-fuzz
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

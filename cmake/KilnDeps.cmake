@@ -47,3 +47,21 @@ kiln_find_dep(Kiln::openblas openblas cblas.h NAMES openblas
 if(KILN_BUILD_TESTS)
   kiln_find_dep(Kiln::cmocka cmocka cmocka.h NAMES cmocka)
 endif()
+
+# libFuzzer's runtime (KILN_FUZZ) is compiler-rt's, a package of its own on Debian
+# (libclang-rt-14-dev for clang 14) that clang only recommends: say so rather than fail at link.
+if(KILN_FUZZ)
+  include(CheckCSourceCompiles)
+  set(CMAKE_REQUIRED_FLAGS "-fsanitize=fuzzer,address,undefined")
+  check_c_source_compiles("#include <stddef.h>
+    #include <stdint.h>
+    int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n);
+    int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { return d && n > 1 ? 0 : 0; }"
+    KILN_HAVE_LIBFUZZER)
+  unset(CMAKE_REQUIRED_FLAGS)
+  if(NOT KILN_HAVE_LIBFUZZER)
+    message(FATAL_ERROR "KILN_FUZZ: ${CMAKE_C_COMPILER} cannot link -fsanitize=fuzzer,address,undefined: "
+      "libFuzzer's runtime is missing. On Debian 12: apt-get install libclang-rt-14-dev "
+      "(or run `make deps`).")
+  endif()
+endif()

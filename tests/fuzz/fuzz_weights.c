@@ -25,11 +25,20 @@ static void convert_all(const kiln_weights_t *w) {
   free(buf);
 }
 
+/* The file the input is written to: one per process, in $TMPDIR, removed at exit. */
+static char path[4096];
+
+static void remove_file(void) { unlink(path); }
+
 /* Properties: neither loader crashes, reads out of bounds or leaks on any input; what they
  * accept converts without touching memory outside the file. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static char path[64];
-  if (!path[0]) snprintf(path, sizeof(path), "/tmp/kiln-fuzz-weights-%d", (int)getpid());
+  if (!path[0]) {
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, sizeof(path), "%s/kiln-fuzz-weights-%d", dir && *dir ? dir : "/tmp",
+             (int)getpid());
+    atexit(remove_file);
+  }
   FILE *f = fopen(path, "wb");
   if (!f) return 0;
   size_t wrote = fwrite(data, 1, size, f);
