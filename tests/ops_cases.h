@@ -15,6 +15,7 @@ void test_ops_copy(void **state);
 /* ops_cases_attention.c */
 void test_ops_kv_write(void **state);
 void test_ops_attention(void **state);
+void test_ops_attention_vision(void **state);
 
 /* ops_cases_sampling.c */
 void test_ops_argmax(void **state);

@@ -689,6 +689,151 @@ static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
   oh_free_all();
 }
 
+/* The vision towers' attention (Qwen2-VL / Qwen2.5-VL): non-causal, q_len == seq_len, one
+ * sequence per image or per window, NH == NKV (16 heads of 80 in the real models; 64 too), block
+ * size 16, lengths that are not multiples of it. The windows (<= 64 rows with G = 1) reach the
+ * GPU's decode-shaped tensor-core kernel, with and without context splits (a large
+ * max_seq_len bound); the full images its prefill kernel; the long ones its longest grids.
+ * gpu_only cases would cost the CPU backend (and the fp64 reference on the 2-core CI runners)
+ * minutes; the CPU's tiling is the same for them as for the shorter cases. */
+typedef struct vision_attn_case {
+  attn_case_t c;
+  bool gpu_only;
+  int reps; /* runs, each on fresh random inputs */
+} vision_attn_case_t;
+
+static const vision_attn_case_t vision_attn_cases[] = {
+    {{.name = "vision windows (Qwen2.5-VL), D 80",
+      .NH = 16,
+      .NKV = 16,
+      .D = 80,
+      .BS = 16,
+      .causal = false,
+      .extra_rows = 1,
+      .nseq = 8,
+      .seqs = {{64, 64}, {64, 64}, {48, 48}, {56, 56}, {16, 16}, {1, 1}, {35, 35}, {64, 64}}},
+     false,
+     3},
+    {{.name = "vision windows, fused QKV rows, D 64",
+      .NH = 16,
+      .NKV = 16,
+      .D = 64,
+      .BS = 16,
+      .causal = false,
+      .strided = true,
+      .nseq = 5,
+      .seqs = {{17, 17}, {64, 64}, {3, 3}, {40, 40}, {63, 63}}},
+     false,
+     3},
+    {{.name = "vision windows, few heads, max_seq_len bound 2048 (context splits)",
+      .NH = 2,
+      .NKV = 2,
+      .D = 80,
+      .BS = 16,
+      .causal = false,
+      .len_bound = 2048,
+      .nseq = 2,
+      .seqs = {{64, 64}, {29, 29}}},
+     false,
+     3},
+    {{.name = "vision windows, one of 65 rows (prefill kernel for all)",
+      .NH = 16,
+      .NKV = 16,
+      .D = 80,
+      .BS = 16,
+      .causal = false,
+      .nseq = 4,
+      .seqs = {{65, 65}, {64, 64}, {7, 7}, {1, 1}}},
+     false,
+     2},
+    {{.name = "vision full attention, images of 700/257/100 patches, D 80",
+      .NH = 16,
+      .NKV = 16,
+      .D = 80,
+      .BS = 16,
+      .causal = false,
+      .strided = true,
+      .extra_rows = 2,
+      .nseq = 3,
+      .seqs = {{700, 700}, {257, 257}, {100, 100}}},
+     false,
+     1},
+    {{.name = "vision full attention, D 64",
+      .NH = 16,
+      .NKV = 16,
+      .D = 64,
+      .BS = 16,
+      .causal = false,
+      .nseq = 3,
+      .seqs = {{333, 333}, {129, 129}, {1, 1}}},
+     false,
+     1},
+    {{.name = "vision, a 4100-patch image, D 80",
+      .NH = 4,
+      .NKV = 4,
+      .D = 80,
+      .BS = 16,
+      .causal = false,
+      .strided = true,
+      .nseq = 2,
+      .seqs = {{4100, 4100}, {95, 95}}},
+     true,
+     1},
+    {{.name = "vision, 7999- and 2049-patch images, D 64",
+      .NH = 2,
+      .NKV = 2,
+      .D = 64,
+      .BS = 16,
+      .causal = false,
+      .nseq = 2,
+      .seqs = {{7999, 7999}, {2049, 2049}}},
+     true,
+     1},
+    {{.name = "vision full attention, 16 heads of 80, 2100 patches",
+      .NH = 16,
+      .NKV = 16,
+      .D = 80,
+      .BS = 16,
+      .causal = false,
+      .nseq = 1,
+      .seqs = {{2100, 2100}}},
+     true,
+     1},
+};
+
+void test_ops_attention_vision(void **state) {
+  (void)state;
+  oh_test_begin("attention_vision");
+  for (int bi = 0; bi < oh_num_backends; bi++) {
+    const oh_backend_t *be = &oh_backends[bi];
+    for (int di = 0; di < 3; di++) {
+      if (!oh_dtype_ok(be, oh_float_dtypes[di])) continue;
+      for (size_t ci = 0; ci < ARRAY_LEN(vision_attn_cases); ci++) {
+        const vision_attn_case_t *v = &vision_attn_cases[ci];
+        if (v->gpu_only && be->info.kind == KILN_HAL_DEVICE_CPU) continue;
+        for (int r = 0; r < v->reps; r++) attention_run(be, oh_float_dtypes[di], &v->c);
+      }
+      /* Fresh vision batches: windows and images of random sizes, 1..8 per call. */
+      for (int r = 0; r < 4; r++) {
+        attn_case_t c;
+        memset(&c, 0, sizeof(c));
+        c.name = "random vision batch";
+        c.NH = c.NKV = r % 2 ? 16 : oh_rand_int(1, 4);
+        c.D = oh_rand_int(0, 1) ? 80 : 64;
+        c.BS = 16;
+        c.causal = false;
+        c.strided = oh_rand_int(0, 1);
+        c.nseq = (int)oh_rand_int(1, ATTN_MAX_SEQS);
+        const int32_t cap = r < 2 ? 64 : 300;
+        for (int s = 0; s < c.nseq; s++)
+          c.seqs[s].q_len = c.seqs[s].seq_len = (int32_t)oh_rand_int(1, cap);
+        attention_run(be, oh_float_dtypes[di], &c);
+      }
+    }
+  }
+  oh_test_end();
+}
+
 void test_ops_attention(void **state) {
   (void)state;
   oh_test_begin("attention");

@@ -49,6 +49,7 @@ int main(void) {
       cmocka_unit_test(test_ops_copy),
       cmocka_unit_test(test_ops_kv_write),
       cmocka_unit_test(test_ops_attention),
+      cmocka_unit_test(test_ops_attention_vision),
       cmocka_unit_test(test_ops_argmax),
       cmocka_unit_test(test_ops_topk),
       cmocka_unit_test(test_ops_penalize),

@@ -19,6 +19,7 @@
  *                    block_sum, block_max      lane = tid % WARP, wid = tid / WARP,
  *                                              nw = ceil(blockDim / WARP) partials in scratch
  *   cuda_ops.cu      rmsnorm_kernel            scratch[1024 / WARP + 1]; 256/512/1024 threads
+ *                    layernorm_kernel          the same, two block_sums (mean, centred squares)
  *   cuda_sample.cu   block_best                xor tree on (value, index) pairs + nw merge
  *                    block_scan                Hillis-Steele scan with kiln_shfl_up (o = 1 ..
  *                                              WARP/2, `lane >= o` guard), lane WARP-1 partials
@@ -599,6 +600,82 @@ static void test_rmsnorm(void **state) {
         assert_int_equal(writes[h], 1);
         check_close(out[h], dout[h], 1e-5, 1e-5, "rmsnorm<%d> H=%d element %d", W, H, h);
         if (with_res) check_close(res[h], dres[h], 0.0, 0.0, "rmsnorm<%d> residual %d", W, h);
+      }
+      free(x);
+      free(dx);
+      free(writes);
+    }
+  }
+}
+
+/* ============================================================================================
+ * layernorm (cuda_ops.cu layernorm_kernel + cuda_launch_layernorm), f32 storage, as rmsnorm.
+ * ==========================================================================================*/
+
+static void emu_layernorm_row(int W, const float *xr, float *rr, const float *w, const float *b,
+                              float *orow, int H, float eps, int *writes) {
+  /* cuda_launch_layernorm: threads = H >= 4096 ? 1024 : H >= 1024 ? 512 : 256 */
+  const int threads = H >= 4096 ? 1024 : H >= 1024 ? 512 : 256;
+  static float part[MAXT];
+  float scratch[1024 / 16 + 1]; /* __shared__ float scratch[1024 / WARP + 1] */
+  for (int tid = 0; tid < threads; tid++) {
+    part[tid] = 0.0f;
+    for (int64_t h = tid; h < H; h += threads) {
+      float v = xr[h];
+      if (rr) {
+        v = v + rr[h];
+        rr[h] = v;
+      }
+      part[tid] += v;
+    }
+  }
+  const float mean = block_sum_f(part, W, threads, scratch, 1024 / W + 1) / (float)H;
+  for (int tid = 0; tid < threads; tid++) {
+    part[tid] = 0.0f;
+    for (int64_t h = tid; h < H; h += threads) {
+      const float d = (rr ? rr[h] : xr[h]) - mean;
+      part[tid] += d * d;
+    }
+  }
+  const float inv =
+      1.0f / sqrtf(block_sum_f(part, W, threads, scratch, 1024 / W + 1) / (float)H + eps);
+  for (int tid = 0; tid < threads; tid++)
+    for (int64_t h = tid; h < H; h += threads) {
+      const float d = (rr ? rr[h] : xr[h]) - mean;
+      orow[h] = d * inv * w[h] + (b ? b[h] : 0.0f);
+      writes[h]++;
+    }
+}
+
+static void test_layernorm(void **state) {
+  (void)state;
+  const int Hs[] = {1, 7, 64, 255, 256, 257, 1000, 1024, 1280, 3584, 4095, 4096, 5000};
+  for (size_t a = 0; a < ARRAY_LEN(widths); a++) {
+    const int W = widths[a];
+    for (size_t c = 0; c < ARRAY_LEN(Hs); c++) {
+      const int H = Hs[c];
+      const bool with_res = c % 2 == 0, with_bias = c % 3 != 1;
+      float *x = malloc(sizeof(float) * (size_t)H * 5), *res = x + H, *w = res + H, *b = w + H,
+            *out = b + H;
+      double *dx = malloc(sizeof(double) * (size_t)H * 5), *dres = dx + H, *dw = dres + H,
+             *db = dw + H, *dout = db + H;
+      int *writes = calloc((size_t)H, sizeof(int));
+      assert_true(x && dx && writes);
+      const float mean = rng_float(-10.0f, 10.0f); /* rows centred away from 0 */
+      for (int h = 0; h < H; h++) {
+        dx[h] = x[h] = mean + rng_float(-2.0f, 2.0f);
+        dres[h] = res[h] = rng_float(-1.0f, 1.0f);
+        dw[h] = w[h] = rng_float(-1.5f, 1.5f);
+        db[h] = b[h] = rng_float(-0.5f, 0.5f);
+      }
+      emu_layernorm_row(W, x, with_res ? res : NULL, w, with_bias ? b : NULL, out, H, 1e-6f,
+                        writes);
+      ops_ref_layernorm(KILN_HAL_F32, 1, H, dx, with_res ? dres : NULL, dw, with_bias ? db : NULL,
+                        1e-6, dout);
+      for (int h = 0; h < H; h++) {
+        assert_int_equal(writes[h], 1);
+        check_close(out[h], dout[h], 1e-4, 1e-5, "layernorm<%d> H=%d element %d", W, H, h);
+        if (with_res) check_close(res[h], dres[h], 0.0, 0.0, "layernorm<%d> residual %d", W, h);
       }
       free(x);
       free(dx);
@@ -1546,6 +1623,7 @@ int main(void) {
       cmocka_unit_test(test_block_reductions),
       cmocka_unit_test(test_block_scan_min),
       cmocka_unit_test(test_rmsnorm),
+      cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_argmax_topk),
       cmocka_unit_test(test_sample),
       cmocka_unit_test(test_attention_mapping),

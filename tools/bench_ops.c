@@ -132,6 +132,7 @@ static void run_copy(void *vctx) { check(be->copy(stream, vctx), "copy"); }
 static void run_gemm(void *vctx) { check(be->gemm(stream, vctx), "gemm"); }
 static void run_attention(void *vctx) { check(be->attention(stream, vctx), "attention"); }
 static void run_rmsnorm(void *vctx) { check(be->rmsnorm(stream, vctx), "rmsnorm"); }
+static void run_layernorm(void *vctx) { check(be->layernorm(stream, vctx), "layernorm"); }
 
 static void measure_ceilings(void) {
   size_t n = quick ? (size_t)64 << 20 : (size_t)512 << 20;
@@ -428,6 +429,54 @@ static void bench_rmsnorm(void) {
     }
 }
 
+/* ---- layernorm with residual and bias (ABI 1.2; Qwen2-VL's vision blocks: H = 1280) ---------- */
+
+static void bench_layernorm(void) {
+  if (!KILN_HAL_HAS(be, layernorm) || !be->layernorm) {
+    printf("\n(layernorm: not in this plugin's table, ABI %u.%u)\n", be->abi_major, be->abi_minor);
+    return;
+  }
+  static const int32_t dts[] = {KILN_HAL_BF16, KILN_HAL_F32};
+  static const int64_t Ts[] = {16, 4096};
+  const int64_t H = 1280;
+  printf("\n");
+  print_header();
+  for (int di = 0; di < 2; di++)
+    for (int ti = 0; ti < 2; ti++) {
+      int32_t dt = dts[di];
+      int64_t T = Ts[ti], shape[2] = {T, H}, ws[1] = {H};
+      size_t es = kiln_hal_dtype_size(dt);
+      kiln_hal_buffer_t *x = alloc_buf((uint64_t)(T * H) * es),
+                        *r = alloc_buf((uint64_t)(T * H) * es);
+      kiln_hal_buffer_t *w = alloc_buf((uint64_t)H * es), *b = alloc_buf((uint64_t)H * es);
+      kiln_hal_buffer_t *o = alloc_buf((uint64_t)(T * H) * es);
+      fill_random(x, dt, T * H, 1.0f);
+      fill_random(r, dt, T * H, 1.0f);
+      fill_random(w, dt, H, 1.0f);
+      fill_random(b, dt, H, 1.0f);
+      kiln_hal_layernorm_args_t a;
+      memset(&a, 0, sizeof(a));
+      a.struct_size = sizeof(a);
+      a.x = kiln_hal_tensor_make(x, 0, dt, 2, shape);
+      a.residual = kiln_hal_tensor_make(r, 0, dt, 2, shape);
+      a.weight = kiln_hal_tensor_make(w, 0, dt, 1, ws);
+      a.bias = kiln_hal_tensor_make(b, 0, dt, 1, ws);
+      a.out = kiln_hal_tensor_make(o, 0, dt, 2, shape);
+      a.eps = 1e-6f;
+      timing_t t = time_it(run_layernorm, &a);
+      char name[96];
+      snprintf(name, sizeof(name), "layernorm+res+bias %-4s T=%-4lld H=%lld",
+               kiln_hal_dtype_name(dt), (long long)T, (long long)H);
+      /* x, residual read; residual, out written. */
+      report(name, t, 0.0, 4.0 * (double)(T * H) * (double)es, 0);
+      be->buffer_free(x);
+      be->buffer_free(r);
+      be->buffer_free(w);
+      be->buffer_free(b);
+      be->buffer_free(o);
+    }
+}
+
 int main(int argc, char **argv) {
   const char *path = NULL;
   int threads = 0;
@@ -484,6 +533,7 @@ int main(int argc, char **argv) {
   if (!only || !strcmp(only, "gemm")) bench_gemm();
   if (!only || !strcmp(only, "attn")) bench_attention();
   if (!only || !strcmp(only, "norm")) bench_rmsnorm();
+  if (!only || !strcmp(only, "norm")) bench_layernorm();
 
   be->stream_destroy(stream);
   be->device_close(dev);

@@ -579,6 +579,23 @@ static kiln_hal_error_t *cuda_rmsnorm(kiln_hal_stream_t *s, const kiln_hal_rmsno
       op);
 }
 
+static kiln_hal_error_t *cuda_layernorm(kiln_hal_stream_t *s,
+                                        const kiln_hal_layernorm_args_t *user) {
+  const char *op = "layernorm";
+  kiln_hal_layernorm_args_t a;
+  CHECK(ARGS_COPY(op, a, user));
+  CHECK(cuda_stream_enter(s));
+  kiln_hal_device_t *d = s->device;
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_layernorm(&env, &a));
+  int64_t T = a.x.shape[0], H = a.x.shape[1];
+  if (T == 0 || H == 0) return NULL;
+  return launch_result(
+      cuda_launch_layernorm(s->stream, d->warp_size, cuda_view(&a.x), cuda_view(&a.residual),
+                            cuda_view(&a.weight), cuda_view(&a.bias), cuda_view(&a.out), a.eps),
+      op);
+}
+
 static kiln_hal_error_t *cuda_rope(kiln_hal_stream_t *s, const kiln_hal_rope_args_t *user) {
   const char *op = "rope";
   kiln_hal_rope_args_t a;
@@ -609,6 +626,20 @@ static kiln_hal_error_t *cuda_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu
   CHECK(kiln_hal_check_silu_mul(&env, &a));
   if (kiln_hal_tensor_numel(&a.out) == 0) return NULL;
   return launch_result(cuda_launch_silu_mul(s->stream, cuda_view(&a.x), cuda_view(&a.out), a.act),
+                       op);
+}
+
+static kiln_hal_error_t *cuda_activation(kiln_hal_stream_t *s,
+                                         const kiln_hal_activation_args_t *user) {
+  const char *op = "activation";
+  kiln_hal_activation_args_t a;
+  CHECK(ARGS_COPY(op, a, user));
+  CHECK(cuda_stream_enter(s));
+  kiln_hal_device_t *d = s->device;
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_activation(&env, &a));
+  if (kiln_hal_tensor_numel(&a.out) == 0) return NULL;
+  return launch_result(cuda_launch_activation(s->stream, cuda_view(&a.x), cuda_view(&a.out), a.act),
                        op);
 }
 
@@ -916,6 +947,8 @@ static const kiln_hal_backend_t g_table = {
     .graph_end = cuda_graph_end,
     .graph_replay = cuda_graph_replay,
     .graph_destroy = cuda_graph_destroy,
+    .layernorm = cuda_layernorm,
+    .activation = cuda_activation,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

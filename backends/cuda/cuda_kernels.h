@@ -33,12 +33,20 @@ cudaError_t cuda_launch_embedding(cudaStream_t st, cuda_view_t table, cuda_view_
 cudaError_t cuda_launch_rmsnorm(cudaStream_t st, int warp, cuda_view_t x, cuda_view_t residual,
                                 cuda_view_t weight, cuda_view_t out, float eps, float offset);
 
+/* LayerNorm with optional fused residual and bias (residual.ptr / bias.ptr NULL = absent).
+ * x, residual, out: [T, H]; weight, bias: [H]. */
+cudaError_t cuda_launch_layernorm(cudaStream_t st, int warp, cuda_view_t x, cuda_view_t residual,
+                                  cuda_view_t weight, cuda_view_t bias, cuda_view_t out, float eps);
+
 /* In-place rotary embedding of x: [T, NHX, D]; positions [T] I32; cos_sin [P, R] F32. */
 cudaError_t cuda_launch_rope(cudaStream_t st, cuda_view_t x, cuda_view_t positions,
                              cuda_view_t cos_sin, int32_t style);
 
 /* out[t, i] = act(x[t, i]) * x[t, I + i].   x: [T, 2I]   out: [T, I] */
 cudaError_t cuda_launch_silu_mul(cudaStream_t st, cuda_view_t x, cuda_view_t out, int32_t act);
+
+/* out[t, i] = act(x[t, i]).   x, out: [T, N] */
+cudaError_t cuda_launch_activation(cudaStream_t st, cuda_view_t x, cuda_view_t out, int32_t act);
 
 /* out = a + b, all [T, H] of one float dtype. */
 cudaError_t cuda_launch_add(cudaStream_t st, cuda_view_t a, cuda_view_t b, cuda_view_t out);

@@ -1,6 +1,6 @@
-/* cuda_ops.cu - the small elementwise and row-wise kernels: embedding, rmsnorm, rope, silu_mul,
- * add, copy, kv_write, and gemm's scale/bias fix-up. Arithmetic is f32 whatever the storage
- * dtype; each result is rounded once (rmsnorm: where hal.h says). */
+/* cuda_ops.cu - the small elementwise and row-wise kernels: embedding, rmsnorm, layernorm, rope,
+ * silu_mul, activation, add, copy, kv_write, and gemm's scale/bias fix-up. Arithmetic is f32
+ * whatever the storage dtype; each result is rounded once (rmsnorm: where hal.h says). */
 #include "cuda_common.cuh"
 
 /* ---- embedding -------------------------------------------------------------------------- */
@@ -78,6 +78,57 @@ extern "C" cudaError_t cuda_launch_rmsnorm(cudaStream_t st, int warp, cuda_view_
   return cudaGetLastError();
 }
 
+/* ---- layernorm -------------------------------------------------------------------------- */
+
+/* One block per row, three passes over it: s (= round(x + residual), stored back to residual)
+ * and sum(s); then sum((s - mean)^2), the variance from centred values so that a row with a
+ * large mean loses nothing to cancellation; then round((s - mean) * rstd * w + b). Each thread
+ * touches the same elements in every pass, so out may alias x. */
+template <int WARP, typename T>
+static __global__ void layernorm_kernel(const T *x, int64_t xs, T *res, int64_t rs, const T *w,
+                                        const T *b, T *out, int64_t os, int64_t H, float eps) {
+  __shared__ float scratch[1024 / WARP + 1];
+  const int64_t t = blockIdx.x;
+  const T *xr = x + t * xs;
+  T *rr = res ? res + t * rs : nullptr;
+  T *orow = out + t * os;
+  float sum = 0.0f;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float v = to_f32(xr[h]);
+    if (rr) {
+      v = round_to<T>(v + to_f32(rr[h]));
+      rr[h] = from_f32<T>(v);
+    }
+    sum += v;
+  }
+  const float mean = block_sum<WARP>(sum, scratch) / (float)H;
+  float ss = 0.0f;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const float d = (rr ? to_f32(rr[h]) : to_f32(xr[h])) - mean;
+    ss += d * d;
+  }
+  const float inv = 1.0f / sqrtf(block_sum<WARP>(ss, scratch) / (float)H + eps);
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    const float d = (rr ? to_f32(rr[h]) : to_f32(xr[h])) - mean;
+    orow[h] = from_f32<T>(d * inv * to_f32(w[h]) + (b ? to_f32(b[h]) : 0.0f));
+  }
+}
+
+extern "C" cudaError_t cuda_launch_layernorm(cudaStream_t st, int warp, cuda_view_t x,
+                                             cuda_view_t residual, cuda_view_t weight,
+                                             cuda_view_t bias, cuda_view_t out, float eps) {
+  const int64_t T = x.shape[0], H = x.shape[1];
+  if (T > INT32_MAX) return cudaErrorInvalidValue;
+  const int threads = H >= 4096 ? 1024 : H >= 1024 ? 512 : 256;
+  KILN_WARP_DISPATCH(warp, KILN_FLOAT_DISPATCH(x.dtype, {
+                       layernorm_kernel<WARP_, T_><<<(unsigned)T, threads, 0, st>>>(
+                           (const T_ *)x.ptr, x.stride[0], (T_ *)residual.ptr,
+                           residual.ptr ? residual.stride[0] : 0, (const T_ *)weight.ptr,
+                           (const T_ *)bias.ptr, (T_ *)out.ptr, out.stride[0], H, eps);
+                     }));
+  return cudaGetLastError();
+}
+
 /* ---- rope ------------------------------------------------------------------------------- */
 
 template <typename T>
@@ -144,6 +195,29 @@ extern "C" cudaError_t cuda_launch_silu_mul(cudaStream_t st, cuda_view_t x, cuda
   KILN_FLOAT_DISPATCH(x.dtype, {
     silu_mul_kernel<T_><<<grid_for(T * I, 256), 256, 0, st>>>(
         (const T_ *)x.ptr, x.stride[0], (T_ *)out.ptr, out.stride[0], T, I, act);
+  });
+  return cudaGetLastError();
+}
+
+/* ---- activation (elementwise) ------------------------------------------------------------ */
+
+template <typename T>
+static __global__ void activation_kernel(const T *x, int64_t xs, T *out, int64_t os, int64_t T_rows,
+                                         int64_t N, int act) {
+  const int64_t n = T_rows * N;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = idx / N, i = idx % N;
+    out[t * os + i] = from_f32<T>(act_f32(to_f32(x[t * xs + i]), act));
+  }
+}
+
+extern "C" cudaError_t cuda_launch_activation(cudaStream_t st, cuda_view_t x, cuda_view_t out,
+                                              int32_t act) {
+  const int64_t T = x.shape[0], N = x.shape[1];
+  KILN_FLOAT_DISPATCH(x.dtype, {
+    activation_kernel<T_><<<grid_for(T * N, 256), 256, 0, st>>>(
+        (const T_ *)x.ptr, x.stride[0], (T_ *)out.ptr, out.stride[0], T, N, act);
   });
   return cudaGetLastError();
 }
