@@ -51,11 +51,12 @@ test-asan: deps
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
-# valgrind over the cmocka suites of the release build (the scripted CLI/SDK/server tests and the
+# valgrind over the cmocka suites of the release build (the scripted CLI/SDK/server tests, the
+# Pillow cross-check (bash + python; its C half is test_image, which does run here) and the
 # selftest are left to the sanitizer build), for leaks and uninitialised reads. The engine
 # simulation runs 2,000 requests there instead of 100,000.
 test-memcheck: build
-	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_' --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil' --output-on-failure -j $(JOBS)
 
 test: test-release test-asan test-memcheck
 

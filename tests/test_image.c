@@ -609,6 +609,48 @@ static void test_resize_invariants(void **state) {
   kiln_image_free(&img);
 }
 
+/* Pillow's Image.resize((w, h), BICUBIC) at odd sizes (the resize/ folder): identical bytes. */
+static void test_resize_matches_pil(void **state) {
+  (void)state;
+  kiln_json_doc_t *man = manifest_or_skip();
+  const kiln_json_t *list = kiln_json_get(kiln_json_root(man), "resizes");
+  if (!list && !require_goldens()) {
+    /* Goldens made before the script recorded resizes: the Pillow run (test_image_pil) has them. */
+    print_message("no resize goldens in this manifest; skipped\n");
+    kiln_json_doc_free(man);
+    skip();
+  }
+  assert_true(kiln_json_len(list) >= 10);
+  for (size_t i = 0; i < kiln_json_len(list); i++) {
+    const kiln_json_t *r = kiln_json_at(list, i);
+    const char *image = kiln_json_string(kiln_json_get(r, "image"), NULL);
+    const char *file = kiln_json_string(kiln_json_get(r, "file"), NULL);
+    int64_t w, h;
+    assert_true(kiln_json_int64(kiln_json_get(r, "width"), &w));
+    assert_true(kiln_json_int64(kiln_json_get(r, "height"), &h));
+    char path[8192];
+    if (snprintf(path, sizeof path, "%s/%s", g_goldens, file) >= (int)sizeof path) fail();
+    int pw, ph;
+    uint8_t *want = read_ppm(path, &pw, &ph);
+    assert_int_equal(pw, w);
+    assert_int_equal(ph, h);
+    kiln_image_t img, out;
+    decode_ok(image, &img);
+    kiln_status_t st = kiln_image_resize_bicubic(&img, (int32_t)w, (int32_t)h, &out);
+    if (st) fail_msg("%s", kiln_status_message(st));
+    size_t n = (size_t)w * (size_t)h * 3, diff = 0;
+    for (size_t k = 0; k < n; k++) diff += out.rgb[k] != want[k];
+    if (diff)
+      fail_msg("%s -> %lld x %lld: %zu of %zu bytes differ from Pillow", image, (long long)w,
+               (long long)h, diff, n);
+    free(want);
+    kiln_image_free(&out);
+    kiln_image_free(&img);
+  }
+  print_message("resize: %zu sizes identical to Pillow's BICUBIC\n", kiln_json_len(list));
+  kiln_json_doc_free(man);
+}
+
 /* ---- patches ------------------------------------------------------------------------------- */
 
 /* With resize, rescale and normalize off, every value is a pixel byte; check each one's place
@@ -940,6 +982,7 @@ int main(void) {
       cmocka_unit_test(test_smart_resize_rules),
       cmocka_unit_test(test_smart_resize_table),
       cmocka_unit_test(test_resize_invariants),
+      cmocka_unit_test(test_resize_matches_pil),
       cmocka_unit_test(test_patch_order),
       cmocka_unit_test(test_normalize_values),
       cmocka_unit_test(test_config_files),

@@ -14,10 +14,12 @@
  * Not covered: allocations inside shared libraries, which --wrap cannot reach: libc's own
  * (fopen, realpath, opendir, newlocale, open_memstream), inih's line buffer, PCRE2's pattern
  * compilation, JIT and match data (it takes a general context with custom malloc; not worth
- * it here), utf8proc's normalization buffers, dlopen's, and the backend plugins' (the model walk
- * runs on the cpu plugin, a dlopen'ed .so: its buffers, streams and error values are allocated
- * there and never fail; a plugin's own out-of-memory comes back as a kiln_hal_error_t with
- * KILN_HAL_ERR_OUT_OF_MEMORY, which kiln_hal_status_from_error maps to KILN_ERR_OUT_OF_MEMORY).
+ * it here), utf8proc's normalization buffers, libpng's, libjpeg's and libwebp's own working
+ * memory (the image walks fail Kiln's buffers around them), dlopen's, and the backend plugins' (the
+ * model walk runs on the cpu plugin, a dlopen'ed .so: its buffers, streams and error values are
+ * allocated there and never fail; a plugin's own out-of-memory comes back as a kiln_hal_error_t
+ * with KILN_HAL_ERR_OUT_OF_MEMORY, which kiln_hal_status_from_error maps to
+ * KILN_ERR_OUT_OF_MEMORY).
  */
 #define _GNU_SOURCE /* open_memstream, mkdtemp, symlink */
 #include <stdarg.h>
@@ -48,6 +50,8 @@
 #include "models/model_config.h"
 #include "models/template/template.h"
 #include "models/tokenizer/tokenizer.h"
+#include "models/vision/image.h"
+#include "models/vision/preproc.h"
 #include "oom_alloc.h"
 
 /* ---- the walk ------------------------------------------------------------------------------- */
@@ -1463,6 +1467,72 @@ static void sched_teardown(void *p) {
   memset(c, 0, sizeof(*c));
 }
 
+/* ---- image decode + Qwen2-VL preprocessing (models/vision) ---------------------------------- */
+
+typedef struct image_ctx {
+  char *path;
+  kiln_image_t img;
+  kiln_image_patches_t patches;
+} image_ctx_t;
+
+static kiln_status_t image_run(void *p) {
+  image_ctx_t *c = p;
+  kiln_status_t st = kiln_image_load_file(c->path, NULL, &c->img);
+  if (st) return st;
+  kiln_vision_preproc_t pp;
+  kiln_vision_preproc_default(&pp);
+  return kiln_image_preprocess(&pp, &c->img, &c->patches);
+}
+
+static char *image_snapshot(void *p, bool ok) {
+  image_ctx_t *c = p;
+  if (!ok) {
+    OOM_CHECK(!c->patches.pixels && c->patches.num_patches == 0,
+              "preprocessing failed and left patches behind");
+    if (c->img.rgb) return xstrdup("(decoded, no patches)");
+    OOM_CHECK(c->img.width == 0 && c->img.height == 0, "the decode failed and left a size");
+    return xstrdup("(no image)");
+  }
+  uint64_t h[2];
+  kiln_image_hash(&c->img, h);
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  assert_true(kiln_strbuf_printf(
+      &b, "%d x %d, hash %016llx%016llx, grid %d %d %d, %lld x %lld, ", c->img.width, c->img.height,
+      (unsigned long long)h[1], (unsigned long long)h[0], c->patches.grid_t, c->patches.grid_h,
+      c->patches.grid_w, (long long)c->patches.num_patches, (long long)c->patches.patch_dim));
+  append_hex(&b, c->patches.pixels, sizeof(float) * 64);
+  return model_detach(&b);
+}
+
+static void image_teardown(void *p) {
+  image_ctx_t *c = p;
+  kiln_image_free(&c->img);
+  kiln_image_patches_free(&c->patches);
+}
+
+static void test_image(void **state) {
+  (void)state;
+  const char *src = getenv("KILN_SOURCE_DIR");
+  if (!src) skip();
+  static const char *files[] = {"rgb_odd.png", "interlaced.png", "landscape_prog.jpg",
+                                "cmyk.jpg",    "lossy.webp",     "alpha_lossless.webp"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    image_ctx_t c = {.path = kiln_strprintf("%s/tests/data/images/%s", src, files[i])};
+    assert_non_null(c.path);
+    char name[64];
+    snprintf(name, sizeof name, "image %s", files[i]);
+    oom_op_t op = {.name = name,
+                   .ctx = &c,
+                   .run = image_run,
+                   .snapshot = image_snapshot,
+                   .teardown = image_teardown,
+                   .transactional = false};
+    oom_walk(&op);
+    free(c.path);
+  }
+  oom_assert_clean();
+}
+
 static void test_scheduler(void **state) {
   (void)state;
   sched_ctx_t c;
@@ -1891,6 +1961,7 @@ int main(void) {
       cmocka_unit_test(test_weights),
       cmocka_unit_test(test_gguf),
       cmocka_unit_test(test_model),
+      cmocka_unit_test(test_image),
       cmocka_unit_test(test_scheduler),
       cmocka_unit_test(test_engine_manual),
       cmocka_unit_test(test_engine_config),

@@ -14,6 +14,8 @@ transformers gets it from PIL.Image.open (no EXIF transpose), and writes under -
   <proc>/<image>.npy            pixel_values, float32 [grid_t*grid_h*grid_w, 1176]
   decoded/<image>.ppm           PIL's image.convert("RGB") of the file (binary P6): what the
                                 decoder must produce before resizing
+  resize/<image>.<w>x<h>.ppm    Pillow's Image.resize((w, h), BICUBIC) of two of the images at
+                                sizes smart_resize never produces (1 pixel, extreme ratios)
   smart_resize.json             transformers' smart_resize on a table of sizes and limits
                                 (results or the error it raised)
   proc_<proc>/preprocessor_config.json   the image processor's own save_pretrained
@@ -352,6 +354,23 @@ def main():
                     g["auto_default_error"] = f"{type(e).__name__}: {e}"
             manifest["goldens"].append(g)
             print(f"{pname:10s} {entry['name']:24s} grid {grid} {pv.shape}")
+
+    # Pillow's BICUBIC alone, at sizes smart_resize never asks for: 1-pixel and 1-row outputs,
+    # strong down- and upscaling, one side kept (a single pass).
+    os.makedirs(os.path.join(args.out, "resize"), exist_ok=True)
+    manifest["resizes"] = []
+    resize_sizes = [(1, 1), (1, 40), (40, 1), (300, 5), (5, 90), (13, 9), (61, 20), (17, 47),
+                    (97, 41), (28, 28)]
+    if args.all_processors:
+        rng = np.random.default_rng(1)
+        resize_sizes += [(int(rng.integers(1, 400)), int(rng.integers(1, 60))) for _ in range(30)]
+    for src in ("rgb_odd.png", "big_landscape.png"):
+        im = Image.open(os.path.join(args.images, src)).convert("RGB")
+        for (w, h) in resize_sizes:
+            out = np.asarray(im.resize((w, h), Image.BICUBIC))
+            fn = f"resize/{src}.{w}x{h}.ppm"
+            write_ppm(os.path.join(args.out, fn), out)
+            manifest["resizes"].append({"image": src, "width": w, "height": h, "file": fn})
 
     with open(os.path.join(args.out, "smart_resize.json"), "w") as f:
         f.write('{"cases": [\n')

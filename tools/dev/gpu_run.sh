@@ -8,7 +8,9 @@
 # plugin's fallback); PORTABILITY=1 runs `kiln info` with the ROCm plugin and Debian's HIP and
 # Level Zero runtimes from DEPS_DIR/hip/ beside the NVIDIA GPU.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
-#   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc)
+#   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc; for
+#                       image input libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo
+#                       libwebp-dev libwebp7, runtime packages too: the GPU image may lack them)
 #   DEPS_DIR/src.tar    the source snapshot to build (git archive HEAD); without it, the
 #                       working tree the device tool copied is built in place
 #   DEPS_DIR/tok/       optional tokenizer cache (tests/fetch_tokenizers.sh layout)
