@@ -535,6 +535,7 @@ static void test_bad_input(void **state) {
   check_st(kiln_model_kv_create(m, 8, BS, &kv));
   kiln_hal_buffer_t *buf = NULL;
   assert_null(be->buffer_alloc(g_dev, 64 * 16 * 4, 0, &buf));
+  assert_null(be->fill(g_stream, buf, 0, 64 * 16 * 4, 0)); /* the rows an embedding run copies */
   const int64_t sh[2] = {4, 16};
   kiln_hal_tensor_t src = kiln_hal_tensor_make(buf, 0, KILN_HAL_F32, 2, sh);
   int32_t ids[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 2, 3}, slots[4] = {0, 1, 2, 3}, len = 4;
