@@ -88,6 +88,15 @@ def api_seeds():
                                         "stream_options": {"include_usage": True}}),
         "chat_bad_part": ch + j({"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}),
+        "chat_images": ch + j({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Compare"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            {"type": "image_url", "image_url": "data:image/jpeg;base64,/9j/4AAQ"},
+            {"type": "image_url", "image_url": {"url": "https://127.0.0.1/a.webp"}}]}]}),
+        "chat_image_bad_urls": ch + j({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iV*="}},
+            {"type": "image_url", "image_url": {"url": "data:image/gif,xyz"}},
+            {"type": "image_url", "image_url": {"href": 1}}]}]}),
         "chat_bad_role": ch + j({"messages": [{"content": "no role"}, {"role": 5}]}),
         "chat_no_messages": ch + j({"prompt": "completions field on the chat route"}),
         "chat_bad_top_logprobs": ch + j({"messages": msgs, "logprobs": True,
