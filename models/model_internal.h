@@ -3,6 +3,9 @@
 #ifndef KILN_MODELS_MODEL_INTERNAL_H
 #define KILN_MODELS_MODEL_INTERNAL_H
 
+#include <string.h>
+
+#include "kiln/hal_util.h"
 #include "models/loader/weights.h"
 #include "models/model.h"
 
@@ -146,5 +149,49 @@ typedef struct model_pass {
  * its metadata was copied to m->meta (or, under graph capture, will be before each replay).
  * It issues HAL ops only: no copies to or from the host, no synchronisation, no allocation. */
 kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pass_t *p);
+
+/* ---- tensor views over the model's buffers, shared by the architectures (llama/, vision/) -- */
+
+/* A dense row-major [rows, cols] view with row stride ld (elements). */
+static inline kiln_hal_tensor_t model_view2(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt,
+                                            int64_t rows, int64_t cols, int64_t ld) {
+  kiln_hal_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.buffer = buf;
+  t.offset = off;
+  t.dtype = dt;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = ld;
+  t.stride[1] = 1;
+  return t;
+}
+
+/* [T, heads, D] with token stride ld (elements). */
+static inline kiln_hal_tensor_t model_view3(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt,
+                                            int64_t T, int64_t heads, int64_t D, int64_t ld) {
+  kiln_hal_tensor_t t = model_view2(buf, off, dt, T, heads, ld);
+  t.ndim = 3;
+  t.shape[2] = D;
+  t.stride[1] = D;
+  t.stride[2] = 1;
+  return t;
+}
+
+/* A PyTorch Linear weight [N, K] row-major, seen as the GEMM's b = [K, N] column-major. */
+static inline kiln_hal_tensor_t model_weight_t(const kiln_model_t *m, uint64_t off, int64_t K,
+                                               int64_t N) {
+  kiln_hal_tensor_t t = model_view2(m->weights, off, m->dtype, K, N, 1);
+  t.stride[1] = K;
+  return t;
+}
+
+/* A weight vector (a norm or a bias), or an absent tensor for MODEL_NO_TENSOR. */
+static inline kiln_hal_tensor_t model_vec(const kiln_model_t *m, uint64_t off, int64_t n) {
+  kiln_hal_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  return off == MODEL_NO_TENSOR ? t : kiln_hal_tensor_make(m->weights, off, m->dtype, 1, &n);
+}
 
 #endif /* KILN_MODELS_MODEL_INTERNAL_H */

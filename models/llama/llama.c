@@ -26,47 +26,6 @@
 #include "kiln/hal_util.h"
 #include "models/model_internal.h"
 
-/* A dense row-major [rows, cols] view with row stride ld (elements). */
-static kiln_hal_tensor_t view2(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt, int64_t rows,
-                               int64_t cols, int64_t ld) {
-  kiln_hal_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  t.buffer = buf;
-  t.offset = off;
-  t.dtype = dt;
-  t.ndim = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  t.stride[0] = ld;
-  t.stride[1] = 1;
-  return t;
-}
-
-/* [T, heads, D] with token stride ld (elements). */
-static kiln_hal_tensor_t view3(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt, int64_t T,
-                               int64_t heads, int64_t D, int64_t ld) {
-  kiln_hal_tensor_t t = view2(buf, off, dt, T, heads, ld);
-  t.ndim = 3;
-  t.shape[2] = D;
-  t.stride[1] = D;
-  t.stride[2] = 1;
-  return t;
-}
-
-/* A PyTorch Linear weight [N, K] row-major, seen as the GEMM's b = [K, N] column-major. */
-static kiln_hal_tensor_t weight_t(const kiln_model_t *m, uint64_t off, int64_t K, int64_t N) {
-  kiln_hal_tensor_t t = view2(m->weights, off, m->dtype, K, N, 1);
-  t.stride[1] = K;
-  return t;
-}
-
-/* A weight vector (a norm or a bias), or an absent tensor for MODEL_NO_TENSOR. */
-static kiln_hal_tensor_t vec(const kiln_model_t *m, uint64_t off, int64_t n) {
-  kiln_hal_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  return off == MODEL_NO_TENSOR ? t : kiln_hal_tensor_make(m->weights, off, m->dtype, 1, &n);
-}
-
 /* n int32 values of the batch metadata, from element first. */
 static kiln_hal_tensor_t meta1(const kiln_model_t *m, int64_t first, int64_t n) {
   return kiln_hal_tensor_make(m->meta, (uint64_t)first * 4, KILN_HAL_I32, 1, &n);
@@ -127,16 +86,16 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
   kiln_status_t st;
   int64_t layer = -1;
 
-  kiln_hal_tensor_t x = view2(m->act, m->x, dt, T, H, H);
-  kiln_hal_tensor_t resid = view2(m->act, m->resid, dt, T, H, H);
-  kiln_hal_tensor_t h = view2(m->act, m->h, dt, T, H, H);
+  kiln_hal_tensor_t x = model_view2(m->act, m->x, dt, T, H, H);
+  kiln_hal_tensor_t resid = model_view2(m->act, m->resid, dt, T, H, H);
+  kiln_hal_tensor_t h = model_view2(m->act, m->h, dt, T, H, H);
   kiln_hal_tensor_t none;
   memset(&none, 0, sizeof(none));
 
   kiln_hal_embedding_args_t emb;
   memset(&emb, 0, sizeof(emb));
   emb.struct_size = sizeof(emb);
-  emb.table = view2(m->weights, m->embed, dt, V, H, H);
+  emb.table = model_view2(m->weights, m->embed, dt, V, H, H);
   emb.ids = meta1(m, m->m_ids, T);
   emb.out = x;
   HAL(m->be->embedding(m->stream, &emb), "embedding");
@@ -150,7 +109,7 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     ca.src.offset += (uint64_t)e->first * (uint64_t)e->src.stride[0] *
                      (uint64_t)kiln_hal_dtype_size(e->src.dtype);
     ca.src.shape[0] = e->count;
-    ca.dst = view2(m->act, m->x + (uint64_t)e->row * H * es, dt, e->count, H, H);
+    ca.dst = model_view2(m->act, m->x + (uint64_t)e->row * H * es, dt, e->count, H, H);
     HAL(m->be->copy(m->stream, &ca), "embedding rows");
   }
   HAL(m->be->fill(m->stream, m->act, m->resid, (uint64_t)T * H * es, 0), "fill");
@@ -160,18 +119,18 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
   const bool split = c->qk_norm;
   kiln_hal_tensor_t q, k, v;
   if (split) {
-    q = view3(m->act, m->qkv, dt, T, NH, D, QD);
-    k = view3(m->act, m->qkv + (uint64_t)TM * QD * es, dt, T, NKV, D, KD);
-    v = view3(m->act, m->qkv + (uint64_t)TM * (QD + KD) * es, dt, T, NKV, D, KD);
+    q = model_view3(m->act, m->qkv, dt, T, NH, D, QD);
+    k = model_view3(m->act, m->qkv + (uint64_t)TM * QD * es, dt, T, NKV, D, KD);
+    v = model_view3(m->act, m->qkv + (uint64_t)TM * (QD + KD) * es, dt, T, NKV, D, KD);
   } else {
-    q = view3(m->act, m->qkv, dt, T, NH, D, QKV);
-    k = view3(m->act, m->qkv + (uint64_t)QD * es, dt, T, NKV, D, QKV);
-    v = view3(m->act, m->qkv + (uint64_t)(QD + KD) * es, dt, T, NKV, D, QKV);
+    q = model_view3(m->act, m->qkv, dt, T, NH, D, QKV);
+    k = model_view3(m->act, m->qkv + (uint64_t)QD * es, dt, T, NKV, D, QKV);
+    v = model_view3(m->act, m->qkv + (uint64_t)(QD + KD) * es, dt, T, NKV, D, QKV);
   }
-  kiln_hal_tensor_t attn = view3(m->act, m->attn, dt, T, NH, D, QD);
-  kiln_hal_tensor_t attn2 = view2(m->act, m->attn, dt, T, QD, QD);
-  kiln_hal_tensor_t gu = view2(m->act, m->gu, dt, T, 2 * I, 2 * I);
-  kiln_hal_tensor_t mlp = view2(m->act, m->mlp, dt, T, I, I);
+  kiln_hal_tensor_t attn = model_view3(m->act, m->attn, dt, T, NH, D, QD);
+  kiln_hal_tensor_t attn2 = model_view2(m->act, m->attn, dt, T, QD, QD);
+  kiln_hal_tensor_t gu = model_view2(m->act, m->gu, dt, T, 2 * I, 2 * I);
+  kiln_hal_tensor_t mlp = model_view2(m->act, m->mlp, dt, T, I, I);
 
   const int64_t rope_shape[2] = {m->max_len, c->rope.rotary_dim};
   const kiln_hal_tensor_t rope_tab = kiln_hal_tensor_make(m->rope, 0, KILN_HAL_F32, 2, rope_shape);
@@ -179,11 +138,11 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
   const int64_t NB = kv->pool_blocks, BS = kv->block_size;
   for (layer = 0; layer < c->num_layers; layer++) {
     const model_layer_t *L = &m->layers[layer];
-    if ((st = rmsnorm(m, x, resid, vec(m, L->in_norm, H), h, layer, "input_layernorm"))) return st;
+    if ((st = rmsnorm(m, x, resid, model_vec(m, L->in_norm, H), h, layer, "input_layernorm"))) return st;
 
     if (!split) {
-      kiln_hal_tensor_t qkv = view2(m->act, m->qkv, dt, T, QKV, QKV);
-      if ((st = gemm(m, h, weight_t(m, L->qkv_w, H, QKV), qkv, vec(m, L->qkv_b, QKV), layer,
+      kiln_hal_tensor_t qkv = model_view2(m->act, m->qkv, dt, T, QKV, QKV);
+      if ((st = gemm(m, h, model_weight_t(m, L->qkv_w, H, QKV), qkv, model_vec(m, L->qkv_b, QKV), layer,
                      "qkv_proj")))
         return st;
     } else {
@@ -191,21 +150,21 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
                      wv = wk + (uint64_t)KD * H * es;
       kiln_hal_tensor_t bq = none, bk = none, bv = none;
       if (L->qkv_b != MODEL_NO_TENSOR) {
-        bq = vec(m, L->qkv_b, QD);
-        bk = vec(m, L->qkv_b + (uint64_t)QD * es, KD);
-        bv = vec(m, L->qkv_b + (uint64_t)(QD + KD) * es, KD);
+        bq = model_vec(m, L->qkv_b, QD);
+        bk = model_vec(m, L->qkv_b + (uint64_t)QD * es, KD);
+        bv = model_vec(m, L->qkv_b + (uint64_t)(QD + KD) * es, KD);
       }
-      if ((st = gemm(m, h, weight_t(m, wq, H, QD), view2(m->act, q.offset, dt, T, QD, QD), bq,
+      if ((st = gemm(m, h, model_weight_t(m, wq, H, QD), model_view2(m->act, q.offset, dt, T, QD, QD), bq,
                      layer, "q_proj")) ||
-          (st = gemm(m, h, weight_t(m, wk, H, KD), view2(m->act, k.offset, dt, T, KD, KD), bk,
+          (st = gemm(m, h, model_weight_t(m, wk, H, KD), model_view2(m->act, k.offset, dt, T, KD, KD), bk,
                      layer, "k_proj")) ||
-          (st = gemm(m, h, weight_t(m, wv, H, KD), view2(m->act, v.offset, dt, T, KD, KD), bv,
+          (st = gemm(m, h, model_weight_t(m, wv, H, KD), model_view2(m->act, v.offset, dt, T, KD, KD), bv,
                      layer, "v_proj")))
         return st;
-      kiln_hal_tensor_t qh = view2(m->act, q.offset, dt, T * NH, D, D);
-      kiln_hal_tensor_t kh = view2(m->act, k.offset, dt, T * NKV, D, D);
-      if ((st = rmsnorm(m, qh, none, vec(m, L->q_norm, D), qh, layer, "q_norm")) ||
-          (st = rmsnorm(m, kh, none, vec(m, L->k_norm, D), kh, layer, "k_norm")))
+      kiln_hal_tensor_t qh = model_view2(m->act, q.offset, dt, T * NH, D, D);
+      kiln_hal_tensor_t kh = model_view2(m->act, k.offset, dt, T * NKV, D, D);
+      if ((st = rmsnorm(m, qh, none, model_vec(m, L->q_norm, D), qh, layer, "q_norm")) ||
+          (st = rmsnorm(m, kh, none, model_vec(m, L->k_norm, D), kh, layer, "k_norm")))
         return st;
     }
 
@@ -248,7 +207,7 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     aa.k_cache = kc;
     aa.v_cache = vc;
     aa.out = attn;
-    aa.block_table = view2(m->meta, (uint64_t)m->m_bt * 4, KILN_HAL_I32, S, MB, MB);
+    aa.block_table = model_view2(m->meta, (uint64_t)m->m_bt * 4, KILN_HAL_I32, S, MB, MB);
     aa.seq_lens = meta1(m, m->m_seq_lens, S);
     aa.query_start_loc = meta1(m, m->m_qsl, S + 1);
     aa.num_seqs = (int32_t)S;
@@ -259,10 +218,10 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     aa.sliding_window = L->window;
     HAL(m->be->attention(m->stream, &aa), "attention");
 
-    if ((st = gemm(m, attn2, weight_t(m, L->o_w, QD, H), x, vec(m, L->o_b, H), layer, "o_proj")) ||
+    if ((st = gemm(m, attn2, model_weight_t(m, L->o_w, QD, H), x, model_vec(m, L->o_b, H), layer, "o_proj")) ||
         (st =
-             rmsnorm(m, x, resid, vec(m, L->post_norm, H), h, layer, "post_attention_layernorm")) ||
-        (st = gemm(m, h, weight_t(m, L->gu_w, H, 2 * I), gu, vec(m, L->gu_b, 2 * I), layer,
+             rmsnorm(m, x, resid, model_vec(m, L->post_norm, H), h, layer, "post_attention_layernorm")) ||
+        (st = gemm(m, h, model_weight_t(m, L->gu_w, H, 2 * I), gu, model_vec(m, L->gu_b, 2 * I), layer,
                    "gate_up_proj")))
       return st;
     kiln_hal_silu_mul_args_t sm;
@@ -272,7 +231,7 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     sm.out = mlp;
     sm.act = c->hidden_act;
     HAL(m->be->silu_mul(m->stream, &sm), "act_mul");
-    if ((st = gemm(m, mlp, weight_t(m, L->down_w, I, H), x, vec(m, L->down_b, H), layer,
+    if ((st = gemm(m, mlp, model_weight_t(m, L->down_w, I, H), x, model_vec(m, L->down_b, H), layer,
                    "down_proj")))
       return st;
   }
@@ -281,10 +240,10 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
   if (R == 0) return NULL;
   /* The final norm adds the last residual for every row (cheap: [T, H]); only the R rows that
    * need logits are gathered (an embedding lookup into h) and multiplied by lm_head. */
-  if ((st = rmsnorm(m, x, resid, vec(m, m->final_norm, H), h, layer, "norm"))) return st;
-  kiln_hal_tensor_t rows = view2(m->act, m->h, dt, R, H, H); /* rows 0..R-1 (R <= T) */
+  if ((st = rmsnorm(m, x, resid, model_vec(m, m->final_norm, H), h, layer, "norm"))) return st;
+  kiln_hal_tensor_t rows = model_view2(m->act, m->h, dt, R, H, H); /* rows 0..R-1 (R <= T) */
   if (p->gather) {
-    rows = view2(m->act, m->gather, dt, R, H, H);
+    rows = model_view2(m->act, m->gather, dt, R, H, H);
     kiln_hal_embedding_args_t ga;
     memset(&ga, 0, sizeof(ga));
     ga.struct_size = sizeof(ga);
@@ -293,6 +252,6 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     ga.out = rows;
     HAL(m->be->embedding(m->stream, &ga), "gather logits rows");
   }
-  kiln_hal_tensor_t logits = view2(m->logits, 0, KILN_HAL_F32, R, V, V);
-  return gemm(m, rows, weight_t(m, m->lm_head, H, V), logits, none, layer, "lm_head");
+  kiln_hal_tensor_t logits = model_view2(m->logits, 0, KILN_HAL_F32, R, V, V);
+  return gemm(m, rows, model_weight_t(m, m->lm_head, H, V), logits, none, layer, "lm_head");
 }

@@ -202,44 +202,7 @@ int64_t kiln_vision_image_tokens(const kiln_model_t *m, const kiln_vision_image_
   return (int64_t)img->grid_t * (img->grid_h / ms) * (img->grid_w / ms);
 }
 
-/* ---- views and ops (as models/llama/llama.c) ------------------------------------------------ */
-
-static kiln_hal_tensor_t view2(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt, int64_t rows,
-                               int64_t cols, int64_t ld) {
-  kiln_hal_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  t.buffer = buf;
-  t.offset = off;
-  t.dtype = dt;
-  t.ndim = 2;
-  t.shape[0] = rows;
-  t.shape[1] = cols;
-  t.stride[0] = ld;
-  t.stride[1] = 1;
-  return t;
-}
-
-static kiln_hal_tensor_t view3(kiln_hal_buffer_t *buf, uint64_t off, int32_t dt, int64_t T,
-                               int64_t heads, int64_t D, int64_t ld) {
-  kiln_hal_tensor_t t = view2(buf, off, dt, T, heads, ld);
-  t.ndim = 3;
-  t.shape[2] = D;
-  t.stride[1] = D;
-  t.stride[2] = 1;
-  return t;
-}
-
-static kiln_hal_tensor_t weight_t(const kiln_model_t *m, uint64_t off, int64_t K, int64_t N) {
-  kiln_hal_tensor_t t = view2(m->weights, off, m->dtype, K, N, 1);
-  t.stride[1] = K;
-  return t;
-}
-
-static kiln_hal_tensor_t vec(const kiln_model_t *m, uint64_t off, int64_t n) {
-  kiln_hal_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  return off == MODEL_NO_TENSOR ? t : kiln_hal_tensor_make(m->weights, off, m->dtype, 1, &n);
-}
+/* ---- metadata views and ops ------------------------------------------------------------------ */
 
 static kiln_hal_tensor_t meta1(const struct kiln_vision *v, int64_t first, int64_t n) {
   return kiln_hal_tensor_make(v->meta, (uint64_t)first * 4, KILN_HAL_I32, 1, &n);
@@ -605,12 +568,12 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
   {
     kiln_hal_tensor_t none;
     memset(&none, 0, sizeof(none));
-    kiln_hal_tensor_t pix = view2(act, o_pix, dt, N, K, K);
+    kiln_hal_tensor_t pix = model_view2(act, o_pix, dt, N, K, K);
     if (dt != KILN_HAL_F32) {
       kiln_hal_copy_args_t ca;
       memset(&ca, 0, sizeof(ca));
       ca.struct_size = sizeof(ca);
-      ca.src = view2(act, o_pix32, KILN_HAL_F32, N, K, K);
+      ca.src = model_view2(act, o_pix32, KILN_HAL_F32, N, K, K);
       ca.dst = pix;
       kiln_hal_error_t *e = m->be->copy(m->stream, &ca);
       if (e) {
@@ -618,23 +581,23 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
         goto done;
       }
     }
-    kiln_hal_tensor_t x = view2(act, o_x, dt, N, E, E), resid = view2(act, o_res, dt, N, E, E);
-    kiln_hal_tensor_t h = view2(act, o_h, dt, N, E, E);
-    kiln_hal_tensor_t qkv = view2(act, o_qkv, dt, N, 3 * E, 3 * E);
-    kiln_hal_tensor_t q = view3(act, o_qkv, dt, N, NHv, Dv, 3 * E);
-    kiln_hal_tensor_t k = view3(act, o_qkv + (uint64_t)E * es, dt, N, NHv, Dv, 3 * E);
-    kiln_hal_tensor_t vv = view3(act, o_qkv + (uint64_t)(2 * E) * es, dt, N, NHv, Dv, 3 * E);
-    kiln_hal_tensor_t attn = view3(act, o_attn, dt, N, NHv, Dv, E);
-    kiln_hal_tensor_t attn2 = view2(act, o_attn, dt, N, E, E);
-    kiln_hal_tensor_t mlp = view2(act, o_mlp, dt, N, MW, MW);
-    kiln_hal_tensor_t mlp2 = view2(act, o_mlp2, dt, N, I, I);
+    kiln_hal_tensor_t x = model_view2(act, o_x, dt, N, E, E), resid = model_view2(act, o_res, dt, N, E, E);
+    kiln_hal_tensor_t h = model_view2(act, o_h, dt, N, E, E);
+    kiln_hal_tensor_t qkv = model_view2(act, o_qkv, dt, N, 3 * E, 3 * E);
+    kiln_hal_tensor_t q = model_view3(act, o_qkv, dt, N, NHv, Dv, 3 * E);
+    kiln_hal_tensor_t k = model_view3(act, o_qkv + (uint64_t)E * es, dt, N, NHv, Dv, 3 * E);
+    kiln_hal_tensor_t vv = model_view3(act, o_qkv + (uint64_t)(2 * E) * es, dt, N, NHv, Dv, 3 * E);
+    kiln_hal_tensor_t attn = model_view3(act, o_attn, dt, N, NHv, Dv, E);
+    kiln_hal_tensor_t attn2 = model_view2(act, o_attn, dt, N, E, E);
+    kiln_hal_tensor_t mlp = model_view2(act, o_mlp, dt, N, MW, MW);
+    kiln_hal_tensor_t mlp2 = model_view2(act, o_mlp2, dt, N, I, I);
     const int64_t cs[4] = {v->cap_blocks, NHv, VIS_BS, Dv};
     kiln_hal_tensor_t kc = kiln_hal_tensor_make(v->kv, 0, dt, 4, cs);
     kiln_hal_tensor_t vcache = kiln_hal_tensor_make(v->kv, pool_bytes, dt, 4, cs);
     const int64_t rs[2] = {N, Dv};
     kiln_hal_tensor_t rope_tab = kiln_hal_tensor_make(v->rope, 0, KILN_HAL_F32, 2, rs);
 
-    if ((st = gemm(m, pix, weight_t(m, v->patch_w, K, E), x, none, -1, "patch_embed"))) goto done;
+    if ((st = gemm(m, pix, model_weight_t(m, v->patch_w, K, E), x, none, -1, "patch_embed"))) goto done;
     {
       kiln_hal_error_t *e = m->be->fill(m->stream, act, o_res, (uint64_t)(N * E) * es, 0);
       if (e) {
@@ -645,8 +608,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
     for (block = 0; block < vc->depth; block++) {
       const vis_block_t *B = &v->blocks[block];
       const vis_seqs_t *sq = B->full || nseq_win == 0 ? &full : &win;
-      if ((st = norm(m, x, resid, vec(m, B->n1w, E), vec(m, B->n1b, E), h, block, "norm1")) ||
-          (st = gemm(m, h, weight_t(m, B->qkv_w, E, 3 * E), qkv, vec(m, B->qkv_b, 3 * E), block,
+      if ((st = norm(m, x, resid, model_vec(m, B->n1w, E), model_vec(m, B->n1b, E), h, block, "norm1")) ||
+          (st = gemm(m, h, model_weight_t(m, B->qkv_w, E, 3 * E), qkv, model_vec(m, B->qkv_b, 3 * E), block,
                      "attn.qkv")))
         goto done;
       kiln_hal_rope_args_t ra;
@@ -681,7 +644,7 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
       aa.k_cache = kc;
       aa.v_cache = vcache;
       aa.out = attn;
-      aa.block_table = view2(v->meta, (uint64_t)sq->m_bt * 4, KILN_HAL_I32, sq->n, sq->mb, sq->mb);
+      aa.block_table = model_view2(v->meta, (uint64_t)sq->m_bt * 4, KILN_HAL_I32, sq->n, sq->mb, sq->mb);
       aa.seq_lens = meta1(v, sq->m_lens, sq->n);
       aa.query_start_loc = meta1(v, sq->m_qsl, sq->n + 1);
       aa.num_seqs = (int32_t)sq->n;
@@ -693,10 +656,10 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
         st = fail(e, "attention", block);
         goto done;
       }
-      if ((st = gemm(m, attn2, weight_t(m, B->proj_w, E, E), x, vec(m, B->proj_b, E), block,
+      if ((st = gemm(m, attn2, model_weight_t(m, B->proj_w, E, E), x, model_vec(m, B->proj_b, E), block,
                      "attn.proj")) ||
-          (st = norm(m, x, resid, vec(m, B->n2w, E), vec(m, B->n2b, E), h, block, "norm2")) ||
-          (st = gemm(m, h, weight_t(m, B->fc1_w, E, MW), mlp, vec(m, B->fc1_b, MW), block,
+          (st = norm(m, x, resid, model_vec(m, B->n2w, E), model_vec(m, B->n2b, E), h, block, "norm2")) ||
+          (st = gemm(m, h, model_weight_t(m, B->fc1_w, E, MW), mlp, model_vec(m, B->fc1_b, MW), block,
                      v25 ? "mlp.gate_up_proj" : "mlp.fc1")))
         goto done;
       if (v25) {
@@ -710,12 +673,12 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
           st = fail(e, "mlp act_mul", block);
           goto done;
         }
-        if ((st = gemm(m, mlp2, weight_t(m, B->fc2_w, I, E), x, vec(m, B->fc2_b, E), block,
+        if ((st = gemm(m, mlp2, model_weight_t(m, B->fc2_w, I, E), x, model_vec(m, B->fc2_b, E), block,
                        "mlp.down_proj")))
           goto done;
       } else {
         if ((st = activation(m, mlp, vc->hidden_act, block, "mlp.act")) ||
-            (st = gemm(m, mlp, weight_t(m, B->fc2_w, I, E), x, vec(m, B->fc2_b, E), block,
+            (st = gemm(m, mlp, model_weight_t(m, B->fc2_w, I, E), x, model_vec(m, B->fc2_b, E), block,
                        "mlp.fc2")))
           goto done;
       }
@@ -723,15 +686,15 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
     block = -1;
     /* The merger: ln_q over the last residual, then the MLP over each merge unit's U rows. */
     const int64_t NU = N / U;
-    kiln_hal_tensor_t hm = view2(act, o_h, dt, NU, U * E, U * E);
-    kiln_hal_tensor_t mh = view2(act, o_mh, dt, NU, U * E, U * E);
-    kiln_hal_tensor_t dst = v25 ? view2(act, o_mout, dt, NU, OUT, OUT)
-                                : view2(out.buffer, out.offset, dt, NU, OUT, OUT);
-    if ((st = norm(m, x, resid, vec(m, v->lnq_w, E), vec(m, v->lnq_b, E), h, -1, "merger.ln_q")) ||
-        (st = gemm(m, hm, weight_t(m, v->m0_w, U * E, U * E), mh, vec(m, v->m0_b, U * E), -1,
+    kiln_hal_tensor_t hm = model_view2(act, o_h, dt, NU, U * E, U * E);
+    kiln_hal_tensor_t mh = model_view2(act, o_mh, dt, NU, U * E, U * E);
+    kiln_hal_tensor_t dst = v25 ? model_view2(act, o_mout, dt, NU, OUT, OUT)
+                                : model_view2(out.buffer, out.offset, dt, NU, OUT, OUT);
+    if ((st = norm(m, x, resid, model_vec(m, v->lnq_w, E), model_vec(m, v->lnq_b, E), h, -1, "merger.ln_q")) ||
+        (st = gemm(m, hm, model_weight_t(m, v->m0_w, U * E, U * E), mh, model_vec(m, v->m0_b, U * E), -1,
                    "merger.mlp.0")) ||
         (st = activation(m, mh, KILN_HAL_ACT_GELU, -1, "merger.gelu")) ||
-        (st = gemm(m, mh, weight_t(m, v->m2_w, U * E, OUT), dst, vec(m, v->m2_b, OUT), -1,
+        (st = gemm(m, mh, model_weight_t(m, v->m2_w, U * E, OUT), dst, model_vec(m, v->m2_b, OUT), -1,
                    "merger.mlp.2")))
       goto done;
     if (v25) { /* rows back to the image order */
@@ -740,7 +703,7 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
       ga.struct_size = sizeof(ga);
       ga.table = dst;
       ga.ids = meta1(v, m_rev, NU);
-      ga.out = view2(out.buffer, out.offset, dt, NU, OUT, OUT);
+      ga.out = model_view2(out.buffer, out.offset, dt, NU, OUT, OUT);
       kiln_hal_error_t *e = m->be->embedding(m->stream, &ga);
       if (e) {
         st = fail(e, "merger row order", -1);
