@@ -138,12 +138,13 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
   const int64_t NB = kv->pool_blocks, BS = kv->block_size;
   for (layer = 0; layer < c->num_layers; layer++) {
     const model_layer_t *L = &m->layers[layer];
-    if ((st = rmsnorm(m, x, resid, model_vec(m, L->in_norm, H), h, layer, "input_layernorm"))) return st;
+    if ((st = rmsnorm(m, x, resid, model_vec(m, L->in_norm, H), h, layer, "input_layernorm")))
+      return st;
 
     if (!split) {
       kiln_hal_tensor_t qkv = model_view2(m->act, m->qkv, dt, T, QKV, QKV);
-      if ((st = gemm(m, h, model_weight_t(m, L->qkv_w, H, QKV), qkv, model_vec(m, L->qkv_b, QKV), layer,
-                     "qkv_proj")))
+      if ((st = gemm(m, h, model_weight_t(m, L->qkv_w, H, QKV), qkv, model_vec(m, L->qkv_b, QKV),
+                     layer, "qkv_proj")))
         return st;
     } else {
       const uint64_t wq = L->qkv_w, wk = wq + (uint64_t)QD * H * es,
@@ -154,12 +155,12 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
         bk = model_vec(m, L->qkv_b + (uint64_t)QD * es, KD);
         bv = model_vec(m, L->qkv_b + (uint64_t)(QD + KD) * es, KD);
       }
-      if ((st = gemm(m, h, model_weight_t(m, wq, H, QD), model_view2(m->act, q.offset, dt, T, QD, QD), bq,
-                     layer, "q_proj")) ||
-          (st = gemm(m, h, model_weight_t(m, wk, H, KD), model_view2(m->act, k.offset, dt, T, KD, KD), bk,
-                     layer, "k_proj")) ||
-          (st = gemm(m, h, model_weight_t(m, wv, H, KD), model_view2(m->act, v.offset, dt, T, KD, KD), bv,
-                     layer, "v_proj")))
+      if ((st = gemm(m, h, model_weight_t(m, wq, H, QD),
+                     model_view2(m->act, q.offset, dt, T, QD, QD), bq, layer, "q_proj")) ||
+          (st = gemm(m, h, model_weight_t(m, wk, H, KD),
+                     model_view2(m->act, k.offset, dt, T, KD, KD), bk, layer, "k_proj")) ||
+          (st = gemm(m, h, model_weight_t(m, wv, H, KD),
+                     model_view2(m->act, v.offset, dt, T, KD, KD), bv, layer, "v_proj")))
         return st;
       kiln_hal_tensor_t qh = model_view2(m->act, q.offset, dt, T * NH, D, D);
       kiln_hal_tensor_t kh = model_view2(m->act, k.offset, dt, T * NKV, D, D);
@@ -218,11 +219,12 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     aa.sliding_window = L->window;
     HAL(m->be->attention(m->stream, &aa), "attention");
 
-    if ((st = gemm(m, attn2, model_weight_t(m, L->o_w, QD, H), x, model_vec(m, L->o_b, H), layer, "o_proj")) ||
-        (st =
-             rmsnorm(m, x, resid, model_vec(m, L->post_norm, H), h, layer, "post_attention_layernorm")) ||
-        (st = gemm(m, h, model_weight_t(m, L->gu_w, H, 2 * I), gu, model_vec(m, L->gu_b, 2 * I), layer,
-                   "gate_up_proj")))
+    if ((st = gemm(m, attn2, model_weight_t(m, L->o_w, QD, H), x, model_vec(m, L->o_b, H), layer,
+                   "o_proj")) ||
+        (st = rmsnorm(m, x, resid, model_vec(m, L->post_norm, H), h, layer,
+                      "post_attention_layernorm")) ||
+        (st = gemm(m, h, model_weight_t(m, L->gu_w, H, 2 * I), gu, model_vec(m, L->gu_b, 2 * I),
+                   layer, "gate_up_proj")))
       return st;
     kiln_hal_silu_mul_args_t sm;
     memset(&sm, 0, sizeof(sm));

@@ -581,7 +581,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
         goto done;
       }
     }
-    kiln_hal_tensor_t x = model_view2(act, o_x, dt, N, E, E), resid = model_view2(act, o_res, dt, N, E, E);
+    kiln_hal_tensor_t x = model_view2(act, o_x, dt, N, E, E),
+                      resid = model_view2(act, o_res, dt, N, E, E);
     kiln_hal_tensor_t h = model_view2(act, o_h, dt, N, E, E);
     kiln_hal_tensor_t qkv = model_view2(act, o_qkv, dt, N, 3 * E, 3 * E);
     kiln_hal_tensor_t q = model_view3(act, o_qkv, dt, N, NHv, Dv, 3 * E);
@@ -597,7 +598,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
     const int64_t rs[2] = {N, Dv};
     kiln_hal_tensor_t rope_tab = kiln_hal_tensor_make(v->rope, 0, KILN_HAL_F32, 2, rs);
 
-    if ((st = gemm(m, pix, model_weight_t(m, v->patch_w, K, E), x, none, -1, "patch_embed"))) goto done;
+    if ((st = gemm(m, pix, model_weight_t(m, v->patch_w, K, E), x, none, -1, "patch_embed")))
+      goto done;
     {
       kiln_hal_error_t *e = m->be->fill(m->stream, act, o_res, (uint64_t)(N * E) * es, 0);
       if (e) {
@@ -608,9 +610,10 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
     for (block = 0; block < vc->depth; block++) {
       const vis_block_t *B = &v->blocks[block];
       const vis_seqs_t *sq = B->full || nseq_win == 0 ? &full : &win;
-      if ((st = norm(m, x, resid, model_vec(m, B->n1w, E), model_vec(m, B->n1b, E), h, block, "norm1")) ||
-          (st = gemm(m, h, model_weight_t(m, B->qkv_w, E, 3 * E), qkv, model_vec(m, B->qkv_b, 3 * E), block,
-                     "attn.qkv")))
+      if ((st = norm(m, x, resid, model_vec(m, B->n1w, E), model_vec(m, B->n1b, E), h, block,
+                     "norm1")) ||
+          (st = gemm(m, h, model_weight_t(m, B->qkv_w, E, 3 * E), qkv,
+                     model_vec(m, B->qkv_b, 3 * E), block, "attn.qkv")))
         goto done;
       kiln_hal_rope_args_t ra;
       memset(&ra, 0, sizeof(ra));
@@ -644,7 +647,8 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
       aa.k_cache = kc;
       aa.v_cache = vcache;
       aa.out = attn;
-      aa.block_table = model_view2(v->meta, (uint64_t)sq->m_bt * 4, KILN_HAL_I32, sq->n, sq->mb, sq->mb);
+      aa.block_table =
+          model_view2(v->meta, (uint64_t)sq->m_bt * 4, KILN_HAL_I32, sq->n, sq->mb, sq->mb);
       aa.seq_lens = meta1(v, sq->m_lens, sq->n);
       aa.query_start_loc = meta1(v, sq->m_qsl, sq->n + 1);
       aa.num_seqs = (int32_t)sq->n;
@@ -656,11 +660,12 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
         st = fail(e, "attention", block);
         goto done;
       }
-      if ((st = gemm(m, attn2, model_weight_t(m, B->proj_w, E, E), x, model_vec(m, B->proj_b, E), block,
-                     "attn.proj")) ||
-          (st = norm(m, x, resid, model_vec(m, B->n2w, E), model_vec(m, B->n2b, E), h, block, "norm2")) ||
-          (st = gemm(m, h, model_weight_t(m, B->fc1_w, E, MW), mlp, model_vec(m, B->fc1_b, MW), block,
-                     v25 ? "mlp.gate_up_proj" : "mlp.fc1")))
+      if ((st = gemm(m, attn2, model_weight_t(m, B->proj_w, E, E), x, model_vec(m, B->proj_b, E),
+                     block, "attn.proj")) ||
+          (st = norm(m, x, resid, model_vec(m, B->n2w, E), model_vec(m, B->n2b, E), h, block,
+                     "norm2")) ||
+          (st = gemm(m, h, model_weight_t(m, B->fc1_w, E, MW), mlp, model_vec(m, B->fc1_b, MW),
+                     block, v25 ? "mlp.gate_up_proj" : "mlp.fc1")))
         goto done;
       if (v25) {
         kiln_hal_silu_mul_args_t sm;
@@ -673,13 +678,13 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
           st = fail(e, "mlp act_mul", block);
           goto done;
         }
-        if ((st = gemm(m, mlp2, model_weight_t(m, B->fc2_w, I, E), x, model_vec(m, B->fc2_b, E), block,
-                       "mlp.down_proj")))
+        if ((st = gemm(m, mlp2, model_weight_t(m, B->fc2_w, I, E), x, model_vec(m, B->fc2_b, E),
+                       block, "mlp.down_proj")))
           goto done;
       } else {
         if ((st = activation(m, mlp, vc->hidden_act, block, "mlp.act")) ||
-            (st = gemm(m, mlp, model_weight_t(m, B->fc2_w, I, E), x, model_vec(m, B->fc2_b, E), block,
-                       "mlp.fc2")))
+            (st = gemm(m, mlp, model_weight_t(m, B->fc2_w, I, E), x, model_vec(m, B->fc2_b, E),
+                       block, "mlp.fc2")))
           goto done;
       }
     }
@@ -690,12 +695,13 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
     kiln_hal_tensor_t mh = model_view2(act, o_mh, dt, NU, U * E, U * E);
     kiln_hal_tensor_t dst = v25 ? model_view2(act, o_mout, dt, NU, OUT, OUT)
                                 : model_view2(out.buffer, out.offset, dt, NU, OUT, OUT);
-    if ((st = norm(m, x, resid, model_vec(m, v->lnq_w, E), model_vec(m, v->lnq_b, E), h, -1, "merger.ln_q")) ||
-        (st = gemm(m, hm, model_weight_t(m, v->m0_w, U * E, U * E), mh, model_vec(m, v->m0_b, U * E), -1,
-                   "merger.mlp.0")) ||
+    if ((st = norm(m, x, resid, model_vec(m, v->lnq_w, E), model_vec(m, v->lnq_b, E), h, -1,
+                   "merger.ln_q")) ||
+        (st = gemm(m, hm, model_weight_t(m, v->m0_w, U * E, U * E), mh,
+                   model_vec(m, v->m0_b, U * E), -1, "merger.mlp.0")) ||
         (st = activation(m, mh, KILN_HAL_ACT_GELU, -1, "merger.gelu")) ||
-        (st = gemm(m, mh, model_weight_t(m, v->m2_w, U * E, OUT), dst, model_vec(m, v->m2_b, OUT), -1,
-                   "merger.mlp.2")))
+        (st = gemm(m, mh, model_weight_t(m, v->m2_w, U * E, OUT), dst, model_vec(m, v->m2_b, OUT),
+                   -1, "merger.mlp.2")))
       goto done;
     if (v25) { /* rows back to the image order */
       kiln_hal_embedding_args_t ga;
