@@ -16,7 +16,7 @@ Each Kiln run is a fresh `kiln generate --ids ... --image IMG --max-tokens 128 -
 --json` process; its JSON gives time_to_first_token_s and total_time_s measured in-process
 from submission (model load excluded). So every Kiln run is a cold process: its first prefill
 pays cuBLASLt's first-use heuristics for each new shape (issue 24's "cold-shape penalty"),
-which a server pays only on its first request. transformers gets one warm-up generate first.
+which a server pays only on its first request. transformers gets a full-length warm-up generate first.
 Prompt: Qwen's chat layout as token ids (no tokenizer is needed): system, user turn with
 <|vision_start|><|image_pad|><|vision_end|> and a 12-token question, assistant header. For
 transformers the one <|image_pad|> is expanded to the image's token count, as its processor
@@ -193,7 +193,10 @@ def hf(path, shape, img_path, runs, new_tokens):
         torch.cuda.synchronize()
         return time.perf_counter() - t, o[0, input_ids.shape[1]:].tolist()
 
-    gen(4)  # warm-up
+    # Warm-up at full length: on 2026-12-02 a 4-token warm-up left the first timed 128-token run
+    # three times slower than the second (docs/perf.md), so the warm-up now runs the whole request.
+    gen(1)
+    gen(new_tokens)
     e2e, first = [], []
     for _ in range(runs):
         first.append(gen(1)[0])
