@@ -456,3 +456,128 @@ done:
   ktok_match_ctx_free(&mc);
   return st;
 }
+
+/* ---- one token's bytes (constrained decoding) ------------------------------------------- */
+
+/* Runs decoder d over one token's string in place (buf), as a token in the middle of a text:
+ * no first-token rules, no U+FFFD for partial characters. *fused: a Fuse ran earlier in the
+ * chain (a Strip after it only touches the text's ends). */
+static kiln_status_t tb_dec(const ktok_decoder_t *d, ktok_match_ctx_t *mc, kiln_strbuf_t *buf,
+                            bool *fused) {
+  kiln_strbuf_t o = KILN_STRBUF_INIT;
+  const char *s = buf->data ? buf->data : "";
+  size_t n = buf->len;
+  kiln_status_t st = NULL;
+  switch (d->type) {
+    case TOK_DEC_BYTELEVEL: {
+      bool all = true;
+      for (size_t k = 0; k < n && all;) {
+        uint32_t cp;
+        int cl = ktok_utf8_decode(s + k, &cp);
+        int b = ktok_cp_to_byte(cp);
+        if (b < 0) all = false;
+        else kiln_strbuf_append_char(&o, (char)b);
+        k += (size_t)cl;
+      }
+      if (!all) {
+        kiln_strbuf_reset(&o);
+        kiln_strbuf_append(&o, s, n);
+      }
+      break;
+    }
+    case TOK_DEC_METASPACE: {
+      char rep[4];
+      int rl = ktok_utf8_encode(d->rep_cp, rep);
+      for (size_t k = 0; k < n;) {
+        if (k + (size_t)rl <= n && memcmp(s + k, rep, (size_t)rl) == 0) {
+          kiln_strbuf_append_char(&o, ' ');
+          k += (size_t)rl;
+        } else {
+          kiln_strbuf_append_char(&o, s[k++]);
+        }
+      }
+      break;
+    }
+    case TOK_DEC_BYTEFALLBACK: {
+      unsigned char b;
+      if (byte_token(s, n, &b))
+        kiln_strbuf_append_char(&o, (char)b);
+      else
+        kiln_strbuf_append(&o, s, n);
+      break;
+    }
+    case TOK_DEC_FUSE:
+      *fused = true;
+      return NULL;
+    case TOK_DEC_STRIP: {
+      if (*fused) return NULL;
+      char c[4];
+      size_t cl = (size_t)ktok_utf8_encode(d->strip_cp, c);
+      size_t b = 0, e = n;
+      for (size_t k = 0; k < d->strip_start && b + cl <= e && memcmp(s + b, c, cl) == 0; k++) b += cl;
+      for (size_t k = 0; k < d->strip_stop && e >= b + cl && memcmp(s + e - cl, c, cl) == 0; k++)
+        e -= cl;
+      kiln_strbuf_append(&o, s + b, e - b);
+      break;
+    }
+    case TOK_DEC_REPLACE:
+      st = ktok_pattern_replace(&d->pattern, mc, s, n, d->content, d->content_len, &o);
+      break;
+    case TOK_DEC_SEQUENCE:
+      for (size_t i = 0; i < d->n_children && !st; i++) st = tb_dec(d->children[i], mc, buf, fused);
+      return st;
+  }
+  if (!st && !kiln_strbuf_ok(&o)) st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+  if (!st) {
+    kiln_strbuf_reset(buf);
+    kiln_strbuf_append(buf, o.data ? o.data : "", o.len);
+  }
+  kiln_strbuf_free(&o);
+  return st;
+}
+
+kiln_status_t kiln_tokenizer_token_bytes(const kiln_tokenizer_t *tok, int32_t id,
+                                         kiln_strbuf_t *out) {
+  size_t len = 0;
+  const char *s = ktok_id_to_token(tok, id, &len);
+  if (!s)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "token id %d is out of range (vocabulary size %zu)", (int)id,
+                            tok->vocab_size);
+  kiln_strbuf_t buf = KILN_STRBUF_INIT;
+  if (!tok->decoder) kiln_strbuf_append_char(&buf, ' '); /* joined with spaces */
+  kiln_strbuf_append(&buf, s, len);
+  kiln_status_t st = NULL;
+  if (tok->decoder) {
+    ktok_match_ctx_t mc;
+    ktok_match_ctx_init(&mc);
+    bool fused = false;
+    st = tb_dec(tok->decoder, &mc, &buf, &fused);
+    ktok_match_ctx_free(&mc);
+  }
+  if (!st) {
+    kiln_strbuf_append(out, buf.data ? buf.data : "", buf.len);
+    if (!kiln_strbuf_ok(out) || !kiln_strbuf_ok(&buf))
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "token bytes: out of memory");
+  }
+  kiln_strbuf_free(&buf);
+  return st;
+}
+
+static bool strips_first(const ktok_decoder_t *d, bool *fused) {
+  switch (d->type) {
+    case TOK_DEC_METASPACE: return d->prepend_scheme != TOK_PREPEND_NEVER;
+    case TOK_DEC_FUSE: *fused = true; return false;
+    case TOK_DEC_STRIP: return *fused && d->strip_start > 0 && d->strip_cp == ' ';
+    case TOK_DEC_SEQUENCE:
+      for (size_t i = 0; i < d->n_children; i++)
+        if (strips_first(d->children[i], fused)) return true;
+      return false;
+    default: return false;
+  }
+}
+
+bool kiln_tokenizer_strips_first_space(const kiln_tokenizer_t *tok) {
+  bool fused = false;
+  return tok->decoder && strips_first(tok->decoder, &fused);
+}

@@ -90,6 +90,16 @@ bool kiln_tokenizer_add_eos(const kiln_tokenizer_t *tok);
 const char *kiln_tokenizer_bos_token(const kiln_tokenizer_t *tok);
 const char *kiln_tokenizer_eos_token(const kiln_tokenizer_t *tok);
 
+/* The bytes token id adds in the middle of a decoded text (constrained decoding works on
+ * these): the decoder chain run over the token alone, without the rules for a text's first
+ * token and without replacing partial UTF-8 characters (a byte-level token may hold half of
+ * one). Errors: an id naming no token, out of memory. */
+kiln_status_t kiln_tokenizer_token_bytes(const kiln_tokenizer_t *tok, int32_t id,
+                                         kiln_strbuf_t *out);
+/* True when decoding drops one leading space of a text's first token (a Metaspace decoder that
+ * prepends one, or a Strip of a leading space after Fuse, as SentencePiece tokenizers do). */
+bool kiln_tokenizer_strips_first_space(const kiln_tokenizer_t *tok);
+
 /* ---- incremental detokenization ------------------------------------------------------- */
 
 /* A streaming decoder: push ids one at a time and receive only text that is final (it can
