@@ -22,6 +22,7 @@ void test_ops_argmax(void **state);
 void test_ops_topk(void **state);
 void test_ops_penalize(void **state);
 void test_ops_sample(void **state);
+void test_ops_mask_logits(void **state); /* ABI 1.3 */
 
 /* ops_cases_vision.c (ABI 1.2) */
 void test_ops_layernorm(void **state);

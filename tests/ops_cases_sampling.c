@@ -344,6 +344,91 @@ void test_ops_penalize(void **state) {
   oh_test_end();
 }
 
+/* =========================================================================== mask_logits == */
+
+/* S rows of V logits, M masks; rows_mode 0: no rows tensor (M == S), 1: rows with -1, an
+ * out-of-range index and repeats. */
+static void mask_run(const oh_backend_t *be, int64_t S, int64_t V, int64_t M, int rows_mode) {
+  oh_case(be, "mask_logits", KILN_HAL_F32, "S=%lld V=%lld M=%lld%s", (long long)S, (long long)V,
+          (long long)M, rows_mode ? " rows" : "");
+  if (!be->t->mask_logits) {
+    oh_fail("mask_logits: the backend lacks the ABI 1.3 op");
+    return;
+  }
+  const int64_t W = (V + 31) / 32 + 1; /* one spare word: bits beyond V are ignored */
+  oh_buf_t *lb, *mb, *rb = NULL;
+  kiln_hal_mask_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.logits = logits_view(&lb, be, S, V, 3);
+  mb = oh_buf_new(be, (size_t)(M * W + 2) * 4);
+  int64_t mshape[2] = {M, W};
+  a.mask = oh_view(mb, 0, KILN_HAL_I32, 2, mshape, NULL);
+  double *lg = OH_NEW(double, S *V), *got = OH_NEW(double, S *V);
+  int32_t *mask = OH_NEW(int32_t, M * W), *rows = OH_NEW(int32_t, S);
+  for (int64_t i = 0; i < S * V; i++) lg[i] = oh_rand_uniform(-5, 5);
+  for (int64_t r = 0; r < M; r++)
+    for (int64_t w = 0; w < W; w++) {
+      /* all-allowed, all-banned and random words */
+      int64_t k = oh_rand_int(0, 5);
+      uint32_t bits = k == 0 ? 0xFFFFFFFFu
+                      : k == 1
+                          ? 0u
+                          : (uint32_t)oh_rand_int(0, 0x7FFFFFFF) * 2u + (uint32_t)oh_rand_int(0, 1);
+      memcpy(&mask[r * W + w], &bits, 4);
+    }
+  for (int64_t s = 0; s < S; s++)
+    rows[s] = s == 1 ? -1 : s == 2 ? (int32_t)(M + 4) : (int32_t)oh_rand_int(0, M - 1);
+  oh_write(lb, &a.logits, lg);
+  oh_write_i32(mb, &a.mask, mask);
+  if (rows_mode) {
+    a.rows = vec_view(&rb, be, KILN_HAL_I32, S);
+    oh_write_i32(rb, &a.rows, rows);
+    oh_push(rb);
+  }
+  oh_push(lb);
+  oh_push(mb);
+  if (oh_ok(be->t->mask_logits(be->stream, &a), "mask_logits") && oh_pull(lb)) {
+    for (int64_t s = 0; s < S; s++) {
+      int64_t r = rows_mode ? rows[s] : s;
+      if (r < 0 || r >= M) continue;
+      for (int64_t v = 0; v < V; v++) {
+        uint32_t bits;
+        memcpy(&bits, &mask[r * W + v / 32], 4);
+        if (!((bits >> (v % 32)) & 1)) lg[s * V + v] = -INFINITY;
+      }
+    }
+    oh_mark(lb, &a.logits);
+    oh_read(lb, &a.logits, got);
+    oh_compare("logits", S * V, got, lg, NULL, (oh_tol_t){0, 0, 0});
+    oh_check_rest(lb, "logits (row padding)");
+  }
+  /* a mask too narrow for V is refused */
+  int64_t narrow[2] = {M, (V + 31) / 32 - 1};
+  if (narrow[1] >= 0 && V > 32) {
+    kiln_hal_mask_args_t b = a;
+    b.mask = oh_view(mb, 0, KILN_HAL_I32, 2, narrow, NULL);
+    oh_expect_error(be->t->mask_logits(be->stream, &b), "mask_logits with a narrow mask");
+  }
+  free(lg);
+  free(got);
+  free(mask);
+  free(rows);
+  oh_free_all();
+}
+
+void test_ops_mask_logits(void **state) {
+  (void)state;
+  oh_test_begin("mask_logits");
+  for (int bi = 0; bi < oh_num_backends; bi++) {
+    mask_run(&oh_backends[bi], 1, 1, 1, 0);
+    mask_run(&oh_backends[bi], 3, 33, 3, 0);
+    mask_run(&oh_backends[bi], 5, 1000, 2, 1);
+    mask_run(&oh_backends[bi], 4, 151936, 3, 1);
+  }
+  oh_test_end();
+}
+
 /* ================================================================================ sample == */
 
 typedef struct sample_row {

@@ -53,6 +53,7 @@ int main(void) {
       cmocka_unit_test(test_ops_argmax),
       cmocka_unit_test(test_ops_topk),
       cmocka_unit_test(test_ops_penalize),
+      cmocka_unit_test(test_ops_mask_logits),
       cmocka_unit_test(test_ops_sample),
       cmocka_unit_test(test_ops_graphs),
       cmocka_unit_test(test_ops_bad_args),

@@ -334,6 +334,7 @@ static kiln_hal_error_t *run_op(kiln_hal_stream_t *s, const cpu_op_t *op, bool d
     case CPU_OP_SAMPLE: return cpu_sample(s, &op->u.sample, dry_run);
     case CPU_OP_LAYERNORM: return cpu_layernorm(s, &op->u.layernorm, dry_run);
     case CPU_OP_ACTIVATION: return cpu_activation(s, &op->u.activation, dry_run);
+    case CPU_OP_MASK_LOGITS: return cpu_mask_logits(s, &op->u.mask_logits, dry_run);
   }
   return kiln_hal_error_new(KILN_HAL_ERR_INTERNAL, "cpu: unknown recorded op %d", (int)op->kind);
 }
@@ -406,6 +407,7 @@ CPU_OP_ENTRY(penalize, CPU_OP_PENALIZE, kiln_hal_penalize_args_t)
 CPU_OP_ENTRY(sample, CPU_OP_SAMPLE, kiln_hal_sample_args_t)
 CPU_OP_ENTRY(layernorm, CPU_OP_LAYERNORM, kiln_hal_layernorm_args_t)
 CPU_OP_ENTRY(activation, CPU_OP_ACTIVATION, kiln_hal_activation_args_t)
+CPU_OP_ENTRY(mask_logits, CPU_OP_MASK_LOGITS, kiln_hal_mask_args_t)
 
 static kiln_hal_error_t *be_graph_begin(kiln_hal_stream_t *s) {
   if (!s) return cpu_err("graph_begin: stream is NULL");
@@ -512,6 +514,7 @@ static const kiln_hal_backend_t g_table = {
     .graph_destroy = be_graph_destroy,
     .layernorm = be_layernorm,
     .activation = be_activation,
+    .mask_logits = be_mask_logits,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

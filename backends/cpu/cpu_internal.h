@@ -49,6 +49,7 @@ typedef enum cpu_op_kind {
   CPU_OP_SAMPLE,
   CPU_OP_LAYERNORM,
   CPU_OP_ACTIVATION,
+  CPU_OP_MASK_LOGITS,
 } cpu_op_kind_t;
 
 typedef struct cpu_raw_copy {
@@ -76,6 +77,7 @@ typedef struct cpu_op {
     kiln_hal_sample_args_t sample;
     kiln_hal_layernorm_args_t layernorm;
     kiln_hal_activation_args_t activation;
+    kiln_hal_mask_args_t mask_logits;
   } u;
 } cpu_op_t;
 
@@ -153,6 +155,8 @@ kiln_hal_error_t *cpu_topk(kiln_hal_stream_t *s, const kiln_hal_topk_args_t *a, 
 kiln_hal_error_t *cpu_penalize(kiln_hal_stream_t *s, const kiln_hal_penalize_args_t *a,
                                bool dry_run);
 kiln_hal_error_t *cpu_sample(kiln_hal_stream_t *s, const kiln_hal_sample_args_t *a, bool dry_run);
+kiln_hal_error_t *cpu_mask_logits(kiln_hal_stream_t *s, const kiln_hal_mask_args_t *a,
+                                  bool dry_run);
 
 /* OpenBLAS configuration (cpu_gemm.c): called by init with the pool's thread count. */
 void cpu_gemm_init(int threads);

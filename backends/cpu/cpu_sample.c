@@ -1,4 +1,4 @@
-/* cpu_sample.c - sampling support on logits rows: argmax, topk, penalize, sample. */
+/* cpu_sample.c - sampling support on logits rows: argmax, topk, penalize, sample, mask_logits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +45,8 @@ static void argmax_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
     int64_t id = kiln_rank_argmax(x, V);
     ((int32_t *)cpu_tensor_ptr(&a->out_ids))[s * a->out_ids.stride[0]] = (int32_t)id;
     if (lp)
-      ((float *)cpu_tensor_ptr(&a->out_logprob))[s * a->out_logprob.stride[0]] = x[id] - row_lse(x, V);
+      ((float *)cpu_tensor_ptr(&a->out_logprob))[s * a->out_logprob.stride[0]] =
+          x[id] - row_lse(x, V);
   }
 }
 
@@ -106,13 +107,13 @@ typedef struct pen_ctx {
   const kiln_hal_penalize_args_t *a;
   int64_t V;
   bool prompt, output, bias;
-  uint8_t *mark;   /* V per thread, zero between rows */
-  int32_t *count;  /* V per thread, zero between rows */
+  uint8_t *mark;  /* V per thread, zero between rows */
+  int32_t *count; /* V per thread, zero between rows */
 } pen_ctx_t;
 
 /* Offsets are data: checked when the op runs, before any logit changes. */
-static kiln_hal_error_t *check_offsets(const char *name, const kiln_hal_tensor_t *off,
-                                       int64_t len, int64_t S) {
+static kiln_hal_error_t *check_offsets(const char *name, const kiln_hal_tensor_t *off, int64_t len,
+                                       int64_t S) {
   for (int64_t s = 0; s <= S; s++) {
     int32_t o = veci(off, s);
     if (o < 0 || o > len || (s > 0 && o < veci(off, s - 1)))
@@ -183,16 +184,17 @@ kiln_hal_error_t *cpu_penalize(kiln_hal_stream_t *s, const kiln_hal_penalize_arg
   c.output = kiln_hal_tensor_present(&a->output_ids);
   c.bias = kiln_hal_tensor_present(&a->bias_ids);
   if (dry_run || S == 0 || V == 0) return NULL;
-  if ((c.prompt && (e = check_offsets("prompt_offsets", &a->prompt_offsets,
-                                      a->prompt_ids.shape[0], S))) ||
-      (c.output && (e = check_offsets("output_offsets", &a->output_offsets,
-                                      a->output_ids.shape[0], S))) ||
+  if ((c.prompt &&
+       (e = check_offsets("prompt_offsets", &a->prompt_offsets, a->prompt_ids.shape[0], S))) ||
+      (c.output &&
+       (e = check_offsets("output_offsets", &a->output_offsets, a->output_ids.shape[0], S))) ||
       (c.bias && (e = check_offsets("bias_offsets", &a->bias_offsets, a->bias_ids.shape[0], S))))
     return e;
   int threads = cpu_num_threads();
   size_t per = (size_t)V * (sizeof(uint8_t) + sizeof(int32_t));
   char *scratch = cpu_scratch(s, per * (size_t)threads + 64);
-  if (!scratch) return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "penalize: out of scratch memory");
+  if (!scratch)
+    return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "penalize: out of scratch memory");
   memset(scratch, 0, per * (size_t)threads);
   c.count = (int32_t *)scratch;
   c.mark = (uint8_t *)(scratch + (size_t)V * sizeof(int32_t) * (size_t)threads);
@@ -220,7 +222,8 @@ static int cmp_i32(const void *pa, const void *pb) {
 }
 
 /* One row of `sample` (see hal.h): returns the chosen token. */
-static int64_t sample_row(const sample_ctx_t *c, int64_t s, const float *x, float *e, int32_t *idx) {
+static int64_t sample_row(const sample_ctx_t *c, int64_t s, const float *x, float *e,
+                          int32_t *idx) {
   const kiln_hal_sample_args_t *a = c->a;
   int64_t V = c->V;
   float t = vecf(&a->temperature, s);
@@ -295,9 +298,43 @@ kiln_hal_error_t *cpu_sample(kiln_hal_stream_t *s, const kiln_hal_sample_args_t 
   int threads = cpu_num_threads();
   size_t per = (size_t)V * (sizeof(float) + sizeof(int32_t));
   char *scratch = cpu_scratch(s, per * (size_t)threads);
-  if (!scratch) return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "sample: out of scratch memory");
+  if (!scratch)
+    return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "sample: out of scratch memory");
   sample_ctx_t c = {a, V, (float *)scratch,
                     (int32_t *)(scratch + (size_t)V * sizeof(float) * (size_t)threads)};
   cpu_parallel_rows(S, 4 * V, sample_rows, &c);
+  return NULL;
+}
+
+/* ============================================================================================
+ * mask_logits (ABI 1.3)
+ * ==========================================================================================*/
+
+static void mask_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
+  (void)thread;
+  const kiln_hal_mask_args_t *a = vctx;
+  const int64_t V = a->logits.shape[1], M = a->mask.shape[0];
+  const bool rows = kiln_hal_tensor_present(&a->rows);
+  for (int64_t s = r0; s < r1; s++) {
+    int64_t r = rows ? veci(&a->rows, s) : s;
+    if (r < 0 || r >= M) continue;
+    float *x = (float *)cpu_tensor_ptr(&a->logits) + s * a->logits.stride[0];
+    const uint32_t *m = (const uint32_t *)cpu_tensor_ptr(&a->mask) + r * a->mask.stride[0];
+    for (int64_t w = 0; w * 32 < V; w++) {
+      uint32_t bits = m[w];
+      if (bits == 0xFFFFFFFFu) continue;
+      int64_t n = V - w * 32 < 32 ? V - w * 32 : 32;
+      for (int64_t b = 0; b < n; b++)
+        if (!((bits >> b) & 1)) x[w * 32 + b] = -INFINITY;
+    }
+  }
+}
+
+kiln_hal_error_t *cpu_mask_logits(kiln_hal_stream_t *s, const kiln_hal_mask_args_t *a,
+                                  bool dry_run) {
+  (void)s;
+  kiln_hal_error_t *e = kiln_hal_check_mask_logits(&cpu_check_env, a);
+  if (e || dry_run) return e;
+  cpu_parallel_rows(a->logits.shape[0], a->logits.shape[1], mask_rows, (void *)a);
   return NULL;
 }

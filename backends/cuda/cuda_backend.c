@@ -771,6 +771,22 @@ static kiln_hal_error_t *cuda_topk(kiln_hal_stream_t *s, const kiln_hal_topk_arg
       op);
 }
 
+static kiln_hal_error_t *cuda_mask_logits(kiln_hal_stream_t *s, const kiln_hal_mask_args_t *user) {
+  const char *op = "mask_logits";
+  kiln_hal_mask_args_t a;
+  CHECK(ARGS_COPY(op, a, user));
+  CHECK(cuda_stream_enter(s));
+  kiln_hal_device_t *d = s->device;
+  kiln_hal_check_env_t env = cuda_check_env(d);
+  CHECK(kiln_hal_check_mask_logits(&env, &a));
+  CHECK(check_vocab(op, &a.logits));
+  if (a.logits.shape[0] > 65535) return cuda_err_unsupported("mask_logits: more than 65535 rows");
+  if (a.logits.shape[0] == 0) return NULL;
+  return launch_result(cuda_launch_mask_logits(s->stream, cuda_view(&a.logits), cuda_view(&a.mask),
+                                               cuda_view(&a.rows)),
+                       op);
+}
+
 /* This backend's limit on a token list (hal_check.h checked the rest): its length fits in
  * int32. */
 static kiln_hal_error_t *check_list_len(const char *ids_name, const kiln_hal_tensor_t *ids) {
@@ -942,6 +958,7 @@ static const kiln_hal_backend_t g_table = {
     .argmax = cuda_argmax,
     .topk = cuda_topk,
     .penalize = cuda_penalize,
+    .mask_logits = cuda_mask_logits,
     .sample = cuda_sample,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,

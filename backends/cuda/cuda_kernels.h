@@ -153,6 +153,11 @@ cudaError_t cuda_launch_penalize(cudaStream_t st, int warp, const cuda_penalize_
 /* Bytes of shared memory penalize needs for a vocabulary of V. */
 int64_t cuda_penalize_smem_bytes(int64_t V);
 
+/* Token masks (ABI 1.3) in place: logits [S, V] F32, mask [M, W] I32 bits, rows [S] I32
+ * (ptr NULL = row s uses mask row s). */
+cudaError_t cuda_launch_mask_logits(cudaStream_t st, cuda_view_t logits, cuda_view_t mask,
+                                    cuda_view_t rows);
+
 typedef struct cuda_sample_params {
   cuda_view_t logits;                                    /* [S, V] F32 */
   cuda_view_t temperature, top_k, top_p, min_p, uniform; /* [S] */

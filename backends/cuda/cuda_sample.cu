@@ -325,6 +325,30 @@ extern "C" cudaError_t cuda_launch_penalize(cudaStream_t st, int warp,
   return cudaGetLastError();
 }
 
+/* ---- mask_logits (ABI 1.3) ------------------------------------------------------------- */
+
+/* One thread per logit; blockIdx.y is the row. */
+static __global__ void mask_logits_kernel(cuda_view_t logits, cuda_view_t mask, cuda_view_t rows) {
+  const int64_t s = blockIdx.y, V = logits.shape[1], M = mask.shape[0];
+  const int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= V) return;
+  const int64_t r = rows.ptr ? (int64_t)((const int32_t *)rows.ptr)[s * rows.stride[0]] : s;
+  if (r < 0 || r >= M) return;
+  const uint32_t w = ((const uint32_t *)mask.ptr)[r * mask.stride[0] + (v >> 5)];
+  if (!((w >> (v & 31)) & 1u)) ((float *)logits.ptr)[s * logits.stride[0] + v] = -INFINITY;
+}
+
+extern "C" cudaError_t cuda_launch_mask_logits(cudaStream_t st, cuda_view_t logits, cuda_view_t mask,
+                                               cuda_view_t rows) {
+  const int64_t S = logits.shape[0], V = logits.shape[1];
+  if (S == 0 || V == 0) return cudaSuccess;
+  if (S > 65535) return cudaErrorInvalidValue;
+  const unsigned threads = 256;
+  const dim3 grid((unsigned)((V + threads - 1) / threads), (unsigned)S);
+  mask_logits_kernel<<<grid, threads, 0, st>>>(logits, mask, rows);
+  return cudaGetLastError();
+}
+
 /* ---- sample ----------------------------------------------------------------------------- */
 
 /* Smallest present value whose key is >= k0 (the row's values are all >= val(kmin)). */

@@ -72,6 +72,7 @@ typedef enum trace_op {
   TRACE_SAMPLE,
   TRACE_LAYERNORM,
   TRACE_ACTIVATION,
+  TRACE_MASK_LOGITS,
   TRACE_COPY_H2D,
   TRACE_COPY_D2H,
   TRACE_COPY_D2D,
@@ -87,7 +88,7 @@ typedef enum trace_op {
 static const char *const trace_op_names[TRACE_OP_COUNT] = {
     "gemm",   "embedding",    "rmsnorm",     "rope",        "silu_mul",  "add",
     "copy",   "kv_write",     "attention",   "argmax",      "topk",      "penalize",
-    "sample", "layernorm",    "activation",  "copy_h2d",    "copy_d2h",  "copy_d2d",
+    "sample", "layernorm",    "activation",  "mask_logits", "copy_h2d",  "copy_d2h",  "copy_d2d",
     "fill",   "buffer_alloc", "stream_sync", "graph_begin", "graph_end", "graph_replay",
 };
 
@@ -918,7 +919,7 @@ TRACE_OP_WRAPPER(topk, TRACE_TOPK, kiln_hal_topk_args_t)
 TRACE_OP_WRAPPER(penalize, TRACE_PENALIZE, kiln_hal_penalize_args_t)
 TRACE_OP_WRAPPER(sample, TRACE_SAMPLE, kiln_hal_sample_args_t)
 
-/* The ABI 1.2 ops are optional, but the table is fixed before the wrapped backend is known:
+/* The ABI 1.2 and 1.3 ops are optional, but the table is fixed before the wrapped backend is known:
  * a backend under trace that lacks one (a 1.1 plugin) answers UNSUPPORTED at the call. */
 static const char *trace_inner_name(void) { return g_inner.name ? g_inner.name : "?"; }
 
@@ -935,6 +936,7 @@ static const char *trace_inner_name(void) { return g_inner.name ? g_inner.name :
   }
 TRACE_OPTIONAL_OP_WRAPPER(layernorm, TRACE_LAYERNORM, kiln_hal_layernorm_args_t)
 TRACE_OPTIONAL_OP_WRAPPER(activation, TRACE_ACTIVATION, kiln_hal_activation_args_t)
+TRACE_OPTIONAL_OP_WRAPPER(mask_logits, TRACE_MASK_LOGITS, kiln_hal_mask_args_t)
 
 /* ============================================================================================
  * Graphs: present in the table always, UNSUPPORTED when the wrapped backend has none (its
@@ -1062,6 +1064,7 @@ static const kiln_hal_backend_t g_table = {
     .graph_replay = tr_graph_replay,
     .graph_destroy = tr_graph_destroy,
     .layernorm = tr_layernorm,
+    .mask_logits = tr_mask_logits,
     .activation = tr_activation,
 };
 

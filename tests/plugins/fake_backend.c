@@ -309,6 +309,7 @@ FAKE_UNSUPPORTED(penalize, kiln_hal_penalize_args_t)
 FAKE_UNSUPPORTED(sample, kiln_hal_sample_args_t)
 FAKE_UNSUPPORTED(layernorm, kiln_hal_layernorm_args_t)
 FAKE_UNSUPPORTED(activation, kiln_hal_activation_args_t)
+FAKE_UNSUPPORTED(mask_logits, kiln_hal_mask_args_t)
 
 /* Poison for members past a short table's struct_size: calling it is a host bug. */
 __attribute__((unused)) static kiln_hal_error_t *fake_poison_begin(kiln_hal_stream_t *s) { abort(); }
@@ -424,6 +425,7 @@ WRAP_OP(sample, kiln_hal_sample_args_t)
   }
 WRAP_OPTIONAL_OP(layernorm, kiln_hal_layernorm_args_t)
 WRAP_OPTIONAL_OP(activation, kiln_hal_activation_args_t)
+WRAP_OPTIONAL_OP(mask_logits, kiln_hal_mask_args_t)
 
 /* Graphs: forwarded when the cpu backend has them (device_info hides CAP_GRAPHS otherwise). */
 static kiln_hal_error_t *wrap_no_graphs(void) {
@@ -469,6 +471,9 @@ static const fake_table_t fake_table = {
 #elif FAKE_MAJOR == KILN_HAL_ABI_MAJOR && FAKE_MINOR < 2
             /* A 1.0 or 1.1 plugin: its table ends before 1.2's ops. */
             .struct_size = offsetof(kiln_hal_backend_t, layernorm),
+#elif FAKE_MAJOR == KILN_HAL_ABI_MAJOR && FAKE_MINOR < 3
+            /* A 1.2 plugin: its table ends before 1.3's mask_logits. */
+            .struct_size = offsetof(kiln_hal_backend_t, mask_logits),
 #else
             .struct_size = sizeof(kiln_hal_backend_t),
 #endif
@@ -520,6 +525,9 @@ static const fake_table_t fake_table = {
 #if !(FAKE_MAJOR == KILN_HAL_ABI_MAJOR && FAKE_MINOR < 2)
             .layernorm = FAKE_IMPL(layernorm),
             .activation = FAKE_IMPL(activation),
+#endif
+#if !(FAKE_MAJOR == KILN_HAL_ABI_MAJOR && FAKE_MINOR < 3)
+            .mask_logits = FAKE_IMPL(mask_logits),
 #endif
         },
     .future_member = fake_future,

@@ -119,6 +119,7 @@ GPU_OP(penalize, kiln_hal_penalize_args_t)
 GPU_OP(sample, kiln_hal_sample_args_t)
 GPU_OP(layernorm, kiln_hal_layernorm_args_t)
 GPU_OP(activation, kiln_hal_activation_args_t)
+GPU_OP(mask_logits, kiln_hal_mask_args_t)
 
 static const kiln_hal_backend_t gpu_table = {
     .struct_size = sizeof(kiln_hal_backend_t),
@@ -158,6 +159,7 @@ static const kiln_hal_backend_t gpu_table = {
     .sample = gpu_sample,
     .layernorm = gpu_layernorm,
     .activation = gpu_activation,
+    .mask_logits = gpu_mask_logits,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

@@ -24,6 +24,8 @@
  *   keys of its INI section, e.g. to reject a misspelt one). 1.2 appended the ops the vision
  *   encoders need, kiln_hal_backend_t.layernorm and .activation (optional: NULL in a 1.1
  *   plugin's table, which the host reads as "not implemented"), and KILN_HAL_ACT_QUICK_GELU.
+ *   1.3 appended kiln_hal_backend_t.mask_logits, constrained decoding's token masks (optional:
+ *   the host falls back to logit biases without it).
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -90,7 +92,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 2
+#define KILN_HAL_ABI_MINOR 3
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -468,6 +470,16 @@ typedef struct kiln_hal_sample_args {
   kiln_hal_tensor_t out_ids, out_logprob;
 } kiln_hal_sample_args_t;
 
+/* Constrained decoding (ABI 1.3): bans the tokens a row's mask does not allow, in place. For
+ * row s, r = rows[s] (rows absent: r = s); when r is outside [0, M) the row is left as is, else
+ * logits[s, v] = -inf for every v whose bit (v % 32) of mask[r, v / 32] is clear (bits at or
+ * beyond V are ignored). NaN logits of allowed tokens stay NaN.
+ *   logits: [S, V] F32   mask: [M, W] I32 with W >= ceil(V / 32) (bit patterns)   rows: [S] I32 */
+typedef struct kiln_hal_mask_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t logits, mask, rows;
+} kiln_hal_mask_args_t;
+
 /* ============================================================================================
  * The backend table
  * ==========================================================================================*/
@@ -571,6 +583,11 @@ typedef struct kiln_hal_backend {
   kiln_hal_error_t *(*layernorm)(kiln_hal_stream_t *stream, const kiln_hal_layernorm_args_t *args);
   kiln_hal_error_t *(*activation)(kiln_hal_stream_t *stream,
                                   const kiln_hal_activation_args_t *args);
+
+  /* ---- 1.3 ---- */
+  /* Token masks (kiln_hal_mask_args_t). Optional: NULL (a 1.2 plugin's table ends at
+   * activation) makes the host express masks as logit biases through penalize. */
+  kiln_hal_error_t *(*mask_logits)(kiln_hal_stream_t *stream, const kiln_hal_mask_args_t *args);
 } kiln_hal_backend_t;
 
 typedef const kiln_hal_backend_t *(*kiln_hal_query_fn)(uint32_t host_major, uint32_t host_minor);
@@ -633,7 +650,9 @@ KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_activation_args_t, act) == 184,
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, layernorm) == 304, "backend table 1.2 changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, activation) == 312,
                        "backend table 1.2 changed");
-KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 320, "backend table 1.2 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_mask_args_t, rows) == 184, "mask args 1.3 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, mask_logits) == 320, "backend table 1.3 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 328, "backend table 1.3 changed");
 #endif
 
 #ifdef __cplusplus

@@ -661,6 +661,24 @@ static inline kiln_hal_error_t *kiln_hal_check_sample(const kiln_hal_check_env_t
   return NULL;
 }
 
+/* mask_logits (ABI 1.3). */
+static inline kiln_hal_error_t *kiln_hal_check_mask_logits(const kiln_hal_check_env_t *env,
+                                                           const kiln_hal_mask_args_t *a) {
+  const char *op = "mask_logits";
+  kiln_hal_error_t *e;
+  if ((e = kiln_hal_check_logits(env, op, &a->logits)) ||
+      (e = kiln_hal_check_tensor(env, op, "mask", &a->mask, KILN_HAL_DT(KILN_HAL_I32), 2, true)))
+    return e;
+  int64_t S = a->logits.shape[0], V = a->logits.shape[1];
+  if (a->mask.shape[1] * 32 < V)
+    return kiln_hal_check_fail("mask_logits: mask rows have %lld words, V = %lld needs %lld",
+                               (long long)a->mask.shape[1], (long long)V, (long long)((V + 31) / 32));
+  if (!a->rows.buffer && a->mask.shape[0] != S)
+    return kiln_hal_check_fail("mask_logits: without rows, mask must have S = %lld rows, not %lld",
+                               (long long)S, (long long)a->mask.shape[0]);
+  return kiln_hal_check_vec(env, op, "rows", &a->rows, KILN_HAL_I32, S, true);
+}
+
 #ifdef __cplusplus
 }
 #endif
