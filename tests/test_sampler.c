@@ -129,8 +129,9 @@ typedef struct batch {
   float *logits; /* [R, V] */
   kiln_sample_row_t rows[MAX_ROWS];
   kiln_score_row_t scores[MAX_ROWS];
-  int32_t *ids; /* storage for every row's token lists */
-  float *bvals; /* storage for bias values */
+  int32_t *ids;    /* storage for every row's token lists */
+  float *bvals;    /* storage for bias values */
+  uint32_t *masks; /* [MAX_ROWS, ceil(V / 32)] token masks of constrained decoding */
 } batch_t;
 
 typedef struct results {
@@ -212,6 +213,26 @@ static void random_row(batch_t *b, kiln_sample_row_t *r, int32_t **ids, float **
   *bv += r->num_bias;
   r->num_top = rng_int(MAX_TOP + 2) - 1;
   if (r->num_top > V) r->num_top = V;
+  /* a token mask on a third of the rows: random, sparse (a few tokens, one of them perhaps
+   * the row's maximum) or a single token; always at least one token allowed */
+  if (rng_int(3) == 0) {
+    const int32_t W = (V + 31) / 32;
+    uint32_t *m = b->masks + (int64_t)(r - b->rows) * W;
+    int32_t kind = rng_int(3);
+    memset(m, 0, (size_t)W * 4);
+    if (kind == 0) {
+      for (int32_t w = 0; w < W; w++) m[w] = (uint32_t)rng_u64();
+    } else {
+      int32_t n = kind == 1 ? 1 + rng_int(8) : 1;
+      for (int32_t i = 0; i < n; i++) {
+        int32_t v = rng_int(2) ? amax : rng_int(V);
+        m[v >> 5] |= 1u << (v & 31);
+      }
+    }
+    int32_t v0 = rng_int(V);
+    m[v0 >> 5] |= 1u << (v0 & 31);
+    r->mask = m;
+  }
 }
 
 static void batch_make(batch_t *b, int32_t V, int32_t R, int32_t ns, int32_t nc, uint64_t *gen) {
@@ -223,6 +244,8 @@ static void batch_make(batch_t *b, int32_t V, int32_t R, int32_t ns, int32_t nc,
   b->logits = malloc(sizeof(float) * (size_t)R * (size_t)V);
   b->ids = malloc(sizeof(int32_t) * MAX_ROWS * 64);
   b->bvals = malloc(sizeof(float) * MAX_ROWS * 8);
+  b->masks = malloc(sizeof(uint32_t) * MAX_ROWS * (size_t)((V + 31) / 32));
+  assert_non_null(b->masks);
   assert_non_null(b->logits);
   assert_non_null(b->ids);
   assert_non_null(b->bvals);
@@ -239,6 +262,7 @@ static void batch_make(batch_t *b, int32_t V, int32_t R, int32_t ns, int32_t nc,
 }
 
 static void batch_free(batch_t *b) {
+  free(b->masks);
   free(b->logits);
   free(b->ids);
   free(b->bvals);
@@ -268,6 +292,9 @@ static void ref_sample_row(const batch_t *b, const kiln_sample_row_t *r, ref_row
                        r->frequency != 0.0f || r->presence != 0.0f, r->frequency, r->presence,
                        r->bias_ids, bv, r->num_bias);
   free(bv);
+  if (r->mask)
+    for (int32_t v = 0; v < V; v++)
+      if (!((r->mask[v >> 5] >> (v & 31)) & 1)) o->x[v] = -INFINITY;
   o->token =
       ops_ref_sample(V, o->x, r->temperature, r->top_k, r->top_p, r->min_p, r->uniform, &o->margin);
   o->lse = ops_ref_logsumexp(V, o->x);
@@ -382,8 +409,11 @@ static void check_results(const char *label, const batch_t *b, const results_t *
 /* ---- samplers and device logits ----------------------------------------------------------- */
 
 typedef struct samplers {
-  kiln_sampler_t *host, *dev, *forced;
+  kiln_sampler_t *host, *dev, *forced, *old;
 } samplers_t;
+
+/* The cpu backend's table without ABI 1.3's mask_logits: masks go through penalize's biases. */
+static kiln_hal_backend_t g_old_be;
 
 static void samplers_make(samplers_t *s, int32_t V) {
   die_status(kiln_sampler_create(NULL, NULL, NULL, false, MAX_ROWS, MAX_TOP, V, &s->host),
@@ -392,6 +422,11 @@ static void samplers_make(samplers_t *s, int32_t V) {
              "create (device)");
   die_status(kiln_sampler_create(g_be, g_dev, g_stream, true, MAX_ROWS, MAX_TOP, V, &s->forced),
              "create (force_host)");
+  g_old_be = *g_be;
+  g_old_be.mask_logits = NULL;
+  die_status(kiln_sampler_create(&g_old_be, g_dev, g_stream, false, MAX_ROWS, MAX_TOP, V, &s->old),
+             "create (device, no mask_logits)");
+  assert_non_null(g_be->mask_logits);
   assert_false(kiln_sampler_on_device(s->host));
   assert_true(kiln_sampler_on_device(s->dev)); /* the CPU backend has DEVICE_SAMPLING */
   assert_false(kiln_sampler_on_device(s->forced));
@@ -401,6 +436,7 @@ static void samplers_free(samplers_t *s) {
   kiln_sampler_free(s->host);
   kiln_sampler_free(s->dev);
   kiln_sampler_free(s->forced);
+  kiln_sampler_free(s->old);
 }
 
 /* The batch's logits in a backend buffer, rows `pad` floats apart beyond V. */
@@ -461,6 +497,10 @@ static void test_random_batches(void **state) {
       run(sm.dev, &ld, &b, &rd, "run (device)");
       snprintf(label, sizeof(label), "device V=%d batch %d", (int)b.V, (int)bi);
       check_results(label, &b, &rd, ref, rh.tokens, DEVICE_MARGIN, &td);
+      results_t ro;
+      run(sm.old, &ld, &b, &ro, "run (device, masks as biases)");
+      snprintf(label, sizeof(label), "device without mask_logits V=%d batch %d", (int)b.V, (int)bi);
+      check_results(label, &b, &ro, ref, rh.tokens, DEVICE_MARGIN, &td);
       run(sm.forced, &ld, &b, &rf, "run (force_host)");
       snprintf(label, sizeof(label), "force_host V=%d batch %d", (int)b.V, (int)bi);
       check_results(label, &b, &rf, ref, rh.tokens, HOST_MARGIN, &tf);

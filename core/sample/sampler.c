@@ -121,7 +121,19 @@ static void top_n(const float *x, int32_t V, int32_t k, int32_t *idx) {
 
 static bool row_penalized(const kiln_sample_row_t *r) {
   return (r->repetition != 1.0f && r->num_prompt + r->num_output > 0) ||
-         ((r->frequency != 0.0f || r->presence != 0.0f) && r->num_output > 0) || r->num_bias > 0;
+         ((r->frequency != 0.0f || r->presence != 0.0f) && r->num_output > 0) || r->num_bias > 0 ||
+         r->mask;
+}
+
+/* Tokens a row's mask bans (hal.h's mask_logits), counted. */
+static int64_t mask_banned(const uint32_t *mask, int32_t V) {
+  int64_t allowed = 0;
+  for (int32_t w = 0; w < (V + 31) / 32; w++) {
+    uint32_t bits = mask[w];
+    if (w == (V - 1) / 32 && V % 32) bits &= (1u << (V % 32)) - 1;
+    allowed += __builtin_popcount(bits);
+  }
+  return V - allowed;
 }
 
 static void host_penalize(kiln_sampler_t *s, float *x, const kiln_sample_row_t *r) {
@@ -161,6 +173,9 @@ static void host_penalize(kiln_sampler_t *s, float *x, const kiln_sample_row_t *
     int32_t id = r->bias_ids[i];
     if (id >= 0 && id < V) x[id] += r->bias_values[i];
   }
+  if (r->mask)
+    for (int32_t v = 0; v < V; v++)
+      if (!((r->mask[v >> 5] >> (v & 31)) & 1)) x[v] = -INFINITY;
 }
 
 /* ============================================================================================
@@ -700,8 +715,10 @@ typedef struct dev_plan {
   int32_t chunk;  /* score rows per token-logit gather (the flat index must fit in I32) */
   bool any_rep, any_freq, any_bias, any_lp, any_k, any_p, any_m;
   int64_t np, no, nb; /* token-list lengths (each list holds at least one entry) */
+  int32_t nmask;      /* rows with a token mask */
+  bool mask_op;       /* masks through mask_logits (else as -inf biases) */
   uint64_t gather, tok, temp, uni, topk, topp, minp, rep, freq, pres;
-  uint64_t poff, ooff, boff, pids, oids, bids, bval, in_bytes;
+  uint64_t poff, ooff, boff, pids, oids, bids, bval, mrows, masks, in_bytes;
   uint64_t ids, lp, lse, toklogit, vals, tids, out_bytes;
 } dev_plan_t;
 
@@ -753,7 +770,15 @@ static kiln_status_t dev_plan(kiln_sampler_t *s, const kiln_sample_row_t *sample
     if (row_rep(r)) p->np += r->num_prompt;
     if (row_rep(r) || row_freq(r)) p->no += r->num_output;
     p->nb += r->num_bias;
+    if (r->mask) {
+      p->nmask++;
+      if (!s->be->mask_logits) { /* a 1.2 plugin: the banned tokens become -inf biases */
+        p->nb += mask_banned(r->mask, s->vocab);
+        p->any_bias = true;
+      }
+    }
   }
+  p->mask_op = p->nmask > 0 && s->be->mask_logits;
   p->n1 = ns - p->n0;
   for (int32_t j = 0; j < nc; j++) {
     s->slot[ns + j] = ns + j;
@@ -789,6 +814,9 @@ static kiln_status_t dev_plan(kiln_sampler_t *s, const kiln_sample_row_t *sample
   p->oids = lay(&at, pen ? p->no : 0);
   p->bids = lay(&at, pen ? p->nb : 0);
   p->bval = lay(&at, pen ? p->nb : 0);
+  const int64_t W = (s->vocab + 31) / 32;
+  p->mrows = lay(&at, p->mask_op ? ns : 0);
+  p->masks = lay(&at, p->mask_op ? (int64_t)p->nmask * W : 0);
   p->in_bytes = at;
   at = 0;
   p->ids = lay(&at, ns);
@@ -839,6 +867,21 @@ static void dev_stage(const kiln_sampler_t *s, const dev_plan_t *p,
       memcpy(IN(int32_t, p->bids) + cb, r->bias_ids, (size_t)r->num_bias * 4);
       memcpy(IN(float, p->bval) + cb, r->bias_values, (size_t)r->num_bias * 4);
       cb += r->num_bias;
+    }
+    if (r->mask && !p->mask_op)
+      for (int32_t v = 0; v < V; v++)
+        if (!((r->mask[v >> 5] >> (v & 31)) & 1)) {
+          IN(int32_t, p->bids)[cb] = v;
+          IN(float, p->bval)[cb++] = -INFINITY;
+        }
+  }
+  if (p->mask_op) {
+    const int64_t W = (V + 31) / 32;
+    int32_t mi = 0;
+    for (int32_t t = 0; t < ns; t++) {
+      const kiln_sample_row_t *r = &samples[s->order[t]];
+      IN(int32_t, p->mrows)[t] = r->mask ? mi : -1;
+      if (r->mask) memcpy(IN(uint32_t, p->masks) + (int64_t)mi++ * W, r->mask, (size_t)W * 4);
     }
   }
   if (p->any_rep || p->any_freq || p->any_bias) {
@@ -894,6 +937,17 @@ static kiln_status_t dev_penalize(const kiln_sampler_t *s, const dev_plan_t *p) 
     a.bias_offsets = vec(di, p->boff, KILN_HAL_I32, ns + 1);
   }
   return kiln_hal_status_from_error(s->be->penalize(s->stream, &a), "penalize");
+}
+
+/* Token masks on the gathered sample rows (hal.h's mask_logits, ABI 1.3). */
+static kiln_status_t dev_mask(const kiln_sampler_t *s, const dev_plan_t *p) {
+  kiln_hal_mask_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.logits = mat(s->d_work, 0, KILN_HAL_F32, p->ns, s->vocab);
+  a.mask = mat(s->d_in, p->masks, KILN_HAL_I32, p->nmask, (s->vocab + 31) / 32);
+  a.rows = vec(s->d_in, p->mrows, KILN_HAL_I32, p->ns);
+  return kiln_hal_status_from_error(s->be->mask_logits(s->stream, &a), "mask_logits");
 }
 
 /* Top-N and logsumexp of the sample rows that want alternatives and of the score rows. */
@@ -997,6 +1051,7 @@ static kiln_status_t dev_run(kiln_sampler_t *s, const kiln_sample_logits_t *lg,
   st = kiln_hal_status_from_error(be->copy_h2d(s->stream, s->d_in, 0, in, p.in_bytes), "copy_h2d");
   if (!st) st = dev_gather(s, &p, lg);
   if (!st && (p.any_rep || p.any_freq || p.any_bias)) st = dev_penalize(s, &p);
+  if (!st && p.mask_op) st = dev_mask(s, &p);
   if (!st && p.nt > 0) st = dev_topk(s, &p);
   if (!st && ns > 0) st = dev_sample(s, &p);
   if (!st && nc > 0) st = dev_score_tokens(s, &p);

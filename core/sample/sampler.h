@@ -10,7 +10,9 @@
  *
  * Order of processing per row (vLLM's): logits -> repetition penalty (prompt + output
  * tokens) -> frequency / presence penalties (output tokens) -> logit bias (which also carries
- * the engine's -inf bans, e.g. end-of-sequence before min_tokens) -> [logprobs are taken here,
+ * the engine's -inf bans, e.g. end-of-sequence before min_tokens) -> the token mask of
+ * constrained decoding (banned tokens -inf: hal.h's mask_logits on the device, or -inf biases
+ * on a plugin older than ABI 1.3) -> [logprobs are taken here,
  * from the processed logits before temperature] -> temperature / top-k / top-p / min-p ->
  * the draw (greedy = argmax when temperature <= 0).
  *
@@ -44,22 +46,24 @@ typedef struct kiln_sample_logits {
 
 /* One row to sample. */
 typedef struct kiln_sample_row {
-  int32_t logits_row;  /* which row of the logits, in [0, R) */
-  float temperature;   /* <= 0: greedy */
-  int32_t top_k;       /* 0 = off */
-  float top_p;         /* 1 = off */
-  float min_p;         /* 0 = off */
-  float repetition;    /* 1 = off */
+  int32_t logits_row;        /* which row of the logits, in [0, R) */
+  float temperature;         /* <= 0: greedy */
+  int32_t top_k;             /* 0 = off */
+  float top_p;               /* 1 = off */
+  float min_p;               /* 0 = off */
+  float repetition;          /* 1 = off */
   float presence, frequency; /* 0 = off */
-  float uniform;       /* in [0, 1), from the sequence's generator */
+  float uniform;             /* in [0, 1), from the sequence's generator */
   const int32_t *prompt_ids; /* for the repetition penalty */
   int32_t num_prompt;
   const int32_t *output_ids; /* for all three penalties */
   int32_t num_output;
-  const int32_t *bias_ids;   /* added to the logits (may hold -INFINITY bans) */
+  const int32_t *bias_ids; /* added to the logits (may hold -INFINITY bans) */
   const float *bias_values;
   int32_t num_bias;
-  int32_t num_top;     /* -1 = no logprobs; 0 = the sampled token's; k = also the top k */
+  int32_t num_top;      /* -1 = no logprobs; 0 = the sampled token's; k = also the top k */
+  const uint32_t *mask; /* NULL, or ceil(V / 32) words: token v is allowed when bit v % 32 of
+                           mask[v / 32] is set; the others get -inf after the bias */
 } kiln_sample_row_t;
 
 /* One row to score (prompt logprobs): the logprob of `token` under log_softmax(raw logits of
@@ -72,12 +76,12 @@ typedef struct kiln_score_row {
 
 /* Results, written by kiln_sampler_run into caller-provided arrays. */
 typedef struct kiln_sample_out {
-  int32_t *tokens;    /* [num_samples] */
-  float *logprobs;    /* [num_samples] (rows with num_top < 0 get 0) */
-  int32_t *top_ids;   /* [num_samples, max_top] row-major (only the first num_top used) */
+  int32_t *tokens;  /* [num_samples] */
+  float *logprobs;  /* [num_samples] (rows with num_top < 0 get 0) */
+  int32_t *top_ids; /* [num_samples, max_top] row-major (only the first num_top used) */
   float *top_logprobs;
-  float *score_logprobs;     /* [num_scores] */
-  int32_t *score_top_ids;    /* [num_scores, max_top] */
+  float *score_logprobs;  /* [num_scores] */
+  int32_t *score_top_ids; /* [num_scores, max_top] */
   float *score_top_logprobs;
 } kiln_sample_out_t;
 
