@@ -40,9 +40,15 @@ typedef struct gen_args {
   int64_t max_tokens, min_tokens, chunk, seed, top_k, n, logprobs, window;
   double temperature, top_p, min_p;
   bool has_seed, ignore_eos, json, help;
-  kiln_opt_list_t stop; /* --stop values (borrowed from argv) */
+  kiln_opt_list_t stop;   /* --stop values (borrowed from argv) */
   kiln_opt_list_t images; /* --image paths (borrowed from argv) */
   const char *messages;   /* --messages FILE.json */
+  /* constrained decoding: at most one of these (a value @FILE reads the file) */
+  const char *json_schema, *regex, *grammar;
+  kiln_opt_list_t choice;
+  bool json_object;
+  kiln_guide_kind_t guide;
+  char *guide_spec; /* owned */
 } gen_args_t;
 
 /* A growable token-id list. */
@@ -101,7 +107,11 @@ static const char gen_usage[] =
     "\"prompt_ids\" (token ids), plus any of max_tokens, min_tokens, temperature, top_p,\n"
     "top_k, min_p, n, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,\n"
     "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, priority,\n"
-    "skip_special_tokens, include_stop_str_in_output (other fields are ignored); the options\n"
+    "skip_special_tokens, include_stop_str_in_output, and for constrained decoding one of\n"
+    "guided_json (a JSON Schema, object or string), guided_regex, guided_choice (strings),\n"
+    "guided_grammar (GBNF) or response_format ({\"type\": \"json_object\"} or {\"type\":\n"
+    "\"json_schema\", \"json_schema\": {\"schema\": ...}}) (other fields are ignored); the "
+    "options\n"
     "below are the defaults for fields a line leaves out. Writes one JSON line per request,\n"
     "in input order, to --output (default: stdout): index, token_ids, text, finish_reason,\n"
     "usage, logprobs; or index and error for a line that failed. Progress and a summary go to\n"
@@ -140,6 +150,16 @@ static const kiln_opt_t gen_rows[] = {
     KILN_OPT_STRING("--messages", "FILE.json", gen_args_t, messages,
                     "one request: an OpenAI-style chat (image_url parts: data: URLs or\npaths)"),
     KILN_OPT_FLAG("--json", gen_args_t, json, "one request: print one JSON object"),
+    KILN_OPT_STRING("--json-schema", "JSON|@FILE", gen_args_t, json_schema,
+                    "constrain the output to JSON valid under this JSON Schema"),
+    KILN_OPT_FLAG("--json-object", gen_args_t, json_object,
+                  "constrain the output to a JSON object"),
+    KILN_OPT_STRING("--regex", "RE|@FILE", gen_args_t, regex,
+                    "constrain the output to text that matches this regular expression"),
+    KILN_OPT_STRING("--grammar", "GBNF|@FILE", gen_args_t, grammar,
+                    "constrain the output to this GBNF grammar (llama.cpp's syntax, rule root)"),
+    KILN_OPT_LIST("--choice", "STR", gen_args_t, choice,
+                  "constrain the output to one of these strings (repeatable)"),
     KILN_OPT_INT("--chunk", "N", gen_args_t, chunk, 0, 1 << 24,
                  "one request: most prompt tokens per step\n(engine.max_num_batched_tokens)"),
     KILN_OPT_INT("--max-in-flight", "N", gen_args_t, window, 1, 1 << 20,
@@ -154,6 +174,67 @@ static const kiln_opts_t gen_opts = {
     .common = &kiln_cli_common_opts,
 };
 
+/* Reads a @FILE value (malloc'ed), or copies the text. */
+static kiln_status_t gen_text_arg(const char *opt, const char *v, char **out) {
+  *out = NULL;
+  if (v[0] != '@') {
+    if (!(*out = strdup(v))) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    return NULL;
+  }
+  FILE *f = fopen(v + 1, "rb");
+  if (!f)
+    return kiln_status_make(KILN_ERR_IO, "%s: cannot read %s: %s", opt, v + 1, strerror(errno));
+  kiln_strbuf_t b = KILN_STRBUF_INIT;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) kiln_strbuf_append(&b, buf, n);
+  bool err = ferror(f);
+  fclose(f);
+  if (err || !kiln_strbuf_ok(&b)) {
+    kiln_strbuf_free(&b);
+    return kiln_status_make(KILN_ERR_IO, "%s: reading %s failed", opt, v + 1);
+  }
+  *out = kiln_strbuf_detach(&b, NULL);
+  return *out ? NULL : kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+}
+
+/* The constraint options: at most one, resolved into guide / guide_spec. */
+static kiln_status_t gen_guide_args(gen_args_t *a) {
+  int n = !!a->json_schema + !!a->regex + !!a->grammar + (a->choice.n > 0) + a->json_object;
+  if (n > 1)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "--json-schema, --json-object, --regex, --grammar and --choice "
+                            "exclude each other");
+  if (a->json_object) a->guide = KILN_GUIDE_JSON_OBJECT;
+  if (a->json_schema) {
+    a->guide = KILN_GUIDE_JSON_SCHEMA;
+    return gen_text_arg("--json-schema", a->json_schema, &a->guide_spec);
+  }
+  if (a->regex) {
+    a->guide = KILN_GUIDE_REGEX;
+    return gen_text_arg("--regex", a->regex, &a->guide_spec);
+  }
+  if (a->grammar) {
+    a->guide = KILN_GUIDE_GRAMMAR;
+    return gen_text_arg("--grammar", a->grammar, &a->guide_spec);
+  }
+  if (a->choice.n) {
+    kiln_strbuf_t b = KILN_STRBUF_INIT;
+    kiln_strbuf_append_char(&b, '[');
+    for (int32_t i = 0; i < a->choice.n; i++) {
+      if (i) kiln_strbuf_append_str(&b, ", ");
+      kiln_json_write_string(&b, a->choice.v[i], strlen(a->choice.v[i]), false);
+    }
+    kiln_strbuf_append_char(&b, ']');
+    a->guide = KILN_GUIDE_CHOICE;
+    if (!kiln_strbuf_ok(&b) || !(a->guide_spec = kiln_strbuf_detach(&b, NULL))) {
+      kiln_strbuf_free(&b);
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+  }
+  return NULL;
+}
+
 static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   const char *cmd = gen_opts.cmd;
   memset(a, 0, sizeof(*a));
@@ -164,6 +245,7 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   a->window = GEN_DEFAULT_WINDOW;
   kiln_status_t st = kiln_opts_parse(&gen_opts, cli->argc, cli->argv, a, &a->help);
   if (st || a->help) return st;
+  if ((st = gen_guide_args(a))) return kiln_status_annotate(st, "%s", cmd);
   int32_t dtype; /* checked here; the engine takes the name */
   if (a->dtype && (st = kiln_cli_dtype(a->dtype, &dtype)))
     return kiln_status_annotate(st, "%s", cmd);
@@ -233,6 +315,8 @@ static void gen_base_params(const gen_args_t *a, kiln_sampling_params_t *p) {
   p->stop = a->stop.n ? a->stop.v : NULL;
   p->num_stop = a->stop.n;
   p->logprobs = (int32_t)a->logprobs;
+  p->guide = a->guide;
+  p->guide_spec = a->guide_spec;
 }
 
 /* Creates the engine from the config file, the --set overrides and the options that map onto
@@ -561,6 +645,7 @@ typedef struct gen_line {
   gen_ids_t ids, stop_ids, bias_ids;
   float *bias_values;
   const char **stop;
+  kiln_strbuf_t guide_spec; /* a constraint given as a JSON value, written out */
 } gen_line_t;
 
 static void gen_line_free(gen_line_t *l) {
@@ -570,6 +655,7 @@ static void gen_line_free(gen_line_t *l) {
   free(l->bias_ids.v);
   free(l->bias_values);
   free(l->stop);
+  kiln_strbuf_free(&l->guide_spec);
   memset(l, 0, sizeof(*l));
 }
 
@@ -651,6 +737,66 @@ static kiln_status_t gen_json_error(kiln_status_t st) {
   return out;
 }
 
+/* A line's constraint: guided_json / guided_regex / guided_choice / guided_grammar (vLLM) or
+ * response_format (OpenAI); at most one. */
+static kiln_status_t gen_line_guide(const kiln_json_t *r, gen_line_t *l) {
+  static const char *const keys[] = {"guided_json", "guided_regex", "guided_choice",
+                                     "guided_grammar", "response_format"};
+  const kiln_json_t *v = NULL;
+  int which = -1, n = 0;
+  for (int i = 0; i < 5; i++) {
+    const kiln_json_t *f = gen_field(r, keys[i]);
+    if (f) {
+      v = f;
+      which = i;
+      n++;
+    }
+  }
+  if (n > 1)
+    return gen_bad(
+        "give at most one of guided_json, guided_regex, guided_choice, "
+        "guided_grammar and response_format");
+  if (which < 0) return NULL;
+  kiln_sampling_params_t *p = &l->p;
+  const kiln_json_t *spec = v;
+  if (which == 4) { /* response_format */
+    const char *t = kiln_json_string(kiln_json_get(v, "type"), NULL);
+    if (!t) return gen_bad("response_format.type must be a string");
+    if (!strcmp(t, "text")) return NULL;
+    if (!strcmp(t, "json_object")) {
+      p->guide = KILN_GUIDE_JSON_OBJECT;
+      return NULL;
+    }
+    if (strcmp(t, "json_schema"))
+      return gen_bad("response_format.type '%s' is not one of text, json_object, json_schema", t);
+    spec = kiln_json_get(kiln_json_get(v, "json_schema"), "schema");
+    if (!spec) return gen_bad("response_format.json_schema.schema is missing");
+    which = 0;
+  }
+  p->guide = which == 0   ? KILN_GUIDE_JSON_SCHEMA
+             : which == 1 ? KILN_GUIDE_REGEX
+             : which == 2 ? KILN_GUIDE_CHOICE
+                          : KILN_GUIDE_GRAMMAR;
+  if ((which == 1 || which == 3) && !kiln_json_is(spec, KILN_JSON_STRING))
+    return gen_bad("%s must be a string", keys[which]);
+  if (which == 2 && !kiln_json_is(spec, KILN_JSON_ARRAY))
+    return gen_bad("guided_choice must be an array of strings");
+  size_t sl;
+  const char *str = kiln_json_string(spec, &sl);
+  if (str && which != 0) {
+    kiln_strbuf_append(&l->guide_spec, str, sl);
+  } else if (str) { /* guided_json given as a JSON text */
+    kiln_strbuf_append(&l->guide_spec, str, sl);
+  } else {
+    kiln_json_write(&l->guide_spec, spec, false, false);
+  }
+  if (!kiln_strbuf_ok(&l->guide_spec))
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  p->guide_spec = l->guide_spec.data ? l->guide_spec.data : "";
+  p->guide_spec_len = l->guide_spec.len;
+  return NULL;
+}
+
 static kiln_status_t gen_line_parse(const char *text, size_t len,
                                     const kiln_sampling_params_t *base, gen_line_t *l) {
   kiln_status_t st = kiln_json_parse(text, len, "JSON", &l->doc);
@@ -695,6 +841,7 @@ static kiln_status_t gen_line_parse(const char *text, size_t len,
   if (!st) st = gen_field_bool(r, "ignore_eos", &p->ignore_eos);
   if (!st) st = gen_field_bool(r, "skip_special_tokens", &p->skip_special_tokens);
   if (!st) st = gen_field_bool(r, "include_stop_str_in_output", &p->include_stop_str_in_output);
+  if (!st) st = gen_line_guide(r, l);
   if (st) return st;
   if (gen_field(r, "seed")) {
     int64_t seed = 0;
@@ -1134,5 +1281,6 @@ int kiln_cmd_generate(kiln_cli_t *cli) {
     rc = a.input ? gen_batch(cli, &a) : gen_single(cli, &a);
   }
   kiln_opts_free(&gen_opts, &a);
+  free(a.guide_spec);
   return rc;
 }

@@ -26,6 +26,7 @@
 #include "core/engine/engine_internal.h"
 #include "core/engine/metrics.h"
 #include "core/engine/textout.h"
+#include "core/guide/guide.h"
 #include "base/log.h"
 #include "core/sched/scheduler.h"
 #include "base/strbuf.h"
@@ -70,6 +71,9 @@ typedef struct seq_state {
   float logprob;
   int32_t *top_ids;
   float *top_lps;
+  /* constrained decoding: the sequence's matcher, and this step's mask job's error */
+  kiln_guide_matcher_t *gm;
+  const char *gerr;
 } seq_state_t;
 
 struct kiln_request {
@@ -92,7 +96,8 @@ struct kiln_request {
   int32_t num_imgs;
   int32_t *mrope;
   int32_t mrope_delta;
-  int32_t max_tokens; /* resolved */
+  int32_t max_tokens;  /* resolved */
+  kiln_guide_t *guide; /* constrained decoding (released when the request ends) */
   uint64_t seed;
   kiln_output_fn cb;
   kiln_notify_fn notify; /* poll mode: called after each event is queued */
@@ -151,6 +156,14 @@ struct kiln_engine {
   uint64_t enc_cap, enc_used, step_no;
   uint64_t enc_encodes, enc_evictions;
   int32_t *b_mrope; /* [3 * max_tokens] */
+  /* constrained decoding: the vocabulary index (made at the first guided request, under gmu),
+   * one mask per step item, and the threads that compute them during the forward */
+  pthread_mutex_t gmu;
+  kiln_guide_vocab_t *gvocab;
+  uint32_t *gmask; /* [max_seqs, mask words] */
+  struct guide_pool *gpool;
+  struct guide_job *gjobs;    /* [max_seqs] this step's */
+  const uint32_t **item_mask; /* [max_seqs] the mask of step item s, or NULL */
   /* the engine proper */
   kiln_runner_t runner;
   kiln_kv_manager_t *kv;
@@ -226,12 +239,187 @@ uint64_t kiln_engine_seq_seed(uint64_t seed, int32_t index) {
 
 kiln_kv_manager_t *kiln_engine_kv(kiln_engine_t *eng) { return eng->kv; }
 
+/* ---- constrained decoding: masks computed while the forward runs ------------------------- */
+
+/* One mask to compute: the allowed tokens of a matcher, plus the end-of-sequence tokens when
+ * the constraint accepts. */
+typedef struct guide_job {
+  kiln_guide_matcher_t *m;
+  uint32_t *mask;
+  const kiln_request_t *r;
+  const char *err; /* set when it failed */
+} guide_job_t;
+
+#define GUIDE_THREADS 2
+
+/* Worker threads that take jobs from a batch while the engine thread runs the forward; the
+ * engine thread then takes what is left and waits for the rest (guide_pool_wait). */
+typedef struct guide_pool {
+  pthread_t thr[GUIDE_THREADS];
+  int nthr;
+  pthread_mutex_t mu;
+  pthread_cond_t work, done;
+  guide_job_t *jobs;
+  int32_t njobs, ndone;
+  atomic_int next;
+  uint64_t gen;
+  bool stop;
+  const kiln_engine_t *e;
+} guide_pool_t;
+
+static void guide_job_run(const kiln_engine_t *e, guide_job_t *j) {
+  kiln_status_t st = kiln_guide_matcher_fill_mask(j->m, j->mask);
+  if (st) {
+    j->err = kiln_status_code(st) == KILN_ERR_OUT_OF_MEMORY
+                 ? "out of memory computing the constraint's token mask"
+                 : "the constraint's token mask could not be computed";
+    kiln_log(KILN_LOG_ERROR, "guide: %s", kiln_status_message(st));
+    kiln_status_free(st);
+    return;
+  }
+  const kiln_request_t *r = j->r;
+  if (kiln_guide_matcher_accepting(j->m)) {
+    for (int32_t i = 0; !r->p.ignore_eos && i < e->num_eos; i++)
+      if (e->eos[i] >= 0 && e->eos[i] < e->vocab) j->mask[e->eos[i] >> 5] |= 1u << (e->eos[i] & 31);
+    for (int32_t i = 0; i < r->p.num_stop_token_ids; i++)
+      j->mask[r->stop_ids[i] >> 5] |= 1u << (r->stop_ids[i] & 31);
+  }
+  uint32_t any = 0;
+  for (int32_t w = 0; w < (e->vocab + 31) / 32; w++) any |= j->mask[w];
+  if (!any)
+    j->err = kiln_guide_matcher_accepting(j->m)
+                 ? "the constraint's output is complete but end of sequence is not allowed "
+                   "(ignore_eos): nothing may follow"
+                 : "no token of the vocabulary can continue the constrained output";
+}
+
+/* Runs jobs of the current batch until none is left; returns how many it ran. */
+static int32_t guide_pool_take(guide_pool_t *p) {
+  int32_t n = 0;
+  for (;;) {
+    int32_t i = atomic_fetch_add(&p->next, 1);
+    if (i >= p->njobs) return n;
+    guide_job_run(p->e, &p->jobs[i]);
+    n++;
+  }
+}
+
+static void *guide_pool_main(void *arg) {
+  guide_pool_t *p = arg;
+  uint64_t seen = 0;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (!p->stop && p->gen == seen) pthread_cond_wait(&p->work, &p->mu);
+    if (p->stop) break;
+    seen = p->gen;
+    pthread_mutex_unlock(&p->mu);
+    int32_t n = guide_pool_take(p);
+    pthread_mutex_lock(&p->mu);
+    p->ndone += n;
+    if (p->ndone >= p->njobs) pthread_cond_broadcast(&p->done);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+static void guide_pool_free(guide_pool_t *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->stop = true;
+  pthread_cond_broadcast(&p->work);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->nthr; i++) pthread_join(p->thr[i], NULL);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->work);
+  pthread_cond_destroy(&p->done);
+  free(p);
+}
+
+static guide_pool_t *guide_pool_create(const kiln_engine_t *e) {
+  guide_pool_t *p = calloc(1, sizeof(*p));
+  if (!p) return NULL;
+  p->e = e;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->work, NULL);
+  pthread_cond_init(&p->done, NULL);
+  atomic_init(&p->next, 0);
+  for (int i = 0; i < GUIDE_THREADS; i++) {
+    if (pthread_create(&p->thr[i], NULL, guide_pool_main, p) != 0) break;
+    p->nthr++;
+  }
+  return p; /* with no thread, the engine thread runs every job itself */
+}
+
+/* Hands a batch of jobs to the workers (they start now). */
+static void guide_pool_start(guide_pool_t *p, guide_job_t *jobs, int32_t n) {
+  pthread_mutex_lock(&p->mu);
+  p->jobs = jobs;
+  p->njobs = n;
+  p->ndone = 0;
+  atomic_store(&p->next, 0);
+  p->gen++;
+  pthread_cond_broadcast(&p->work);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Runs what the workers have not taken, then waits for the rest. */
+static void guide_pool_wait(guide_pool_t *p) {
+  int32_t n = guide_pool_take(p);
+  pthread_mutex_lock(&p->mu);
+  p->ndone += n;
+  while (p->ndone < p->njobs) pthread_cond_wait(&p->done, &p->mu);
+  p->njobs = 0;
+  p->jobs = NULL;
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* The vocabulary index and the mask workers, made at the first guided request. */
+static kiln_status_t guide_setup(kiln_engine_t *e) {
+  pthread_mutex_lock(&e->gmu);
+  kiln_status_t st = NULL;
+  if (!e->gvocab) {
+    kiln_guide_vocab_t *v = NULL;
+    st = kiln_guide_vocab_create(e->tok, e->vocab, &v);
+    uint32_t *m = st ? NULL : malloc((size_t)e->max_seqs * (size_t)kiln_guide_mask_words(v) * 4);
+    guide_job_t *jobs = st ? NULL : calloc((size_t)e->max_seqs, sizeof(*jobs));
+    const uint32_t **im = st ? NULL : calloc((size_t)e->max_seqs, sizeof(*im));
+    guide_pool_t *pool = st || !m || !jobs || !im ? NULL : guide_pool_create(e);
+    if (!st && !pool) {
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "constrained decoding: out of memory");
+      free(m);
+      free(jobs);
+      free(im);
+      kiln_guide_vocab_free(v);
+    } else if (!st) {
+      e->gjobs = jobs;
+      e->item_mask = im;
+      e->gmask = m;
+      e->gpool = pool;
+      /* last, released: run_step reads it without the lock */
+      __atomic_store_n(&e->gvocab, v, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&e->gmu);
+  return st;
+}
+
+/* Frees a request's matchers and its compiled constraint (when it ends). */
+static void req_guide_free(kiln_request_t *r) {
+  for (int32_t i = 0; r->ss && i < r->p.n; i++) {
+    kiln_guide_matcher_free(r->ss[i].gm);
+    r->ss[i].gm = NULL;
+  }
+  kiln_guide_release(r->guide);
+  r->guide = NULL;
+}
+
 /* ---- request lifetime --------------------------------------------------------------------- */
 
 static void ev_free_node(ev_node_t *n) { free(n); }
 
 static void req_free(kiln_request_t *r) {
   int32_t n = r->p.n;
+  req_guide_free(r);
   if (r->seqs)
     for (int32_t i = 0; i < n; i++) kiln_seq_free(&r->seqs[i]);
   if (r->ss)
@@ -674,6 +862,7 @@ static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_
   if (with_plp) r->plp_sent = true;
   ss->has_token = false;
   if (last) {
+    req_guide_free(r);
     enc_release_all(e, r);
     if (!r->started) atomic_fetch_sub(&e->num_queued, 1);
     r->started = true;
@@ -714,10 +903,13 @@ static kiln_status_t bad(const char *fmt, ...) {
 }
 
 static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_params_t *p) {
-  if (p->guide != KILN_GUIDE_NONE)
-    return kiln_status_make(KILN_ERR_UNSUPPORTED,
-                            "constrained decoding (guide %d) is not supported by this engine",
-                            (int)p->guide);
+  if ((int)p->guide < KILN_GUIDE_NONE || (int)p->guide > KILN_GUIDE_GRAMMAR)
+    return bad("guide: unknown kind %d", (int)p->guide);
+  if (p->guide != KILN_GUIDE_NONE && !e->tok)
+    return bad("constrained decoding (guide %s) needs a tokenizer; the model has none",
+               kiln_guide_kind_name(p->guide));
+  if (p->guide != KILN_GUIDE_NONE && p->guide != KILN_GUIDE_JSON_OBJECT && !p->guide_spec)
+    return bad("guide %s: guide_spec is missing", kiln_guide_kind_name(p->guide));
   if (p->n < 1 || p->n > e->max_seqs)
     return bad("n must be in [1, %d] (max_num_seqs), got %d", e->max_seqs, p->n);
   if (p->max_tokens < -1 || p->max_tokens == 0)
@@ -949,8 +1141,13 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
     given.struct_size = sizeof(given);
   }
   const kiln_sampling_params_t *p = &given;
+  kiln_guide_t *guide = NULL;
   kiln_status_t st = check_params(e, p);
   if (st) goto rejected;
+  if (p->guide != KILN_GUIDE_NONE &&
+      ((st = guide_setup(e)) ||
+       (st = kiln_guide_compile(e->gvocab, p->guide, p->guide_spec, p->guide_spec_len, &guide))))
+    goto rejected;
   kiln_tokens_t ids = KILN_TOKENS_INIT;
   if (d->prompt) {
     if (!e->tok) {
@@ -1014,6 +1211,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   if (!r) {
     kiln_tokens_free(&ids);
     img_prep_free(&ip);
+    kiln_guide_release(guide);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "submit: out of memory");
   }
   pthread_mutex_init(&r->mu, NULL);
@@ -1026,6 +1224,8 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->p.stop = NULL;
   r->p.logit_bias_ids = NULL;
   r->p.logit_bias_values = NULL;
+  r->p.guide_spec = NULL; /* compiled into r->guide */
+  r->guide = guide;
   r->cb = d->on_output;
   r->notify = d->struct_size >= offsetof(kiln_request_desc_t, on_queued) + sizeof(d->on_queued)
                   ? d->on_queued
@@ -1083,6 +1283,12 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
         oom = true;
       }
     }
+  }
+  if (!oom && guide) {
+    /* sequence 0's matcher; forks copy it */
+    kiln_status_t gst = kiln_guide_matcher_create(guide, &r->ss[0].gm);
+    oom |= gst != NULL;
+    kiln_status_free(gst);
   }
   if (!oom && p->prompt_logprobs >= 0 && np > 1) {
     size_t k = (size_t)(p->prompt_logprobs > 0 ? p->prompt_logprobs : 0);
@@ -1145,6 +1351,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   *out = r;
   return NULL;
 rejected:
+  kiln_guide_release(guide);
   img_prep_free(&ip);
   pthread_mutex_lock(&e->mu);
   e->metrics.requests_rejected++;
@@ -1185,7 +1392,7 @@ static bool is_eos(const kiln_engine_t *e, const kiln_request_t *r, int32_t t) {
 /* Fills a sample row for sequence q (index i of r): penalties over its tokens, the request's
  * logit bias plus -inf bans on stop tokens before min_tokens. */
 static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, int32_t row,
-                              kiln_sample_row_t *sr) {
+                              const uint32_t *mask, kiln_sample_row_t *sr) {
   kiln_seq_t *q = &r->seqs[i];
   seq_state_t *ss = &r->ss[i];
   memset(sr, 0, sizeof(*sr));
@@ -1199,6 +1406,7 @@ static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, in
   sr->frequency = r->p.frequency_penalty;
   sr->uniform = kiln_sample_uniform(&ss->rng);
   sr->num_top = r->p.logprobs;
+  sr->mask = mask;
   if (sr->repetition != 1.0f || sr->presence != 0 || sr->frequency != 0) {
     sr->prompt_ids = q->tokens;
     sr->num_prompt = q->num_prompt;
@@ -1357,7 +1565,25 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     fail_step(e, step, st);
     return NULL;
   }
-  if ((st = e->runner.forward(e->runner.ctx, &b))) {
+  /* Constrained sequences' masks, computed by the guide workers while the forward runs. */
+  int32_t njobs = 0;
+  const bool guided = __atomic_load_n(&e->gvocab, __ATOMIC_ACQUIRE) != NULL;
+  if (guided) {
+    const int32_t W = kiln_guide_mask_words(e->gvocab);
+    for (int32_t s = 0; s < step->num_items; s++) {
+      const kiln_sched_item_t *it = &step->items[s];
+      kiln_request_t *r = it->seq->owner;
+      e->item_mask[s] = NULL;
+      if (!it->sample || !r->guide || !r->ss[it->seq->index].gm) continue;
+      e->gjobs[njobs] = (guide_job_t){
+          .m = r->ss[it->seq->index].gm, .mask = e->gmask + (size_t)s * (size_t)W, .r = r};
+      e->item_mask[s] = e->gjobs[njobs++].mask;
+    }
+    if (njobs) guide_pool_start(e->gpool, e->gjobs, njobs);
+  }
+  st = e->runner.forward(e->runner.ctx, &b);
+  if (njobs) guide_pool_wait(e->gpool);
+  if (st) {
     fail_step(e, step, st);
     return NULL;
   }
@@ -1382,8 +1608,19 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       kiln_scheduler_fork_done(e->sched, q, r->num_live - 1);
       last = r->num_live - 1;
     }
+    const uint32_t *mask = guided ? e->item_mask[s] : NULL;
+    const char *gerr = NULL;
+    if (mask) { /* this item's job (a fork shares its parent's first mask) */
+      for (int32_t j = 0; j < njobs; j++)
+        if (e->gjobs[j].mask == mask) gerr = e->gjobs[j].err;
+      for (int32_t i = first + 1; i <= last && !st; i++) {
+        kiln_status_t gst = kiln_guide_matcher_clone(r->ss[first].gm, &r->ss[i].gm);
+        if (gst) st = gst;
+      }
+    }
     for (int32_t i = first; i <= last && !st; i++) {
-      st = fill_row(e, r, i, e->item_row[s], &e->srows[nsamp]);
+      r->ss[i].gerr = gerr;
+      st = fill_row(e, r, i, e->item_row[s], gerr ? NULL : mask, &e->srows[nsamp]);
       e->sseqs[nsamp++] = &r->seqs[i];
     }
   }
@@ -1422,6 +1659,10 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     int32_t i = q->index;
     seq_state_t *ss = &r->ss[i];
     if (ss->done) continue; /* its request ended earlier in this loop */
+    if (ss->gerr) {
+      req_end(e, r, KILN_FINISH_ERROR, ss->gerr);
+      continue;
+    }
     int32_t tok = e->so.tokens[j];
     ss->has_token = true;
     ss->token = tok;
@@ -1439,6 +1680,18 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     }
     ss->num_out++;
     gen++;
+    /* the constraint follows every token but end of sequence (allowed only where it accepts) */
+    bool gdone = false;
+    if (ss->gm && !is_eos(e, r, tok)) {
+      if (!kiln_guide_matcher_accept_token(ss->gm, tok)) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "internal error: the constraint refused sampled token %d",
+                 (int)tok);
+        req_end(e, r, KILN_FINISH_ERROR, msg);
+        continue;
+      }
+      gdone = kiln_guide_matcher_finished(ss->gm);
+    }
     pthread_mutex_lock(&e->mu);
     if (r->t_first == 0) {
       r->t_first = t1;
@@ -1468,6 +1721,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
         ss->stop_index = stopped;
       }
     }
+    if (fin == KILN_FINISH_NONE && gdone) fin = KILN_FINISH_STOP; /* nothing may follow */
     if (fin == KILN_FINISH_NONE && (ss->num_out >= r->max_tokens || q->num_tokens >= e->max_len))
       fin = KILN_FINISH_LENGTH;
     const char *tx = kiln_strbuf_ok(&text) && text.len ? kiln_strbuf_cstr(&text) : "";
@@ -1782,6 +2036,7 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   }
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
+  pthread_mutex_init(&e->gmu, NULL);
   kiln_metrics_init(&e->metrics);
   const kiln_config_t *cfg = su->config;
   e->bs = atoi(kiln_config_get_string(cfg, "cache", "block_size"));
@@ -1880,6 +2135,12 @@ void kiln_engine_destroy(kiln_engine_t *e) {
     intake(e, in);
     while (e->act_head) req_end(e, e->act_head, KILN_FINISH_ABORT, NULL);
   }
+  guide_pool_free(e->gpool);
+  kiln_guide_vocab_free(e->gvocab); /* every request ended above, releasing its constraint */
+  free(e->gmask);
+  free(e->gjobs);
+  free(e->item_mask);
+  pthread_mutex_destroy(&e->gmu);
   kiln_sampler_free(e->sampler);
   kiln_scheduler_free(e->sched);
   kiln_kv_manager_free(e->kv);
@@ -2009,8 +2270,8 @@ kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *e, const kiln
   kiln_status_t st;
   if ((st = chat_arg(a->messages_json, a->messages_len, "messages", KILN_JSON_ARRAY, &msgs)) ||
       (st = chat_arg(a->tools_json, a->tools_len, "tools", KILN_JSON_ARRAY, &tools)) ||
-      (st = chat_arg(a->extra_json, a->extra_len, "chat_template_kwargs", KILN_JSON_OBJECT,
-                     &extra)))
+      (st =
+           chat_arg(a->extra_json, a->extra_len, "chat_template_kwargs", KILN_JSON_OBJECT, &extra)))
     goto done;
   if (!msgs) {
     st = bad("messages: a JSON array is required");
