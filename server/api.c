@@ -493,6 +493,149 @@ static bool parse_logit_bias(const kiln_json_t *root, kiln_api_request_t *r,
   return true;
 }
 
+/* ---- structured outputs ---------------------------------------------------------------- */
+
+/* One constraint field: kind, its JSON value, and the name for messages ("guided_json",
+ * "response_format.json_schema.schema", "structured_outputs.regex", ...). */
+static bool set_guide(kiln_api_request_t *r, kiln_guide_kind_t kind, const kiln_json_t *v,
+                      const char *field, kiln_api_error_t *err) {
+  if (r->sp.guide != KILN_GUIDE_NONE)
+    return BAD(field,
+               "%s: only one constraint per request (already %s); response_format, guided_json, "
+               "guided_regex, guided_choice, guided_grammar and structured_outputs exclude each "
+               "other",
+               field, r->guide_field);
+  snprintf(r->guide_field, sizeof(r->guide_field), "%s", field);
+  r->sp.guide = kind;
+  if (kind == KILN_GUIDE_JSON_OBJECT) return true;
+  kiln_strbuf_t sb = KILN_STRBUF_INIT;
+  size_t n;
+  const char *str = kiln_json_string(v, &n);
+  switch (kind) {
+    case KILN_GUIDE_JSON_SCHEMA: /* a schema object (or true/false), or its JSON text */
+      if (str)
+        kiln_strbuf_append(&sb, str, n);
+      else if (kiln_json_is(v, KILN_JSON_OBJECT) || kiln_json_is(v, KILN_JSON_BOOL))
+        kiln_json_write(&sb, v, false, false);
+      else
+        return BAD(field, "%s: must be a JSON Schema (an object), got %s", field, type_of(v));
+      break;
+    case KILN_GUIDE_REGEX:
+    case KILN_GUIDE_GRAMMAR:
+      if (!str) return BAD(field, "%s: must be a string, got %s", field, type_of(v));
+      if (!n) return BAD(field, "%s: must not be empty", field);
+      kiln_strbuf_append(&sb, str, n);
+      break;
+    case KILN_GUIDE_CHOICE:
+      if (!kiln_json_is(v, KILN_JSON_ARRAY) || !kiln_json_len(v))
+        return BAD(field, "%s: must be a non-empty list of strings, got %s", field, type_of(v));
+      for (size_t i = 0; i < kiln_json_len(v); i++) {
+        size_t cl;
+        const kiln_json_t *c = kiln_json_at(v, i);
+        if (!kiln_json_string(c, &cl))
+          return BAD(field, "%s[%zu]: must be a string, got %s", field, i, type_of(c));
+        if (!cl) return BAD(field, "%s[%zu]: must not be empty", field, i);
+      }
+      kiln_json_write(&sb, v, false, false);
+      break;
+    default: break;
+  }
+  if (!kiln_strbuf_ok(&sb) || !(r->guide_spec = kiln_strbuf_detach(&sb, &n))) {
+    kiln_strbuf_free(&sb);
+    return OOM();
+  }
+  r->sp.guide_spec = r->guide_spec;
+  r->sp.guide_spec_len = n;
+  return true;
+}
+
+/* Fields that would change the output and are not supported: present and not null/false. */
+static bool refuse_set(const kiln_json_t *o, const char *prefix, const char *const *keys,
+                       kiln_api_error_t *err) {
+  for (int i = 0; keys[i]; i++) {
+    const kiln_json_t *v = kiln_json_get(o, keys[i]);
+    if (absent(v) || (kiln_json_is(v, KILN_JSON_BOOL) && !kiln_json_bool(v))) continue;
+    char f[64];
+    snprintf(f, sizeof(f), "%s%s", prefix, keys[i]);
+    return BAD(f, "%s: is not supported", f);
+  }
+  return true;
+}
+
+/* response_format (OpenAI), guided_* (vLLM) and structured_outputs (vLLM's newer form): at
+ * most one constraint. The engine compiles it at submission; its errors come back as 400s
+ * naming guide_field. */
+static bool parse_guide(const kiln_json_t *root, kiln_api_request_t *r, kiln_api_error_t *err) {
+  const kiln_json_t *rf = kiln_json_get(root, "response_format");
+  if (!absent(rf)) {
+    const char *t = kiln_json_string(kiln_json_get(rf, "type"), NULL);
+    if (!kiln_json_is(rf, KILN_JSON_OBJECT) || !t)
+      return BAD("response_format", "response_format: must be an object with a \"type\"");
+    if (!strcmp(t, "json_object")) {
+      if (!set_guide(r, KILN_GUIDE_JSON_OBJECT, NULL, "response_format", err)) return false;
+    } else if (!strcmp(t, "json_schema")) {
+      const kiln_json_t *js = kiln_json_get(rf, "json_schema");
+      if (!kiln_json_is(js, KILN_JSON_OBJECT))
+        return BAD("response_format",
+                   "response_format.json_schema: must be an object with \"name\" and \"schema\"");
+      const kiln_json_t *nm = kiln_json_get(js, "name"), *st = kiln_json_get(js, "strict");
+      if (!absent(nm) && !kiln_json_is(nm, KILN_JSON_STRING))
+        return BAD("response_format", "response_format.json_schema.name: must be a string, got %s",
+                   type_of(nm));
+      if (!absent(st) && !kiln_json_is(st, KILN_JSON_BOOL))
+        return BAD("response_format",
+                   "response_format.json_schema.strict: must be a boolean, got %s", type_of(st));
+      const kiln_json_t *sc = kiln_json_get(js, "schema");
+      if (absent(sc))
+        return BAD("response_format", "response_format.json_schema.schema: is required");
+      if (!set_guide(r, KILN_GUIDE_JSON_SCHEMA, sc, "response_format.json_schema.schema", err))
+        return false;
+    } else if (strcmp(t, "text") != 0) {
+      return BAD("response_format",
+                 "response_format: type '%s' is not supported (text, json_object, json_schema)", t);
+    }
+  }
+  static const struct {
+    const char *key;
+    kiln_guide_kind_t kind;
+  } g[] = {{"guided_json", KILN_GUIDE_JSON_SCHEMA},
+           {"guided_regex", KILN_GUIDE_REGEX},
+           {"guided_choice", KILN_GUIDE_CHOICE},
+           {"guided_grammar", KILN_GUIDE_GRAMMAR}};
+  for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); i++) {
+    const kiln_json_t *v = kiln_json_get(root, g[i].key);
+    if (!absent(v) && !set_guide(r, g[i].kind, v, g[i].key, err)) return false;
+  }
+  /* guided_decoding_backend only picks vLLM's implementation: the output is the same */
+  static const char *const refused[] = {"guided_whitespace_pattern", NULL};
+  if (!refuse_set(root, "", refused, err)) return false;
+  const kiln_json_t *so = kiln_json_get(root, "structured_outputs");
+  if (!absent(so)) {
+    if (!kiln_json_is(so, KILN_JSON_OBJECT))
+      return BAD("structured_outputs", "structured_outputs: must be an object, got %s",
+                 type_of(so));
+    static const struct {
+      const char *key, *field;
+      kiln_guide_kind_t kind;
+    } h[] = {{"json", "structured_outputs.json", KILN_GUIDE_JSON_SCHEMA},
+             {"regex", "structured_outputs.regex", KILN_GUIDE_REGEX},
+             {"choice", "structured_outputs.choice", KILN_GUIDE_CHOICE},
+             {"grammar", "structured_outputs.grammar", KILN_GUIDE_GRAMMAR}};
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) {
+      const kiln_json_t *v = kiln_json_get(so, h[i].key);
+      if (!absent(v) && !set_guide(r, h[i].kind, v, h[i].field, err)) return false;
+    }
+    bool jo = false;
+    if (!get_bool(so, "json_object", &jo, err)) return false;
+    if (jo && !set_guide(r, KILN_GUIDE_JSON_OBJECT, NULL, "structured_outputs.json_object", err))
+      return false;
+    static const char *const so_refused[] = {"whitespace_pattern", "structural_tag",
+                                             "disable_any_whitespace", NULL};
+    if (!refuse_set(so, "structured_outputs.", so_refused, err)) return false;
+  }
+  return true;
+}
+
 /* The sampling fields shared by completions and chat. */
 static bool parse_sampling(const kiln_json_t *root, kiln_api_request_t *r,
                            const kiln_api_limits_t *l, kiln_api_error_t *err) {
@@ -590,15 +733,7 @@ static bool parse_sampling(const kiln_json_t *root, kiln_api_request_t *r,
     if (!r->stream)
       return BAD("stream_options", "stream_options: only allowed when stream is true");
   }
-  const kiln_json_t *rf = kiln_json_get(root, "response_format");
-  if (!absent(rf)) {
-    const char *t = kiln_json_string(kiln_json_get(rf, "type"), NULL);
-    if (!kiln_json_is(rf, KILN_JSON_OBJECT) || !t)
-      return BAD("response_format", "response_format: must be an object with a \"type\"");
-    if (strcmp(t, "text") != 0)
-      return BAD("response_format", "response_format: type '%s' is not supported (only 'text')", t);
-  }
-  return true;
+  return parse_guide(root, r, err);
 }
 
 static bool parse_logprobs(const kiln_json_t *root, kiln_api_request_t *r,
@@ -761,6 +896,7 @@ void kiln_api_request_free(kiln_api_request_t *r) {
   free(r->stop_token_ids);
   free(r->bias_ids);
   free(r->bias_values);
+  free(r->guide_spec);
   free(r);
 }
 

@@ -47,12 +47,12 @@ typedef struct kiln_api_prompt {
 
 /* Limits the parser checks against (from the engine, or fixed ones in a fuzzer). */
 typedef struct kiln_api_limits {
-  int32_t max_n;        /* most sequences per prompt (max_num_seqs) */
-  int32_t max_prompts;  /* most prompts in one completions request */
-  int32_t max_stop;     /* most stop strings */
-  int32_t max_logprobs; /* top logprobs, at most 20 */
-  int32_t vocab_size;   /* logit_bias / stop_token_ids / prompt ids must be below it */
-  int32_t max_images;   /* image parts per request; 0 = the model takes text only */
+  int32_t max_n;            /* most sequences per prompt (max_num_seqs) */
+  int32_t max_prompts;      /* most prompts in one completions request */
+  int32_t max_stop;         /* most stop strings */
+  int32_t max_logprobs;     /* top logprobs, at most 20 */
+  int32_t vocab_size;       /* logit_bias / stop_token_ids / prompt ids must be below it */
+  int32_t max_images;       /* image parts per request; 0 = the model takes text only */
   size_t max_image_bytes;   /* a data URL's decoded bytes at most */
   bool allow_remote_images; /* http(s):// image URLs are accepted (to be fetched) */
 } kiln_api_limits_t;
@@ -105,6 +105,11 @@ typedef struct kiln_api_request {
   int32_t *stop_token_ids;
   int32_t *bias_ids;
   float *bias_values;
+  /* structured outputs: sp.guide and sp.guide_spec (this text, owned) from response_format,
+   * guided_json / guided_regex / guided_choice / guided_grammar or structured_outputs;
+   * guide_field names the field given, for the engine's compile errors */
+  char *guide_spec;
+  char guide_field[64];
 } kiln_api_request_t;
 
 /* The defaults: 256 sequences and prompts, 16 stop strings, 20 logprobs, any vocabulary, 8

@@ -540,6 +540,26 @@ static void submit_error(kiln_status_t st, const char *param, kiln_api_error_t *
     kiln_api_error_set(err, 500, "server_error", NULL, "%s", kiln_status_message(st));
 }
 
+/* A constraint the engine could not compile ("json_schema: properties.a: ..."): a 400 naming
+ * the request's field ("response_format.json_schema.schema: properties.a: ..."). */
+static bool guide_submit_error(kiln_status_t st, const kiln_api_request_t *r,
+                               kiln_api_error_t *err) {
+  static const char *const kinds[] = {
+      "json_object: ", "json_schema: ", "regex: ", "choice: ", "grammar: "};
+  const char *m = kiln_status_message(st);
+  if (!r->sp.guide || kiln_status_code(st) != KILN_ERR_INVALID_ARGUMENT) return false;
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+    size_t n = strlen(kinds[i]);
+    if (!strncmp(m, kinds[i], n)) {
+      char param[64];
+      snprintf(param, sizeof(param), "%.63s", r->guide_field);
+      kiln_api_error_set(err, 400, "invalid_request_error", param, "%s: %s", r->guide_field, m + n);
+      return true;
+    }
+  }
+  return false;
+}
+
 /* ---- images ---------------------------------------------------------------------------------- */
 
 typedef struct fetch_buf {
@@ -767,7 +787,9 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
     kiln_status_t st = kiln_engine_submit(j->eng, &d, &j->kreq[i]);
     if (st) {
       free(imgs);
-      if (d.num_images)
+      if (guide_submit_error(st, r, err))
+        ;
+      else if (d.num_images)
         image_submit_error(st, r, err);
       else
         submit_error(st, param, err);

@@ -11,7 +11,7 @@
  *     characters, no escapes);
  *   - array items after `prefixItems` are allowed only when `items` says so;
  *   - numbers have at most 16 integer and 15 fraction digits and a two-digit exponent;
- *     strings' \u escapes exclude lone surrogates; whitespace between tokens is [ \t\n]*.
+ *     strings' \u escapes exclude lone surrogates; at most 16 characters of [ \t\n] between tokens.
  * Keywords: type (one or a list), enum, const, anyOf, oneOf (as anyOf: its branches must not
  * overlap), allOf (object schemas, merged), $ref (JSON pointers into the document: #, #/$defs/x,
  * #/definitions/x, ...; recursion allowed), properties, required, additionalProperties,
@@ -92,7 +92,7 @@ static int32_t new_id(sc_t *c) { return c->next_id++; }
 /* ---- the fixed part ------------------------------------------------------------------------- */
 
 static const char PRELUDE[] =
-    "ws ::= [ \\t\\n]*\n"
+    "ws ::= [ \\t\\n]{0,16}\n"
     "json-value ::= json-object | json-array | json-string | json-number | \"true\" | \"false\" "
     "| \"null\"\n"
     "json-object ::= \"{\" ws ( json-member ( ws \",\" ws json-member )* ws )? \"}\"\n"
