@@ -11,7 +11,9 @@
 # the same script). Servers are always killed on the way out.
 #   images: image input (tests/server/images.mjs) on the tiny Qwen2-VL fixture, data URLs and
 #       remote URLs from a local HTTP server.
-# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images]
+#   structured: structured outputs (tests/server/structured.mjs): the schema corpus of
+#       tests/data/schemas validated by ajv, regex/choice/grammar constraints, the 400s.
+# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images|structured]
 # Env: KILN_NPM_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/kiln/npm-server),
 #      KILN_LOAD_RATE (requests/s, default 30), KILN_LOAD_PROMPTS (default 60 s worth),
 #      KILN_TEST_SEED (disconnect.mjs's random schedule).
@@ -305,9 +307,22 @@ run_images() {
   echo "test_server_images: all passed"
 }
 
+# Structured outputs (tests/server/structured.mjs): the schema corpus of tests/data/schemas,
+# every finished output validated by ajv; regex, choice and grammar constraints; the 400s.
+run_structured() {
+  npm_setup
+  start_server main --set engine.max_num_seqs=16
+  local main
+  main=$(wait_ready main)
+  run_node structured.mjs KILN_URL="$main" KILN_SCHEMAS="$SRC/tests/data/schemas"
+  stop_server main
+  echo "test_server_structured: all passed"
+}
+
 case "$MODE" in
 api) run_api ;;
 load) run_load ;;
 images) run_images ;;
-*) fail "unknown mode '$MODE' (api, load or images)" ;;
+structured) run_structured ;;
+*) fail "unknown mode '$MODE' (api, load, images or structured)" ;;
 esac

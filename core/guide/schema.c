@@ -46,6 +46,8 @@ typedef struct sc {
   memo_t *memo;
   int32_t nmemo, capmemo;
   int depth;
+  kiln_json_doc_t **docs; /* merged allOf documents: the memo holds their nodes until the end */
+  int32_t ndocs;
 } sc_t;
 
 static void sc_fail(sc_t *c, const char *path, const char *fmt, ...)
@@ -879,8 +881,25 @@ static const kiln_json_t *merge_all_of(sc_t *c, const kiln_json_t *s, const char
   kiln_strbuf_t t = KILN_STRBUF_INIT;
   kiln_strbuf_append_str(&t, "{\"type\": \"object\", \"properties\": {");
   int nprops = 0;
-  bool strict_extra = false;
-  /* properties in branch order; a property named twice must have the same schema */
+  bool *strict = calloc(k, 1); /* branches with additionalProperties: false */
+  if (!strict) {
+    free(br);
+    kiln_strbuf_free(&t);
+    c->rules->failed = true;
+    return NULL;
+  }
+  /* properties in branch order; a property named twice must have the same schema. A branch
+   * with additionalProperties: false allows only its own properties, so the merged object has
+   * those every such branch lists (a required one that some branch forbids: no object fits). */
+  for (size_t i = 0; i < k && !c->err; i++) {
+    const kiln_json_t *b = br[i];
+    if (!kiln_json_is(b, KILN_JSON_OBJECT)) {
+      sc_fail(c, path, "allOf[%zu] is not a schema object", i - 1);
+      break;
+    }
+    const kiln_json_t *a = get(b, "additionalProperties");
+    strict[i] = kiln_json_is(a, KILN_JSON_BOOL) && !kiln_json_bool(a);
+  }
   for (size_t i = 0; i < k && !c->err; i++) {
     const kiln_json_t *b = br[i];
     if (!kiln_json_is(b, KILN_JSON_OBJECT)) {
@@ -904,7 +923,7 @@ static const kiln_json_t *merge_all_of(sc_t *c, const kiln_json_t *s, const char
       if (!strcmp(key, "additionalProperties")) {
         const kiln_json_t *a = kiln_json_value_at(b, m);
         if (kiln_json_is(a, KILN_JSON_BOOL) && !kiln_json_bool(a)) {
-          strict_extra = true;
+          strict[i] = true;
           continue;
         }
       }
@@ -931,6 +950,10 @@ static const kiln_json_t *merge_all_of(sc_t *c, const kiln_json_t *s, const char
         }
       }
       if (dup) continue;
+      bool allowed = true;
+      for (size_t j = 0; j < k; j++)
+        if (strict[j] && !kiln_json_getn(get(br[j], "properties"), key, kl)) allowed = false;
+      if (!allowed) continue; /* some branch forbids it: it never appears */
       if (nprops++) kiln_strbuf_append_str(&t, ", ");
       kiln_json_write_string(&t, key, kl, false);
       kiln_strbuf_append_str(&t, ": ");
@@ -941,15 +964,25 @@ static const kiln_json_t *merge_all_of(sc_t *c, const kiln_json_t *s, const char
   int nreq = 0;
   for (size_t i = 0; i < k && !c->err; i++) {
     const kiln_json_t *r = get(br[i], "required");
-    for (size_t m = 0; m < kiln_json_len(r); m++) {
+    for (size_t m = 0; m < kiln_json_len(r) && !c->err; m++) {
+      size_t kl;
+      const char *key = kiln_json_string(kiln_json_at(r, m), &kl);
+      for (size_t j = 0; key && j < k; j++)
+        if (strict[j] && !kiln_json_getn(get(br[j], "properties"), key, kl)) {
+          sc_fail(c, path,
+                  "allOf: no object fits: property '%s' is required, but %s%zu%s forbids it "
+                  "(additionalProperties: false)",
+                  key, j ? "allOf[" : "the schema itself", j ? j - 1 : 0, j ? "]" : "");
+          break;
+        }
       if (nreq++) kiln_strbuf_append_str(&t, ", ");
       kiln_json_write(&t, kiln_json_at(r, m), false, false);
     }
   }
   kiln_strbuf_append_str(&t, "]");
-  (void)strict_extra; /* extra properties are off for merged objects either way */
   kiln_strbuf_append_str(&t, ", \"additionalProperties\": false}");
   free(br);
+  free(strict);
   if (c->err || !kiln_strbuf_ok(&t)) {
     kiln_strbuf_free(&t);
     return NULL;
@@ -1133,7 +1166,14 @@ static void gen_body(sc_t *c, kiln_strbuf_t *o, const kiln_json_t *s, const char
     kiln_json_doc_t *own = NULL;
     const kiln_json_t *m = merge_all_of(c, s, path, &own);
     if (m) gen_object(c, o, m, path); /* inline: the merged nodes are not the document's */
-    kiln_json_doc_free(own);
+    kiln_json_doc_t **nd = own ? realloc(c->docs, ((size_t)c->ndocs + 1) * sizeof(*nd)) : NULL;
+    if (nd) {
+      c->docs = nd;
+      c->docs[c->ndocs++] = own;
+    } else {
+      kiln_json_doc_free(own);
+      if (own) sc_fail(c, path, "out of memory");
+    }
     if (nullable) kiln_strbuf_append_str(o, " )");
     return;
   }
@@ -1239,6 +1279,8 @@ kiln_status_t kiln_schema_to_gbnf(const char *json, size_t len, const char *what
   if (!c.err && !kiln_strbuf_ok(out))
     c.err = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
   free(c.memo);
+  for (int32_t i = 0; i < c.ndocs; i++) kiln_json_doc_free(c.docs[i]);
+  free(c.docs);
   kiln_json_doc_free(doc);
   return c.err;
 }
