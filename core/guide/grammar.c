@@ -811,26 +811,113 @@ static void parse_grammar(gb_t *b) {
 
 /* ---- checks and the compact form ---------------------------------------------------------- */
 
-/* Left recursion: rule r reaches itself through first elements that may all match "". */
-static bool left_dfs(const gb_t *b, const bool *nullable, int32_t r, char *color, int32_t *path,
-                     int32_t depth, int32_t *cyc_from) {
-  color[r] = 1;
-  path[depth] = r;
-  const grule_t *ru = &b->rules[r];
-  for (int32_t a = 0; a < ru->n; a++)
-    for (int32_t i = 0; i < ru->alts[a].n; i++) {
-      kiln_gel_t e = ru->alts[a].e[i];
-      if (e.kind != KILN_GEL_RULE) break;
-      if (color[e.arg] == 1) {
-        *cyc_from = e.arg;
-        return true;
-      }
-      if (color[e.arg] == 0 && left_dfs(b, nullable, e.arg, color, path, depth + 1, cyc_from))
-        return true;
-      if (!nullable[e.arg]) break;
+/* Left recursion. Rule r reaches s "at its left edge" when an alternative of r starts with
+ * s, or with rules that may match "" followed by s; the edge is a tail edge when s is the last
+ * element of that alternative. A cycle of left edges makes the stack grow without consuming
+ * input, except a cycle of tail edges only: there the continuation stays the same node (stacks
+ * are flattened at tail positions and hash-consed), so the closure revisits a node it has seen
+ * and stops; x ::= y x | "" with a nullable y is such a grammar, and fine. So the grammar is
+ * refused when a non-tail left edge joins two rules of one strongly connected component
+ * (Tarjan's algorithm, iterative: chains of helper rules run deep). Returns the rule named in
+ * the error, or -1. */
+typedef struct ledge {
+  int32_t to;
+  bool tail;
+} ledge_t;
+
+static int32_t left_recursion(const gb_t *b, const bool *nullable, bool *oom) {
+  const int32_t R = b->n;
+  int32_t *off = calloc((size_t)R + 1, sizeof(int32_t));
+  int64_t ne = 0;
+  for (int pass = 0; pass < 2 && off; pass++) {
+    ledge_t *ed = NULL;
+    if (pass == 1 && !(ed = malloc((size_t)(ne ? ne : 1) * sizeof(*ed)))) break;
+    int64_t k = 0;
+    for (int32_t r = 0; r < R; r++) {
+      if (pass == 1) off[r] = (int32_t)k;
+      const grule_t *ru = &b->rules[r];
+      for (int32_t a = 0; a < ru->n; a++)
+        for (int32_t i = 0; i < ru->alts[a].n; i++) {
+          kiln_gel_t e = ru->alts[a].e[i];
+          if (e.kind != KILN_GEL_RULE) break;
+          if (pass == 1) ed[k] = (ledge_t){e.arg, i == ru->alts[a].n - 1};
+          k++;
+          if (!nullable[e.arg]) break;
+        }
     }
-  color[r] = 2;
-  return false;
+    if (pass == 0) {
+      ne = k;
+      continue;
+    }
+    off[R] = (int32_t)k;
+    /* Tarjan */
+    int32_t *idx = malloc((size_t)R * sizeof(int32_t)), *low = malloc((size_t)R * sizeof(int32_t));
+    int32_t *comp = malloc((size_t)R * sizeof(int32_t)), *st = malloc((size_t)R * sizeof(int32_t));
+    int32_t *cs = malloc((size_t)R * sizeof(int32_t)), *ci = malloc((size_t)R * sizeof(int32_t));
+    bool *on = calloc((size_t)R, 1);
+    int32_t found = -1;
+    if (!idx || !low || !comp || !st || !cs || !ci || !on) {
+      *oom = true;
+    } else {
+      for (int32_t r = 0; r < R; r++) idx[r] = -1;
+      int32_t counter = 0, sp = 0, nc = 0;
+      for (int32_t r0 = 0; r0 < R; r0++) {
+        if (idx[r0] >= 0) continue;
+        int32_t csp = 0;
+        cs[csp] = r0;
+        ci[csp++] = off[r0];
+        idx[r0] = low[r0] = counter++;
+        st[sp++] = r0;
+        on[r0] = true;
+        while (csp > 0) {
+          int32_t v = cs[csp - 1];
+          if (ci[csp - 1] < off[v + 1]) {
+            int32_t w = ed[ci[csp - 1]++].to;
+            if (idx[w] < 0) {
+              idx[w] = low[w] = counter++;
+              st[sp++] = w;
+              on[w] = true;
+              cs[csp] = w;
+              ci[csp++] = off[w];
+            } else if (on[w] && idx[w] < low[v]) {
+              low[v] = idx[w];
+            }
+            continue;
+          }
+          if (low[v] == idx[v]) {
+            int32_t w;
+            do {
+              w = st[--sp];
+              on[w] = false;
+              comp[w] = nc;
+            } while (w != v);
+            nc++;
+          }
+          csp--;
+          if (csp > 0 && low[v] < low[cs[csp - 1]]) low[cs[csp - 1]] = low[v];
+        }
+      }
+      for (int32_t r = 0; r < R && found < 0; r++)
+        for (int32_t j = off[r]; j < off[r + 1]; j++)
+          if (!ed[j].tail && comp[ed[j].to] == comp[r]) {
+            found = r;
+            break;
+          }
+    }
+    free(idx);
+    free(low);
+    free(comp);
+    free(st);
+    free(cs);
+    free(ci);
+    free(on);
+    free(ed);
+    free(off);
+    return found;
+  }
+  *oom = true;
+  free(off);
+  return -1;
 }
 
 static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
@@ -847,9 +934,7 @@ static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
       return NULL;
     }
   bool *prod = calloc((size_t)R, 1), *nul = calloc((size_t)R, 1);
-  char *color = calloc((size_t)R, 1);
-  int32_t *path = calloc((size_t)R + 1, sizeof(int32_t));
-  if (!prod || !nul || !color || !path) {
+  if (!prod || !nul) {
     b->oom = true;
     goto done;
   }
@@ -880,15 +965,19 @@ static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
     gb_fail(b, NULL, "the grammar matches no string (rule '%s' never finishes)", start);
     goto done;
   }
-  int32_t cyc = -1;
-  for (int32_t r = 0; r < R; r++)
-    if (color[r] == 0 && left_dfs(b, nul, r, color, path, 0, &cyc)) {
-      gb_fail(b, NULL,
-              "rule '%s' is left-recursive (it can reach itself before matching any "
-              "character); rewrite it with repetition, e.g. x ::= y (\",\" y)*",
-              b->rules[cyc].name);
-      goto done;
-    }
+  bool loom = false;
+  int32_t cyc = left_recursion(b, nul, &loom);
+  if (loom) {
+    b->oom = true;
+    goto done;
+  }
+  if (cyc >= 0) {
+    gb_fail(b, NULL,
+            "rule '%s' is left-recursive (it can reach itself before matching any "
+            "character); rewrite it with repetition, e.g. x ::= y (\",\" y)*",
+            b->rules[cyc].name);
+    goto done;
+  }
   /* the compact form, without the alternatives that can never finish */
   kiln_grammar_t *g = calloc(1, sizeof(*g));
   if (!g) {
@@ -951,8 +1040,6 @@ static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
 done:
   free(prod);
   free(nul);
-  free(color);
-  free(path);
   return NULL;
 }
 

@@ -1419,3 +1419,5 @@ kiln_status_t kiln_guide_matcher_fill_mask(kiln_guide_matcher_t *m, uint32_t *ma
   if (m->s.num > COMPACT_AT) compact(m);
   return NULL;
 }
+
+bool kiln_guide_matcher_compact(kiln_guide_matcher_t *m) { return compact(m); }

@@ -97,7 +97,9 @@ bool kiln_guide_matcher_finished(const kiln_guide_matcher_t *m);
  * allow it here. */
 bool kiln_guide_matcher_accept_token(kiln_guide_matcher_t *m, int32_t id);
 bool kiln_guide_matcher_accept_bytes(kiln_guide_matcher_t *m, const void *bytes, size_t n);
-/* Stack nodes held (for tests of compaction). */
+/* Stack nodes held, and a compaction now (it happens by itself beyond 65536 nodes): keeps only
+ * the nodes the current position reaches (tests). False when out of memory (unchanged). */
 int32_t kiln_guide_matcher_nodes(const kiln_guide_matcher_t *m);
+bool kiln_guide_matcher_compact(kiln_guide_matcher_t *m);
 
 #endif /* KILN_CORE_GUIDE_GUIDE_H */
