@@ -168,8 +168,58 @@ static void test_field_errors(void **state) {
   parse_bad(C, "{\"prompt\": \"x\", \"stop_token_ids\": [1, -1]}", 400, "stop_token_ids", NULL);
   parse_bad(C, "{\"prompt\": \"x\", \"model\": 5}", 400, "model", "string");
   parse_bad(C, "{\"prompt\": \"x\", \"suffix\": \"y\"}", 400, "suffix", NULL);
-  parse_bad(C, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", 400,
-            "response_format", "json_object");
+  /* structured outputs: the parser takes the constraint (the engine compiles it) */
+  parse_bad(C, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json\"}}", 400,
+            "response_format", "type 'json' is not supported");
+  parse_bad(C, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\"}}", 400,
+            "response_format", "json_schema: must be an object");
+  parse_bad(C,
+            "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+            "{\"name\": 1, \"schema\": {}}}}",
+            400, "response_format", "name: must be a string");
+  parse_bad(C, "{\"prompt\": \"x\", \"guided_json\": 5}", 400, "guided_json", "JSON Schema");
+  parse_bad(C, "{\"prompt\": \"x\", \"guided_regex\": \"\"}", 400, "guided_regex", "empty");
+  parse_bad(C, "{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"\"]}", 400, "guided_choice",
+            "guided_choice[1]: must not be empty");
+  parse_bad(C, "{\"prompt\": \"x\", \"guided_grammar\": [1]}", 400, "guided_grammar", "string");
+  parse_bad(C,
+            "{\"prompt\": \"x\", \"guided_regex\": \"a\", \"response_format\": {\"type\": "
+            "\"json_object\"}}",
+            400, "guided_regex", "only one constraint");
+  parse_bad(C, "{\"prompt\": \"x\", \"structured_outputs\": {\"structural_tag\": {}}}", 400,
+            "structured_outputs.structural_tag", "not supported");
+  parse_bad(C, "{\"prompt\": \"x\", \"structured_outputs\": 3}", 400, "structured_outputs",
+            "object");
+  {
+    kiln_api_request_t *r = NULL;
+    kiln_api_error_t err;
+    static const char *const ok[][3] = {
+        {"{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+         "{\"name\": \"n\", \"schema\": {\"type\": \"integer\"}, \"strict\": true}}}",
+         "2", "{\"type\": \"integer\"}"},
+        {"{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", "1", ""},
+        {"{\"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}", "0", ""},
+        {"{\"prompt\": \"x\", \"guided_json\": \"{\\\"type\\\": \\\"string\\\"}\"}", "2",
+         "{\"type\": \"string\"}"},
+        {"{\"prompt\": \"x\", \"guided_regex\": \"a+\", \"guided_decoding_backend\": \"xgrammar\"}",
+         "3", "a+"},
+        {"{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"b\"]}", "4", "[\"a\", \"b\"]"},
+        {"{\"prompt\": \"x\", \"guided_grammar\": \"root ::= \\\"a\\\"\"}", "5", "root ::= \"a\""},
+        {"{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"b\"}}", "3", "b"},
+        {"{\"prompt\": \"x\", \"structured_outputs\": {\"json_object\": true}}", "1", ""},
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+      if (!kiln_api_parse(KILN_API_COMPLETIONS, ok[i][0], strlen(ok[i][0]), NULL, &r, &err))
+        fail_msg("refused %s: %s", ok[i][0], err.message);
+      assert_int_equal((int)r->sp.guide, atoi(ok[i][1]));
+      if (ok[i][2][0]) {
+        assert_non_null(r->sp.guide_spec);
+        assert_int_equal(r->sp.guide_spec_len, strlen(ok[i][2]));
+        assert_memory_equal(r->sp.guide_spec, ok[i][2], strlen(ok[i][2]));
+      }
+      kiln_api_request_free(r);
+    }
+  }
   /* prompts */
   parse_bad(C, "{}", 400, "prompt", "required");
   parse_bad(C, "{\"prompt\": \"\"}", 400, "prompt", "empty");

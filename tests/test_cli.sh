@@ -77,7 +77,7 @@ declare -A want_opts=(
   [score]="--model --ids --out --dtype --chunk --image"
   [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
-    --max-in-flight --image --messages"
+    --max-in-flight --image --messages --json-schema --json-object --regex --grammar --choice"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
