@@ -116,6 +116,31 @@ def api_seeds():
 # ---- config ---------------------------------------------------------------------------------
 
 
+def guide_seeds():
+    """Constraint specs for fuzz_guide: a kind byte (0 schema, 1 regex, 2 choice, 3 grammar,
+    4 json_object), the spec, NUL, a text to run."""
+    def seed(kind, spec, text):
+        return bytes([kind]) + spec.encode() + b"\0" + text.encode()
+    return {
+        "schema_object": seed(0, json.dumps({"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 5}, "age": {"type": "integer", "minimum": 0},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+            "required": ["name"]}), '{"name": "ab", "tags": ["a"]}'),
+        "schema_ref": seed(0, json.dumps({"$defs": {"n": {"type": "object", "properties": {
+            "v": {"type": "number", "minimum": -3, "maximum": 7},
+            "next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}},
+            "$ref": "#/$defs/n"}), '{"v": 1.5, "next": null}'),
+        "schema_formats": seed(0, json.dumps({"type": "array", "prefixItems": [
+            {"type": "string", "format": "date"}, {"type": "string", "format": "email"},
+            {"type": "string", "pattern": "^[A-Z]{2}\\d+$"}], "items": False}),
+            '["2024-02-29", "a@b.co", "AB12"]'),
+        "regex": seed(1, "(cat|dog)s?[0-9]{1,3}\\.\\w+", "cats12.x"),
+        "choice": seed(2, json.dumps(["yes", "no", "caf\u00e9"]), "caf\u00e9"),
+        "grammar": seed(3, 'root ::= "(" root ")" | [a-z]* ("," [0-9]{2})?', "((ab,12))"),
+        "json_object": seed(4, "", '{"a": [1, {"b": null}]}'),
+    }
+
+
 def config_seeds():
     out = {}
     for rel in ("etc/kiln.ini", "etc/examples/cpu.ini", "etc/examples/nvidia-h100.ini",
@@ -807,7 +832,7 @@ def weights_seeds():
 
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
-    corpora = {"api": api_seeds(), "config": config_seeds(), "json": json_seeds(),
+    corpora = {"api": api_seeds(), "config": config_seeds(), "guide": guide_seeds(), "json": json_seeds(),
                "template": template_seeds(), "tokenizer": tokenizer_seeds(),
                "weights": weights_seeds()}
     total = 0
