@@ -335,7 +335,7 @@ static int cmp_range(const void *x, const void *y) {
 /* Sorts and merges ranges in place, removes surrogates, negates over all code points when
  * neg; returns the new count (the array must hold n + 2 entries). */
 static int32_t ranges_normalize(cprange_t *rg, int32_t n, bool neg) {
-  qsort(rg, (size_t)n, sizeof(*rg), cmp_range);
+  if (n > 1) qsort(rg, (size_t)n, sizeof(*rg), cmp_range);
   int32_t k = 0;
   for (int32_t i = 0; i < n; i++) {
     if (k && rg[i].lo <= rg[k - 1].hi + 1) {
@@ -1006,7 +1006,7 @@ static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
     b->oom = true;
     goto done;
   }
-  memcpy(g->sets, b->sets, (size_t)b->nsets * 32);
+  if (b->nsets) memcpy(g->sets, b->sets, (size_t)b->nsets * 32);
   memcpy(g->nullable, nul, (size_t)R);
   int32_t na = 0, ne = 0;
   for (int32_t r = 0; r < R; r++) {

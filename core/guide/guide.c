@@ -392,7 +392,7 @@ static kiln_status_t vocab_finish(kiln_guide_vocab_t *v) {
   }
   pthread_mutex_lock(&sort_mu);
   sort_v = v;
-  qsort(v->toks, (size_t)v->ntoks, sizeof(int32_t), tok_cmp);
+  if (v->ntoks > 1) qsort(v->toks, (size_t)v->ntoks, sizeof(int32_t), tok_cmp);
   sort_v = NULL;
   pthread_mutex_unlock(&sort_mu);
   trie_out_t t;
@@ -434,7 +434,7 @@ kiln_status_t kiln_guide_vocab_create_bytes(int32_t V, const char *const *tokens
   for (int32_t i = 0; i < V; i++) {
     v->off[i] = (uint32_t)at;
     if (tokens[i] && !(special && special[i])) {
-      memcpy(v->bytes + at, tokens[i], lens[i]);
+      if (lens[i]) memcpy(v->bytes + at, tokens[i], lens[i]);
       at += lens[i];
       v->ok[i] = 1;
     }
@@ -652,7 +652,8 @@ static int32_t dfa_intern(dfa_t *d, const int32_t *l, int32_t n) {
     for (uint32_t j = (uint32_t)h & (uint32_t)(d->hcap - 1); d->ht[j];
          j = (j + 1) & (uint32_t)(d->hcap - 1)) {
       int32_t id = d->ht[j] - 1;
-      if (d->off[id + 1] - d->off[id] == n && !memcmp(d->leaves + d->off[id], l, (size_t)n * 4))
+      if (d->off[id + 1] - d->off[id] == n &&
+          (!n || !memcmp(d->leaves + d->off[id], l, (size_t)n * 4)))
         return id;
     }
   }
@@ -696,7 +697,7 @@ static int32_t dfa_intern(dfa_t *d, const int32_t *l, int32_t n) {
   }
   int32_t id = d->nst++;
   d->off[id] = d->nl;
-  memcpy(d->leaves + d->nl, l, (size_t)n * sizeof(int32_t));
+  if (n) memcpy(d->leaves + d->nl, l, (size_t)n * sizeof(int32_t));
   d->nl += n;
   d->off[id + 1] = d->nl;
   uint32_t j = (uint32_t)h & (uint32_t)(d->hcap - 1);
@@ -718,7 +719,7 @@ static int32_t dfa_step(dfa_t *d, int32_t id, unsigned b) {
   for (int32_t i = d->off[id]; i < d->off[id + 1]; i++) st_push(&d->a, d->leaves[i]);
   advance(d->g, &d->s, &d->a, b, &d->b);
   if (d->a.oom || d->b.oom || d->s.oom) d->oom = true;
-  qsort(d->b.leaf, (size_t)d->b.n, sizeof(int32_t), cmp_i32);
+  if (d->b.n > 1) qsort(d->b.leaf, (size_t)d->b.n, sizeof(int32_t), cmp_i32);
   int32_t nx = d->b.n ? dfa_intern(d, d->b.leaf, d->b.n) : 0;
   int32_t t = nx << 2 | (d->b.bottom ? 2 : 0) | (d->b.accept ? 1 : 0);
   if (id < d->tcap) d->trans[(size_t)id * 256 + b] = t;
@@ -1372,12 +1373,12 @@ kiln_status_t kiln_guide_matcher_fill_mask(kiln_guide_matcher_t *m, uint32_t *ma
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "guide: the matcher has no vocabulary");
   const size_t W = (size_t)v->W;
   /* a state seen lately: its mask again (the leaves are sorted for the comparison) */
-  qsort(m->st.leaf, (size_t)m->st.n, sizeof(int32_t), cmp_i32);
+  if (m->st.n > 1) qsort(m->st.leaf, (size_t)m->st.n, sizeof(int32_t), cmp_i32);
   uint64_t h = state_hash(&m->st);
   for (int i = 0; i < MASK_CACHE; i++) {
     mcache_t *e = &m->mc[i];
     if (e->valid && e->h == h && e->n == m->st.n &&
-        !memcmp(e->leaves, m->st.leaf, (size_t)e->n * sizeof(int32_t))) {
+        (!e->n || !memcmp(e->leaves, m->st.leaf, (size_t)e->n * sizeof(int32_t)))) {
       memcpy(mask, e->mask, W * 4);
       return NULL;
     }
@@ -1412,7 +1413,7 @@ kiln_status_t kiln_guide_matcher_fill_mask(kiln_guide_matcher_t *m, uint32_t *ma
   e->valid = e->mask && nl;
   if (e->valid) {
     memcpy(e->mask, mask, W * 4);
-    memcpy(e->leaves, m->st.leaf, (size_t)m->st.n * sizeof(int32_t));
+    if (m->st.n) memcpy(e->leaves, m->st.leaf, (size_t)m->st.n * sizeof(int32_t));
     e->n = m->st.n;
     e->h = h;
   }

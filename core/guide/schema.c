@@ -726,7 +726,7 @@ static void gen_other_key(kiln_strbuf_t *o, prop_t *ps, int32_t n, const char *p
   for (int k = 0; k < nn; k++) {
     char np2[1024];
     if (pl + 1 >= sizeof(np2)) continue;
-    memcpy(np2, prefix, pl);
+    if (pl) memcpy(np2, prefix, pl);
     np2[pl] = (char)next[k];
     if (next[k] >= 0x80) {
       /* follow the whole character of the first key that has it, then any */
