@@ -81,9 +81,9 @@ declare -A want_opts=(
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
-    --seed --json"
+    --seed --json --regex --json-schema"
   [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
-    --seed --json"
+    --seed --json --regex --json-schema"
   [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency
     --input-len --output-len --random-ids --dataset --seed --temperature --ignore-eos --timeout
     --warmup --json"

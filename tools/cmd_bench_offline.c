@@ -31,7 +31,12 @@
 typedef struct off_args {
   const char *model, *dtype, *dataset, *json;
   int64_t input_len, output_len, batch, iters, warmup, num_prompts, seed;
+  const char *regex, *json_schema; /* a constraint on every request (--regex, --json-schema) */
 } off_args_t;
+
+/* The constraint every request of the run carries (KILN_GUIDE_NONE: none). */
+static kiln_guide_kind_t off_guide;
+static const char *off_guide_spec;
 
 /* One request's timeline, written by the engine thread's callback. */
 typedef struct off_req {
@@ -118,11 +123,15 @@ static kiln_status_t off_write_json(const char *path, kiln_strbuf_t *j) {
   KILN_OPT_STRING("--model", "DIR", off_args_t, model, "the model (default: [model] path)"), \
       KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                                     \
                       "auto, float32, float16 or bfloat16 (default: [model] dtype)")
-#define OFF_ROWS_SEED_JSON                                    \
-  KILN_OPT_INT("--seed", "S", off_args_t, seed, 0, INT64_MAX, \
-               "seeds the random prompts (default 0)"),       \
-      KILN_OPT_STRING("--json", "FILE", off_args_t, json,     \
-                      "also write the results as one JSON object")
+#define OFF_ROWS_SEED_JSON                                                  \
+  KILN_OPT_INT("--seed", "S", off_args_t, seed, 0, INT64_MAX,               \
+               "seeds the random prompts (default 0)"),                     \
+      KILN_OPT_STRING("--json", "FILE", off_args_t, json,                   \
+                      "also write the results as one JSON object"),         \
+      KILN_OPT_STRING("--regex", "RE", off_args_t, regex,                   \
+                      "constrain every output to this regular expression"), \
+      KILN_OPT_STRING("--json-schema", "JSON", off_args_t, json_schema,     \
+                      "constrain every output to this JSON Schema")
 
 static const char latency_usage[] =
     "usage: kiln bench latency [--model DIR] [--dtype D] [--input-len 128] [--output-len 256]\n"
@@ -130,7 +139,9 @@ static const char latency_usage[] =
     "                          [--json FILE] [--set section.key=value]...\n"
     "Times --batch-size requests of random prompts generating exactly --output-len tokens\n"
     "(greedy, ignore_eos): end to end, time to first token (the batch's prefill) and time per\n"
-    "output token after the first (one decode step). --output-len 1 times a prefill alone.\n";
+    "output token after the first (one decode step). --output-len 1 times a prefill alone.\n"
+    "--regex or --json-schema constrains every output (a constraint that can always go on,\n"
+    "such as --regex '[a-z ]*', keeps every request running for --output-len tokens).\n";
 
 static const kiln_opt_t latency_rows[] = {
     OFF_ROWS_MODEL,
@@ -188,6 +199,18 @@ static const kiln_opts_t throughput_opts = {
     .common = &kiln_cli_common_opts,
 };
 
+/* --regex / --json-schema: at most one. */
+static kiln_status_t off_guide_args(const off_args_t *a) {
+  if (a->regex && a->json_schema)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "bench: --regex and --json-schema exclude each other");
+  off_guide = a->regex         ? KILN_GUIDE_REGEX
+              : a->json_schema ? KILN_GUIDE_JSON_SCHEMA
+                               : KILN_GUIDE_NONE;
+  off_guide_spec = a->regex ? a->regex : a->json_schema;
+  return NULL;
+}
+
 /* Creates the engine: the caller's --set overrides go last, so they win over ours. */
 static kiln_status_t off_engine(kiln_cli_t *cli, const off_args_t *a, kiln_engine_t **out,
                                 double *out_startup) {
@@ -222,6 +245,8 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
     sp.temperature = 0;
     sp.ignore_eos = true;
     sp.detokenize = false;
+    sp.guide = off_guide;
+    sp.guide_spec = off_guide_spec;
     memset(&req[i], 0, sizeof(req[i]));
     req[i].run = run;
     req[i].prompt_len = lens[i];
@@ -257,11 +282,12 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
 }
 
 int kiln_cmd_bench_latency(kiln_cli_t *cli) {
-  off_args_t a = {NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0};
+  off_args_t a = {NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0, NULL, NULL};
   bool help;
   kiln_status_t st = kiln_opts_parse(&latency_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
   if (help) return 0;
+  if ((st = off_guide_args(&a))) return kiln_cli_fail(st);
   kiln_engine_t *eng = NULL;
   double startup = 0;
   if ((st = off_engine(cli, &a, &eng, &startup))) return kiln_cli_fail(st);
@@ -430,11 +456,12 @@ static kiln_status_t off_dataset(kiln_engine_t *eng, const char *path, int64_t d
 }
 
 int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
-  off_args_t a = {NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0};
+  off_args_t a = {NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0, NULL, NULL};
   bool help;
   kiln_status_t st = kiln_opts_parse(&throughput_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
   if (help) return 0;
+  if ((st = off_guide_args(&a))) return kiln_cli_fail(st);
   kiln_engine_t *eng = NULL;
   double startup = 0;
   if ((st = off_engine(cli, &a, &eng, &startup))) return kiln_cli_fail(st);
