@@ -229,7 +229,15 @@ static void random_row(batch_t *b, kiln_sample_row_t *r, int32_t **ids, float **
         m[v >> 5] |= 1u << (v & 31);
       }
     }
+    /* and one token that keeps a finite logit (not -inf, not banned by the bias), so the
+     * row has something to sample, as the engine's rows always do */
     int32_t v0 = rng_int(V);
+    for (int tries = 0; tries < 4 * V; tries++, v0 = (v0 + 1) % V) {
+      bool banned = row[v0] == -INFINITY;
+      for (int32_t i = 0; i < r->num_bias; i++)
+        banned |= r->bias_ids[i] == v0 && r->bias_values[i] == -INFINITY;
+      if (!banned) break;
+    }
     m[v0 >> 5] |= 1u << (v0 & 31);
     r->mask = m;
   }
