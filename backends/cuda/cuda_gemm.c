@@ -228,18 +228,15 @@ static int gemv_mode(void) {
 }
 
 /* Fills *p and returns true when the skinny kernel (cuda_gemv.cu) can take the call: one
- * product (batch 1) of f16/bf16 (or f32 without allow_tf32) with M <= 8, a's rows and b's columns
- * (the rows of a [N, K] weight) contiguous along K, K % 8 == 0, and a, b and their row strides
- * 16-byte aligned. */
+ * product (batch 1) of f16/bf16 with M <= 8, a's rows and b's columns (the rows of a [N, K]
+ * weight) contiguous along K, K % 8 == 0, and a, b and their row strides 16-byte aligned. */
 static bool gemv_fits(const kiln_hal_gemm_args_t *a, int64_t M, int64_t N, int64_t K, int64_t batch,
                       const operand_t *oc, cuda_gemv_params_t *p) {
   const kiln_hal_tensor_t *ta = &a->a, *tb = &a->b, *tc = &a->c;
   const int ia = ta->ndim - 2, ib = tb->ndim - 2;
   if (batch != 1 || M < 1 || M > CUDA_GEMV_MAX_M || N < 1 || K < 8 || K % 8 != 0) return false;
-  if (ta->dtype != KILN_HAL_F16 && ta->dtype != KILN_HAL_BF16 && ta->dtype != KILN_HAL_F32)
-    return false;
+  if (ta->dtype != KILN_HAL_F16 && ta->dtype != KILN_HAL_BF16) return false;
   if (tc->dtype != ta->dtype && tc->dtype != KILN_HAL_F32) return false;
-  if (ta->dtype == KILN_HAL_F32 && a->allow_tf32) return false;     /* cuBLASLt's TF32 is faster */
   if (ta->stride[ia + 1] != 1 || tb->stride[ib] != 1) return false; /* unit stride along K */
   const int64_t ldx = M > 1 ? ta->stride[ia] : K, ldw = N > 1 ? tb->stride[ib + 1] : K;
   const void *px = cuda_view(ta).ptr, *pw = cuda_view(tb).ptr;
