@@ -91,8 +91,8 @@ static const gemm_case_t gemm_cases[] = {
     {80, 129, 200, 33, false, false, true, false, false, -1.0f, 0.0f, true, 0, false},
     {66000, 3, 5, 7, false, true, false, false, true, 1.0f, 0.5f, true, 0, false},
     /* Half-precision c with a bias (and beta) whose product (> 8M f32 values) is over the
-     * CUDA plugin's fixed 32 MiB staging: formed whole in its growable staging buffer. GPU
-     * backends only (see gemm_run): the CPU has nothing new to show here. */
+     * CUDA plugin's 32 MiB f32 staging: formed in two row chunks. GPU backends only (see
+     * gemm_run): the CPU has nothing new to show here. */
     {0, 4100, 2060, 24, false, true, false, false, true, 1.0f, 0.0f, false, 0, false},
     {0, 4100, 2060, 40, false, true, false, false, true, 0.5f, 0.5f, false, 8, false},
 };
