@@ -258,37 +258,29 @@ kiln_status_t kiln_vision_smart_resize(int64_t height, int64_t width, int32_t fa
 
 /* ---- patches --------------------------------------------------------------------------------- */
 
-kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_image_t *img,
-                                    kiln_image_patches_t *out) {
-  memset(out, 0, sizeof *out);
-  if (!img || !img->rgb || img->width < 1 || img->height < 1)
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "preprocess: no image");
+static kiln_status_t check_geometry(const kiln_vision_preproc_t *pp) {
   const int32_t ps = pp->patch_size, tps = pp->temporal_patch_size, m = pp->merge_size;
   if (ps < 1 || tps < 1 || m < 1 || (int64_t)ps * m > KILN_IMAGE_HARD_MAX_SIDE)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "preprocess: patch_size %d, temporal_patch_size %d, merge_size %d",
                             (int)ps, (int)tps, (int)m);
-  const int32_t factor = ps * m;
-  kiln_status_t st = NULL;
-  kiln_image_t resized = {0};
-  const kiln_image_t *src = img;
-  float *plane = NULL;
-  int32_t rh = img->height, rw = img->width;
-  if (pp->do_resize) {
-    st = kiln_vision_smart_resize(img->height, img->width, factor, pp->min_pixels, pp->max_pixels,
-                                  &rh, &rw);
-    if (st) return kiln_status_annotate(st, "preprocess");
-    if (rh != img->height || rw != img->width) {
-      st = kiln_image_resize_bicubic(img, rw, rh, &resized);
-      if (st) return st;
-      src = &resized;
-    }
-  } else if (rh % factor || rw % factor) {
+  return NULL;
+}
+
+kiln_status_t kiln_image_patchify(const kiln_vision_preproc_t *pp, const kiln_image_t *src,
+                                  kiln_image_patches_t *out) {
+  memset(out, 0, sizeof *out);
+  if (!src || !src->rgb || src->width < 1 || src->height < 1)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "preprocess: no image");
+  kiln_status_t st = check_geometry(pp);
+  if (st) return st;
+  const int32_t ps = pp->patch_size, tps = pp->temporal_patch_size, m = pp->merge_size;
+  const int32_t factor = ps * m, rh = src->height, rw = src->width;
+  if (rh % factor || rw % factor)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "preprocess: with do_resize off the image (%d x %d) must be a "
                             "multiple of patch_size * merge_size = %d on each side",
                             (int)rw, (int)rh, (int)factor);
-  }
   /* Rescale and normalize depend only on the channel and the byte value: a table per channel
    * computed exactly as transformers computes each pixel (float64 product cast to float32, then
    * float32 subtraction and division). */
@@ -305,11 +297,12 @@ kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_
   const int64_t dim = 3 * (int64_t)tps * ps * ps;
   const int64_t n = gh * gw; /* grid_t = 1: one image repeated over the temporal patch */
   out->pixels = malloc(sizeof *out->pixels * (size_t)(n * dim));
-  plane = malloc(sizeof *plane * 3 * (size_t)rh * (size_t)rw);
+  float *plane = malloc(sizeof *plane * 3 * (size_t)rh * (size_t)rw);
   if (!out->pixels || !plane) {
-    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "preprocess: out of memory for %lld patches",
-                          (long long)n);
-    goto done;
+    free(plane);
+    kiln_image_patches_free(out);
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "preprocess: out of memory for %lld patches",
+                            (long long)n);
   }
   const size_t hw = (size_t)rh * (size_t)rw;
   for (size_t i = 0; i < hw; i++)
@@ -330,6 +323,7 @@ kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_
                 dst += ps;
               }
         }
+  free(plane);
   out->num_patches = n;
   out->patch_dim = dim;
   out->grid_t = 1;
@@ -337,11 +331,33 @@ kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_
   out->grid_w = (int32_t)gw;
   out->resized_height = rh;
   out->resized_width = rw;
-  kiln_image_hash(img, out->hash);
-done:
-  if (st) kiln_image_patches_free(out);
-  free(plane);
+  return NULL;
+}
+
+kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_image_t *img,
+                                    kiln_image_patches_t *out) {
+  memset(out, 0, sizeof *out);
+  if (!img || !img->rgb || img->width < 1 || img->height < 1)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "preprocess: no image");
+  kiln_status_t st = check_geometry(pp);
+  if (st) return st;
+  const int32_t factor = pp->patch_size * pp->merge_size;
+  kiln_image_t resized = {0};
+  const kiln_image_t *src = img;
+  int32_t rh = img->height, rw = img->width;
+  if (pp->do_resize) {
+    st = kiln_vision_smart_resize(img->height, img->width, factor, pp->min_pixels, pp->max_pixels,
+                                  &rh, &rw);
+    if (st) return kiln_status_annotate(st, "preprocess");
+    if (rh != img->height || rw != img->width) {
+      st = kiln_image_resize_bicubic(img, rw, rh, &resized);
+      if (st) return st;
+      src = &resized;
+    }
+  }
+  st = kiln_image_patchify(pp, src, out);
   kiln_image_free(&resized);
+  if (!st) kiln_image_hash(img, out->hash);
   return st;
 }
 

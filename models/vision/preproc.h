@@ -83,6 +83,12 @@ kiln_status_t kiln_vision_smart_resize(int64_t height, int64_t width, int32_t fa
 kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_image_t *img,
                                     kiln_image_patches_t *out);
 
+/* Steps 3-5 alone, on an image already at its final size (what kiln_image_preprocess runs
+ * after the resize; kiln-bench-image times it apart). out->hash is left zero. Errors as
+ * kiln_image_preprocess with do_resize off. */
+kiln_status_t kiln_image_patchify(const kiln_vision_preproc_t *pp, const kiln_image_t *img,
+                                  kiln_image_patches_t *out);
+
 void kiln_image_patches_free(kiln_image_patches_t *p);
 
 /* The language-model tokens the image becomes: grid_t * grid_h * grid_w / merge_size^2. */
