@@ -1,6 +1,6 @@
 /* bench_image.c - the host side of one image request, step by step.
  *
- * Usage: kiln-bench-image IMAGE [RUNS]
+ * Usage: kiln-bench-image [--threads N] IMAGE [RUNS]
  * Times, on IMAGE (PNG, JPEG or WebP) with Qwen2-VL's default image processor settings, each
  * step an image request's submission and its vision encode run on the host: decode, the
  * bicubic resize to the smart_resize size, rescale/normalize/patchify, the image hash, the
@@ -9,7 +9,8 @@
  * windows) and Qwen2.5-VL's (windows of 4 x 4 merge units), and the sum a request pays
  * (decode + preprocess + host rows). Each step runs once to warm up, then RUNS times (default
  * 20); the table shows the median, the fastest run and the first (cold) run in milliseconds.
- * Every run allocates and frees its outputs as the engine does. */
+ * Every run allocates and frees its outputs as the engine does. --threads N is the threads for
+ * one image, as [model] image_threads (default 0: auto, min(4, online CPUs)); 1 is one thread. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,7 +94,7 @@ static void run_step(bench_t *b, step_t s) {
     }
     case STEP_RESIZE: {
       kiln_image_t out;
-      st = kiln_image_resize_bicubic(&b->img, b->rw, b->rh, &out);
+      st = kiln_image_resize_bicubic_threads(&b->img, b->rw, b->rh, b->pp.threads, &out);
       kiln_image_free(&out);
       break;
     }
@@ -128,22 +129,30 @@ static void run_step(bench_t *b, step_t s) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+  int32_t threads = 0;
+  int ai = 1;
+  if (ai + 1 < argc && !strcmp(argv[ai], "--threads")) {
+    threads = atoi(argv[ai + 1]);
+    ai += 2;
+  }
+  if (ai >= argc || !strcmp(argv[ai], "--help") || !strcmp(argv[ai], "-h") || threads < 0) {
     fprintf(stderr,
-            "usage: %s IMAGE [RUNS]\n"
+            "usage: %s [--threads N] IMAGE [RUNS]\n"
             "Times the host steps of one image request (decode, resize, patchify, hash,\n"
             "preprocess, the vision tower's host rows) with Qwen2-VL's default image processor\n"
-            "settings: median, fastest and first run of RUNS (default 20) in ms.\n",
+            "settings: median, fastest and first run of RUNS (default 20) in ms. --threads N:\n"
+            "threads for one image, as [model] image_threads (0, the default: auto).\n",
             argv[0]);
-    return argc < 2 ? 2 : 0;
+    return ai >= argc || threads < 0 ? 2 : 0;
   }
-  int runs = argc > 2 ? atoi(argv[2]) : 20;
+  const char *path = argv[ai];
+  int runs = ai + 1 < argc ? atoi(argv[ai + 1]) : 20;
   if (runs < 1) runs = 1;
   bench_t b;
   memset(&b, 0, sizeof b);
-  FILE *f = fopen(argv[1], "rb");
+  FILE *f = fopen(path, "rb");
   if (!f) {
-    perror(argv[1]);
+    perror(path);
     return 1;
   }
   fseek(f, 0, SEEK_END);
@@ -151,19 +160,20 @@ int main(int argc, char **argv) {
   fseek(f, 0, SEEK_SET);
   uint8_t *file = malloc(len > 0 ? (size_t)len : 1);
   if (!file || len <= 0 || fread(file, 1, (size_t)len, f) != (size_t)len) {
-    fprintf(stderr, "kiln-bench-image: cannot read %s\n", argv[1]);
+    fprintf(stderr, "kiln-bench-image: cannot read %s\n", path);
     return 1;
   }
   fclose(f);
   b.file = file;
   b.file_len = (size_t)len;
   kiln_vision_preproc_default(&b.pp);
-  kiln_status_t st = kiln_image_decode(file, b.file_len, argv[1], NULL, &b.img);
+  b.pp.threads = threads;
+  kiln_status_t st = kiln_image_decode(file, b.file_len, path, NULL, &b.img);
   if (st) die(st);
   const int32_t factor = b.pp.patch_size * b.pp.merge_size;
   if ((st = kiln_vision_smart_resize(b.img.height, b.img.width, factor, b.pp.min_pixels,
                                      b.pp.max_pixels, &b.rh, &b.rw)) ||
-      (st = kiln_image_resize_bicubic(&b.img, b.rw, b.rh, &b.resized)) ||
+      (st = kiln_image_resize_bicubic_threads(&b.img, b.rw, b.rh, threads, &b.resized)) ||
       (st = kiln_image_preprocess(&b.pp, &b.img, &b.patches)))
     die(st);
   const int64_t N = b.patches.num_patches, K = b.patches.patch_dim;
@@ -175,9 +185,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kiln-bench-image: out of memory\n");
     return 1;
   }
-  printf("%s: %d x %d -> %d x %d, %lld patches x %lld values (%.1f MB), %d runs\n", argv[1],
-         b.img.width, b.img.height, b.rw, b.rh, (long long)N, (long long)K,
-         (double)(N * K * 4) / 1e6, runs);
+  printf("%s: %d x %d -> %d x %d, %lld patches x %lld values (%.1f MB), %d runs, threads %d%s\n",
+         path, b.img.width, b.img.height, b.rw, b.rh, (long long)N, (long long)K,
+         (double)(N * K * 4) / 1e6, runs, (int)threads, threads ? "" : " (auto)");
   printf("%-44s %9s %9s %9s\n", "step", "median", "min", "first");
   double *t = malloc(sizeof(double) * (size_t)runs);
   if (!t) return 1;

@@ -14,6 +14,9 @@
  *      window (merge_size x merge_size patches, row-major inside the window, windows row-major
  *      over the image), and inside a patch the values run channel, time, row, column.
  *
+ * Steps 2 and 5 may run on a few threads (kiln_vision_preproc_t.threads); the values do not
+ * depend on the thread count.
+ *
  * Ownership: kiln_image_patches_t.pixels is malloc'ed and owned by the caller
  * (kiln_image_patches_free). The config is plain data. Thread-safety: no shared state.
  */
@@ -38,6 +41,8 @@ typedef struct kiln_vision_preproc {
   double rescale_factor;          /* 1/255 */
   int32_t resample;               /* PIL's code; only 3 (BICUBIC) is implemented */
   bool do_resize, do_rescale, do_normalize, do_convert_rgb;
+  int32_t threads;  /* not from the file: threads for one image ([model] image_threads); 0 = auto
+                       (min(4, online CPUs), fewer for a small image) */
   char source[512]; /* the file the settings came from ("" for the defaults) */
 } kiln_vision_preproc_t;
 

@@ -408,30 +408,61 @@ kiln_status_t kiln_vision_host_rows(const kiln_vision_image_t *images, int32_t n
     }
     N = row;
   }
-  /* Pixels and rotary rows in that order (order[] runs image by image). */
-  int64_t img = 0, img_u0 = 0;
+  /* The rotary row of a patch is four pieces of cos/sin(index * f_i) for its row and column
+   * index: computed once per distinct index (the longest grid side) and frequency, the same
+   * float and double operations as per patch. */
+  int64_t maxg = 1;
+  for (int32_t i = 0; i < n; i++) {
+    if (images[i].grid_h > maxg) maxg = images[i].grid_h;
+    if (images[i].grid_w > maxg) maxg = images[i].grid_w;
+  }
+  float *tab = malloc(sizeof(float) * (size_t)(maxg * 2 * q)); /* [index][cos q, sin q] */
+  if (!tab)
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for the vision tower");
+  for (int64_t i = 0; i < maxg; i++)
+    for (int64_t f = 0; f < q; f++) {
+      const float a = (float)i * inv[f];
+      tab[i * 2 * q + f] = (float)cos((double)a);
+      tab[i * 2 * q + q + f] = (float)sin((double)a);
+    }
+  /* Pixels and rotary rows in that order (order[] runs image by image). A run of units that
+   * are consecutive in the source too (all of them without windows) is one copy: large copies
+   * are the fastest (glibc streams those past the caches). */
+  const size_t qb = (size_t)q * sizeof(float), unit = (size_t)(U * K);
+  int64_t img = 0, img_u0 = 0, img_units = (images[0].grid_h / ms) * (images[0].grid_w / ms);
+  int64_t run_r = 0, run_len = 0; /* the pending copy: rows' units run_r .. run_r + run_len - 1 */
+  const float *run_src = NULL;
   for (int64_t r = 0; r < N / U; r++) {
     const int64_t src = order[r];
-    while (src >= img_u0 + (images[img].grid_h / ms) * (images[img].grid_w / ms)) {
-      img_u0 += (images[img].grid_h / ms) * (images[img].grid_w / ms);
+    while (src >= img_u0 + img_units) {
+      img_u0 += img_units;
       img++;
+      img_units = (images[img].grid_h / ms) * (images[img].grid_w / ms);
     }
     const int64_t gw = images[img].grid_w / ms, ul = src - img_u0;
+    const float *sp = images[img].pixels + (size_t)ul * unit;
+    if (run_len > 0 && sp == run_src + (size_t)run_len * unit) {
+      run_len++;
+    } else {
+      if (run_len > 0)
+        memcpy(pix + (size_t)run_r * unit, run_src, (size_t)run_len * unit * sizeof(float));
+      run_r = r;
+      run_len = 1;
+      run_src = sp;
+    }
     for (int64_t w = 0; w < U; w++) {
-      const int64_t dst_row = r * U + w, src_patch = ul * U + w;
-      memcpy(pix + dst_row * K, images[img].pixels + src_patch * K, (size_t)K * sizeof(float));
       /* transformers' rot_pos_emb: the patch's row and column in the image's patch grid */
-      const float hp = (float)((ul / gw) * ms + w / ms), wp = (float)((ul % gw) * ms + w % ms);
-      float *rr = rope + dst_row * Dv;
-      for (int64_t f = 0; f < q; f++) {
-        const float a = hp * inv[f], b = wp * inv[f];
-        rr[f] = (float)cos((double)a);
-        rr[q + f] = (float)cos((double)b);
-        rr[2 * q + f] = (float)sin((double)a);
-        rr[3 * q + f] = (float)sin((double)b);
-      }
+      const int64_t hp = (ul / gw) * ms + w / ms, wp = (ul % gw) * ms + w % ms;
+      float *rr = rope + (r * U + w) * Dv;
+      memcpy(rr, tab + hp * 2 * q, qb);             /* cos(hp f) */
+      memcpy(rr + q, tab + wp * 2 * q, qb);         /* cos(wp f) */
+      memcpy(rr + 2 * q, tab + hp * 2 * q + q, qb); /* sin(hp f) */
+      memcpy(rr + 3 * q, tab + wp * 2 * q + q, qb); /* sin(wp f) */
     }
   }
+  if (run_len > 0)
+    memcpy(pix + (size_t)run_r * unit, run_src, (size_t)run_len * unit * sizeof(float));
+  free(tab);
   return NULL;
 }
 
