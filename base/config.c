@@ -115,6 +115,9 @@ static const config_row_t config_rows[] = {
             "Most images one request may carry (vision-language models); more is refused"),
     ROW_INT("model", "encoder_cache_mb", "1024", 1, 1048576,
             "MiB of device memory for vision encoder outputs awaiting prefill (docs/engine.md)"),
+    ROW_INT("model", "image_threads", "0", 0, 32,
+            "Threads that resize and patchify one image on the host (vision-language models); "
+            "0 = min(4, cores)"),
 
     ROW_INT("engine", "max_num_seqs", "256", 1, 65536,
             "Most sequences (requests) scheduled together in one engine step"),

@@ -1759,6 +1759,7 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
     /* Without the processor's settings, images given as pixel values still work; encoded
      * images are refused with the reason. */
     kiln_status_t pst = kiln_vision_preproc_load(path, &e->preproc);
+    e->preproc.threads = (int32_t)kiln_config_get_int(cfg, "model", "image_threads");
     if (pst) {
       if (kiln_status_code(pst) == KILN_ERR_OUT_OF_MEMORY) return pst;
       KILN_LOG_W("%s: %s", path, kiln_status_message(pst));
