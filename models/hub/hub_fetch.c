@@ -421,7 +421,10 @@ static kiln_status_t fetch_meta(hub_ctx_t *c, const hub_plan_t *p, hub_file_t *f
   if (!st) {
     normalize_etag(f->etag, sizeof(f->etag), r.linked_etag[0] ? r.linked_etag : r.etag);
     f->size = r.linked_size >= 0 ? r.linked_size : r.content_length;
-    if (!f->etag[0] || strchr(f->etag, '/') || !strcmp(f->etag, ".") || !strcmp(f->etag, ".."))
+    bool usable = f->etag[0] && f->etag[0] != '.';
+    for (const char *e = f->etag; *e && usable; e++)
+      usable = isalnum((unsigned char)*e) || *e == '-' || *e == '_' || *e == '.' || *e == '+';
+    if (!usable)
       st = kiln_status_make(KILN_ERR_UNAVAILABLE,
                             "%s: the Hub sent no usable ETag or X-Linked-Etag, so the file "
                             "cannot be checked or cached",
