@@ -9,8 +9,11 @@ Endpoints (the Hub's):
        file answers 200 with ETag = its git blob SHA-1 and the body; an LFS file (*.safetensors,
        *.gguf) answers 302 to the CDN with X-Linked-Etag = its SHA-256, X-Linked-Size, and an
        ETag of its own (the pointer's). Both send X-Repo-Commit.
-  GET  /cdn/SHA256 on a second port (a CDN is another origin: no token may reach it), with
-       single-range support: "Range: bytes=N-" answers 206 + Content-Range, past the end 416.
+  POST /api/models/ORG/NAME/paths-info/REV  {"paths": [...]} -> [{"path", "oid", "size",
+       "lfs": {"oid", "size"}, "lastCommit": {"id"}}] (the JavaScript client's file lookup)
+  GET  /cdn/SHA256 on a second port (a CDN is another origin: no token may reach it).
+Plain files and the CDN answer one range ("Range: bytes=A-" or "bytes=A-B") with 206 and
+Content-Range, a range past the end with 416.
 Errors carry X-Error-Code as the Hub's do: RepoNotFound (404), RevisionNotFound (404),
 EntryNotFound (404), GatedRepo (401 without a token, 403 with a wrong one).
 
@@ -147,6 +150,35 @@ class HubHandler(BaseHTTPRequestHandler):
             return 401
         return None if auth == "Bearer " + self.state.args.token else 403
 
+    def do_POST(self):
+        # POST /api/models/ORG/NAME/paths-info/REV {"paths": [...]}: what the JavaScript client
+        # (@huggingface/hub) asks before it downloads a file
+        st = self.state
+        st.record(self.role, self)
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(n) or b"{}")
+        parts = urllib.parse.urlsplit(self.path).path.split("/")
+        if len(parts) < 7 or parts[1:3] != ["api", "models"] or parts[5] != "paths-info":
+            return self.send(404, b"not a Hub endpoint\n")
+        repo = st.repos.get(parts[3] + "/" + parts[4])
+        if repo is None:
+            return self.error(404, "RepoNotFound", "Repository not found")
+        if self.authorized(repo):
+            return self.error(self.authorized(repo), "GatedRepo", "restricted")
+        commit = repo.commit(urllib.parse.unquote("/".join(parts[6:])))
+        if commit is None:
+            return self.error(404, "RevisionNotFound", "Invalid rev id")
+        out = []
+        for p in body.get("paths", []):
+            if p in repo.meta:
+                m = repo.meta[p]
+                item = {"type": "file", "path": p, "oid": m["git_sha1"], "size": m["size"],
+                        "lastCommit": {"id": commit, "title": "x", "date": "2025-01-01T00:00:00Z"}}
+                if m["lfs"]:
+                    item["lfs"] = {"oid": m["sha256"], "size": m["size"], "pointerSize": 134}
+                out.append(item)
+        self.send(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
+
     def do_HEAD(self):
         self.handle_any(head=True)
 
@@ -211,9 +243,8 @@ class HubHandler(BaseHTTPRequestHandler):
                     "Location": loc, "X-Repo-Commit": commit,
                     "X-Linked-Etag": '"%s"' % m["sha256"], "X-Linked-Size": str(size),
                     "ETag": '"%s"' % hashlib.sha1(name.encode()).hexdigest()}, head)
-            return self.send(200, repo.files[name], {
-                "ETag": '"%s"' % m["git_sha1"], "X-Repo-Commit": commit,
-                "Content-Type": "application/octet-stream"}, head)
+            return self.send_bytes(repo.files[name], head, {
+                "ETag": '"%s"' % m["git_sha1"], "X-Repo-Commit": commit})
         self.send(404, b"not a Hub endpoint\n", {"Content-Type": "text/plain"}, head)
 
     def serve_cdn(self, path, head):
@@ -233,24 +264,32 @@ class HubHandler(BaseHTTPRequestHandler):
         fault = st.faults.get(key)
         if fault == "corrupt" and data:
             data = bytes([data[0] ^ 0xFF]) + data[1:]
-        rng = self.headers.get("Range")
-        start = 0
-        if rng:
-            if not rng.startswith("bytes=") or not rng[6:].endswith("-"):
-                return self.send(400, b"only bytes=N- ranges\n", None, head)
-            start = int(rng[6:-1])
-            if start >= len(data):
-                return self.send(416, b"", {"Content-Range": "bytes */%d" % len(data)}, head)
-        body = data[start:]
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(body)),
-                   "ETag": '"%s"' % sha, "Accept-Ranges": "bytes"}
-        if rng:
-            headers["Content-Range"] = "bytes %d-%d/%d" % (start, len(data) - 1, len(data))
         cut = False
-        if fault == "cut" and not rng and not head:
+        if fault == "cut" and not self.headers.get("Range") and not head:
             with st.lock:
                 cut = key not in st.cut_done
                 st.cut_done.add(key)
+        self.send_bytes(data, head, {"ETag": '"%s"' % sha}, cut)
+
+    def send_bytes(self, data, head, headers, cut=False):
+        """data, or the single range "bytes=A-" / "bytes=A-B" asked for (206, or 416 past the
+        end); cut: stop after half of the body, the connection closed under its length."""
+        rng = self.headers.get("Range")
+        start, end = 0, len(data) - 1
+        if rng:
+            spec = rng[6:] if rng.startswith("bytes=") else ""
+            a, _, b = spec.partition("-")
+            if not a.isdigit() or (b and not b.isdigit()):
+                return self.send(400, b"only bytes=A- and bytes=A-B ranges\n", None, head)
+            start = int(a)
+            end = min(int(b), len(data) - 1) if b else len(data) - 1
+            if start >= len(data) or start > end:
+                return self.send(416, b"", {"Content-Range": "bytes */%d" % len(data)}, head)
+        body = data[start:end + 1]
+        headers = dict(headers, **{"Content-Type": "application/octet-stream",
+                                   "Content-Length": str(len(body)), "Accept-Ranges": "bytes"})
+        if rng:
+            headers["Content-Range"] = "bytes %d-%d/%d" % (start, end, len(data))
         self.send_response(206 if rng else 200)
         for k, v in headers.items():
             self.send_header(k, v)
