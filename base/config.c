@@ -76,14 +76,21 @@ typedef struct config_row {
     .help = (h)                                                                                  \
   }
 
-static const char *const config_sections[] = {"model",  "engine", "cache", "scheduler", "backend",
-                                              "server", "graph",  "log",   NULL};
+static const char *const config_sections[] = {"model",   "hub",    "engine", "cache", "scheduler",
+                                              "backend", "server", "graph",  "log",   NULL};
 
 static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloat16", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config_log_formats[] = {"text", "json", NULL};
+static const char *const config_hub_progress[] = {"auto", "bar", "lines", "none", NULL};
+
+static const char *config_check_endpoint(const char *value) {
+  return !value[0] || !strncmp(value, "http://", 7) || !strncmp(value, "https://", 8)
+             ? NULL
+             : "is not an http:// or https:// URL";
+}
 
 /* auto, a plugin name (libkiln-backend-<name>.so: cpu, cuda, rocm or a third party's), or a
  * path. Whether that plugin exists and loads is the loader's to say, with the reason. */
@@ -106,7 +113,8 @@ static const char *config_check_host(const char *value) {
  * them. Sections appear in the order of config_sections[]. */
 static const config_row_t config_rows[] = {
     ROW_STRING("model", "path", "",
-               "Hugging Face model directory or GGUF file; empty = the embedded default model"),
+               "Hugging Face model directory or GGUF file, or a Hub id ORG/NAME[/FILE.gguf]"
+               "[@REVISION] (docs/hub.md); empty = the embedded default model"),
     ROW_ENUM("model", "dtype", "auto", config_dtypes,
              "Weight and activation dtype; auto = the dtype in the model's config"),
     ROW_INT("model", "max_model_len", "0", 0, 16777216,
@@ -118,6 +126,20 @@ static const config_row_t config_rows[] = {
     ROW_INT("model", "image_threads", "0", 0, 32,
             "Threads that resize and patchify one image on the host (vision-language models); "
             "0 = min(4, cores)"),
+
+    ROW_STRING("hub", "cache_dir", "",
+               "Hugging Face Hub cache folder; empty = $HF_HUB_CACHE, else $HF_HOME/hub, else "
+               "~/.cache/huggingface/hub"),
+    ROW_CHECKED("hub", "endpoint", "", config_check_endpoint, "empty, or an http(s):// URL",
+                "Hub server to download from; empty = $HF_ENDPOINT, else https://huggingface.co"),
+    ROW_BOOL("hub", "offline", "false",
+             "Never download: Hub ids resolve from the cache only (as HF_HUB_OFFLINE=1 does)"),
+    ROW_ENUM("hub", "progress", "auto", config_hub_progress,
+             "Download progress on stderr: auto = a bar on a terminal, else lines; bar, lines, "
+             "none"),
+    ROW_FLOAT("hub", "timeout", "30", 1, 3600,
+              "Seconds a Hub connection may take to open, or a download may stall, before it "
+              "fails"),
 
     ROW_INT("engine", "max_num_seqs", "256", 1, 65536,
             "Most sequences (requests) scheduled together in one engine step"),

@@ -80,6 +80,7 @@ declare -A want_opts=(
     --max-in-flight --image --messages"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
+  [download]="--model --cache-dir --endpoint"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
     --seed --json"
   [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup

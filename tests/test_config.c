@@ -101,6 +101,11 @@ static const expected_key_t all_keys[] = {
     {"model", "path", ""},
     {"model", "dtype", "auto"},
     {"model", "max_model_len", "0"},
+    {"hub", "cache_dir", ""},
+    {"hub", "endpoint", ""},
+    {"hub", "offline", "false"},
+    {"hub", "progress", "auto"},
+    {"hub", "timeout", "30"},
     {"engine", "max_num_seqs", "256"},
     {"engine", "max_num_batched_tokens", "8192"},
     {"engine", "seed", "0"},
@@ -384,9 +389,10 @@ static void test_string_checks(void **state) {
 static void test_unknown_section(void **state) {
   (void)state;
   kiln_config_t *cfg = new_config();
-  EXPECT_INVALID(load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
-                 "did you mean [model]?",
-                 "model, engine, cache, scheduler, backend, server, graph, log, plugin.<name>");
+  EXPECT_INVALID(
+      load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
+      "did you mean [model]?",
+      "model, hub, engine, cache, scheduler, backend, server, graph, log, plugin.<name>");
   EXPECT_INVALID(load(cfg, "[network]\nport = 1\n"), "unknown section [network]",
                  "valid sections: model");
   EXPECT_INVALID(load(cfg, "[Model]\npath = x\n"), "unknown section [Model]",

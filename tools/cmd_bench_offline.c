@@ -116,9 +116,10 @@ static kiln_status_t off_write_json(const char *path, kiln_strbuf_t *j) {
 
 /* ---- options: the rows both modes have, then each mode's table ------------------------------- */
 
-#define OFF_ROWS_MODEL                                                                       \
-  KILN_OPT_STRING("--model", "DIR", off_args_t, model, "the model (default: [model] path)"), \
-      KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                                     \
+#define OFF_ROWS_MODEL                                                      \
+  KILN_OPT_STRING("--model", "DIR|ORG/NAME", off_args_t, model,             \
+                  "the model: a path or a Hub id (default: [model] path)"), \
+      KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                    \
                       "auto, float32, float16 or bfloat16 (default: [model] dtype)")
 #define OFF_ROWS_SEED_JSON                                    \
   KILN_OPT_INT("--seed", "S", off_args_t, seed, 0, INT64_MAX, \

@@ -108,8 +108,8 @@ static const char gen_usage[] =
     "stderr. Exit status: 0 when every line succeeded, 1 otherwise.\n";
 
 static const kiln_opt_t gen_rows[] = {
-    KILN_OPT_STRING("--model", "DIR|FILE.gguf", gen_args_t, model,
-                    "the model (default: [model] path)"),
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf|ORG/NAME", gen_args_t, model,
+                    "the model: a path or a Hub id ORG/NAME[@REV]\n(default: [model] path)"),
     KILN_OPT_STRING("--dtype", "NAME", gen_args_t, dtype,
                     "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
     KILN_OPT_STRING("--ids", "1,2,3", gen_args_t, ids, "one request: the prompt's token ids"),

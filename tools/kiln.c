@@ -50,6 +50,8 @@ static const kiln_command_t commands[] = {
 #endif
     {"bench", kiln_cmd_bench,
      "benchmarks: serve (an HTTP server under load), latency, throughput (the engine)"},
+    {"download", kiln_cmd_download,
+     "fetch a Hugging Face Hub model into the Hub cache (ORG/NAME[@REV]), print its path"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
 };
 

@@ -31,6 +31,7 @@
 #include "base/strbuf.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
+#include "models/hub/hub.h"
 #include "models/loader/gguf.h"
 #include "models/mrope.h"
 #include "models/rope.h"
@@ -1634,8 +1635,13 @@ static const char *engine_config_key(void *ctx, const char *plugin, int32_t inde
 
 /* Opens the backend and loads the model, tokenizer and KV pool named by the config. */
 static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int32_t *num_blocks) {
+  /* [model] path: a local path, or a Hub id resolved through the Hub cache (models/hub). */
+  kiln_model_location_t *loc = malloc(sizeof(*loc));
+  if (!loc) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_status_t st = kiln_model_resolve(cfg, NULL, loc);
   char pathbuf[4096];
-  kiln_status_t st = kiln_config_model_path(cfg, pathbuf, sizeof(pathbuf));
+  memcpy(pathbuf, loc->path, sizeof(pathbuf));
+  free(loc);
   if (st) return st;
   const char *path = pathbuf;
   if (!(e->model_path = strdup(path)))
