@@ -241,7 +241,7 @@ static bool write_members_but(kiln_strbuf_t *sb, const kiln_json_t *obj, const c
   return any;
 }
 
-/* An assistant message's tool_calls with every function.arguments an object. */
+/* An assistant message's tool_calls with every function {"name", "arguments": an object}. */
 static bool write_tool_calls(kiln_strbuf_t *sb, const kiln_json_t *calls, size_t mi,
                              kiln_api_error_t *err) {
   kiln_strbuf_append_char(sb, '[');
@@ -254,11 +254,16 @@ static bool write_tool_calls(kiln_strbuf_t *sb, const kiln_json_t *calls, size_t
     if (!kiln_json_is(f, KILN_JSON_OBJECT))
       return bad(err, "messages", "messages[%zu].tool_calls[%zu].function: must be an object", mi,
                  j);
+    if (!kiln_json_is(kiln_json_get(f, "name"), KILN_JSON_STRING))
+      return bad(err, "messages", "messages[%zu].tool_calls[%zu].function.name: must be a string",
+                 mi, j);
     if (j) kiln_strbuf_append_str(sb, ", ");
     bool any = write_members_but(sb, tc, "function", NULL);
-    kiln_strbuf_append_str(sb, any ? ", \"function\": " : "\"function\": ");
-    any = write_members_but(sb, f, "arguments", NULL);
-    kiln_strbuf_append_str(sb, any ? ", \"arguments\": " : "\"arguments\": ");
+    /* the function as OpenAI defines it, {"name", "arguments"}: members a client library adds
+     * (the openai SDK's runner keeps "parsed_arguments") are not for the template */
+    kiln_strbuf_append_str(sb, any ? ", \"function\": {\"name\": " : "\"function\": {\"name\": ");
+    kiln_json_write(sb, kiln_json_get(f, "name"), false, false);
+    kiln_strbuf_append_str(sb, ", \"arguments\": ");
     const kiln_json_t *a = kiln_json_get(f, "arguments");
     size_t al = 0;
     const char *as = kiln_json_string(a, &al);

@@ -657,7 +657,9 @@ static void test_tools_prepare(void **state) {
   const char *hist =
       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", "
       "\"content\": null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", "
-      "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\":1}\"}}, {\"id\": \"call_2\", "
+      "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\":1}\", \"parsed_arguments\": "
+      "null}}, "
+      "{\"id\": \"call_2\", "
       "\"type\": \"function\", \"function\": {\"name\": \"g\", \"arguments\": \"\"}}]}, {\"role\": "
       "\"tool\", \"tool_call_id\": \"call_1\", \"content\": \"ok\"}]}";
   r = parse_ok(H, hist);
@@ -675,6 +677,7 @@ static void test_tools_prepare(void **state) {
   assert_int_equal(kiln_json_len(path(m, "1.tool_calls.1.function.arguments")), 0);
   assert_true(kiln_json_is(path(m, "1.tool_calls.1.function.arguments"), KILN_JSON_OBJECT));
   assert_string_equal(kiln_json_string(path(m, "2.tool_call_id"), NULL), "call_1");
+  assert_null(path(m, "1.tool_calls.0.function.parsed_arguments")); /* not OpenAI's: dropped */
   kiln_json_doc_free(doc);
   kiln_api_request_free(r);
   r = parse_ok(H,
@@ -683,6 +686,12 @@ static void test_tools_prepare(void **state) {
   assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
   assert_string_equal(err.param, "messages");
   assert_non_null(strstr(err.message, "messages[0].tool_calls[0].function.arguments"));
+  kiln_api_request_free(r);
+  r = parse_ok(H,
+               "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
+               "{\"arguments\": {}}}]}]}");
+  assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  assert_non_null(strstr(err.message, "messages[0].tool_calls[0].function.name"));
   kiln_api_request_free(r);
   r = parse_ok(H, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [7]}]}");
   assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
