@@ -702,7 +702,7 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
         r->add_special_tokens = false;
         if (!parse_messages(root, r, limits, err) ||
             !get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err) ||
-            !write_member(root, "tools", KILN_JSON_ARRAY, &r->tools_json, &r->tools_len, err) ||
+            !kiln_api_parse_tools(root, r, err) ||
             !write_member(root, "chat_template_kwargs", KILN_JSON_OBJECT, &r->template_kwargs_json,
                           &r->template_kwargs_len, err))
           goto done;

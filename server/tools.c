@@ -187,6 +187,7 @@ bool kiln_api_parse_tools(const kiln_json_t *root, kiln_api_request_t *r, kiln_a
   }
   if (r->tool_choice == KILN_API_TOOL_REQUIRED && !r->tools_json)
     return bad(err, "tool_choice", "tool_choice: \"required\" needs tools");
+  if (r->kind != KILN_API_CHAT) return true; /* /tokenize: only the tools, for the template */
   /* strict: the arguments must match the schema, which only constrained decoding promises */
   if (r->tools_strict && r->tool_choice == KILN_API_TOOL_AUTO && r->tools_json)
     return bad(err, "tools",

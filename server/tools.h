@@ -26,9 +26,9 @@
 #include "base/strbuf.h"
 #include "server/api.h"
 
-/* Parses tools, tool_choice and parallel_tool_calls of a chat request body into r (after the
- * sampling fields: a guide set by those is a conflict). False with *err set (400 naming the
- * field; 500 on out-of-memory). */
+/* Parses tools, tool_choice and parallel_tool_calls of a chat (or tokenize) request body into r
+ * (after the sampling fields: a guide set by those is a conflict). False with *err set (400
+ * naming the field; 500 on out-of-memory). */
 bool kiln_api_parse_tools(const kiln_json_t *root, kiln_api_request_t *r, kiln_api_error_t *err);
 
 /* Readies a parsed chat (or tokenize) request for the model's chat template, given the

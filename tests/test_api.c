@@ -862,6 +862,38 @@ static void test_write_tool_calls(void **state) {
   kiln_api_choice_free(&c);
   kiln_api_request_free(r);
 
+  /* tool_choice required: the constrained reply is a JSON array of {name, parameters} */
+  r = parse_ok(KILN_API_CHAT, "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_G
+                              "], "
+                              "\"tool_choice\": \"required\"}");
+  {
+    kiln_api_error_t err;
+    assert_true(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  }
+  memset(&c, 0, sizeof(c));
+  c.stop_token = -1;
+  assert_true(kiln_api_tool_state_init(&c, r));
+  const char *arr =
+      "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}, "
+      "{\"name\": \"now\", \"parameters\": {}}]";
+  assert_true(kiln_api_tool_push(&c, arr, 20, false));
+  assert_true(kiln_api_tool_push(&c, arr + 20, strlen(arr) - 20, true));
+  c.finish = KILN_FINISH_STOP;
+  kiln_api_write_response(&out, &resp, &c, 1);
+  doc = parse_json(out.data, out.len);
+  root = kiln_json_root(doc);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "tool_calls");
+  assert_true(kiln_json_is(path(root, "choices.0.message.content"), KILN_JSON_NULL));
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.message.tool_calls.0.function.arguments"), NULL),
+      "{\"city\": \"Rome\"}");
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.message.tool_calls.1.function.name"), NULL), "now");
+  kiln_json_doc_free(doc);
+  kiln_strbuf_reset(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+
   /* a reply cut short (length): no calls, the text as content, finish_reason length */
   r = tool_request("{" MSGS ", \"tools\": [" TOOL_F "]}", &c);
   assert_true(kiln_api_tool_push(&c, "<tool_call>{\"name\": \"get_w", 27, true));
