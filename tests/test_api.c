@@ -776,6 +776,7 @@ static void test_write_tool_calls(void **state) {
    * arguments, then the finish reason; parallel_tool_calls false keeps the first call only */
   r = tool_request(
       "{" MSGS ", \"stream\": true, \"parallel_tool_calls\": false, \"tools\": [" TOOL_F "]}", &c);
+  resp.req = r;
   kiln_api_write_chunk(&out, &resp, &c, false); /* the role */
   assert_true(kiln_api_tool_push(&c, reply, strlen(reply), true));
   assert_int_equal(kiln_api_tool_num_calls(&c), 1);
@@ -819,6 +820,7 @@ static void test_write_tool_calls(void **state) {
                    "], \"tool_choice\": "
                    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}}",
                    &c);
+  resp.req = r;
   kiln_api_write_chunk(&out, &resp, &c, false); /* the role and the header */
   assert_true(kiln_api_tool_push(&c, "{\"city\":", 8, false));
   kiln_api_write_chunk(&out, &resp, &c, false);
@@ -866,6 +868,7 @@ static void test_write_tool_calls(void **state) {
   r = parse_ok(KILN_API_CHAT, "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_G
                               "], "
                               "\"tool_choice\": \"required\"}");
+  resp.req = r;
   {
     kiln_api_error_t err;
     assert_true(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
@@ -896,6 +899,7 @@ static void test_write_tool_calls(void **state) {
 
   /* a reply cut short (length): no calls, the text as content, finish_reason length */
   r = tool_request("{" MSGS ", \"tools\": [" TOOL_F "]}", &c);
+  resp.req = r;
   assert_true(kiln_api_tool_push(&c, "<tool_call>{\"name\": \"get_w", 27, true));
   c.finish = KILN_FINISH_LENGTH;
   kiln_api_write_response(&out, &resp, &c, 1);
