@@ -743,8 +743,8 @@ static void test_write_tool_calls(void **state) {
       "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
       "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
       "\"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
-  for (size_t i = 0; reply[i]; i += 3) {
-    size_t n = strlen(reply + i) < 3 ? strlen(reply + i) : 3;
+  for (size_t i = 0, n = 0; reply[i]; i += n) {
+    n = strlen(reply + i) < 3 ? strlen(reply + i) : 3;
     assert_true(kiln_api_tool_push(&c, reply + i, n, reply[i + n] == 0));
   }
   c.finish = KILN_FINISH_STOP;
