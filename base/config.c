@@ -91,6 +91,8 @@ static const char *config_check_endpoint(const char *value) {
              ? NULL
              : "is not an http:// or https:// URL";
 }
+static const char *const config_tool_parsers[] = {"auto",    "hermes", "llama3_json",
+                                                  "mistral", "none",   NULL};
 
 /* auto, a plugin name (libkiln-backend-<name>.so: cpu, cuda, rocm or a third party's), or a
  * path. Whether that plugin exists and loads is the loader's to say, with the reason. */
@@ -193,6 +195,9 @@ static const config_row_t config_rows[] = {
              "Fetch http:// and https:// image URLs in chat messages; off = only data: URLs"),
     ROW_FLOAT("server", "image_fetch_timeout", "10", 0.1, 600,
               "Seconds a remote image fetch may take (allow_remote_images)"),
+    ROW_ENUM("server", "tool_parser", "auto", config_tool_parsers,
+             "Tool-call format of chat replies: auto = the chat template's (hermes, llama3_json "
+             "or mistral); none = tool calls are not parsed"),
 
     ROW_BOOL("graph", "enabled", "true",
              "Capture decode steps as device graphs (e.g. CUDA graphs) and replay them"),

@@ -22,13 +22,14 @@
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "server/api.h"
+#include "server/tools.h"
 
 /* How often a waiting request looks at its socket and deadline (ms). */
 #define WAIT_SLICE_MS 50
 
 struct kiln_server {
   kiln_server_options_t opt;
-  char *host, *api_key, *model_name, *version;
+  char *host, *api_key, *model_name, *version, *tool_parser;
   struct MHD_Daemon *daemon;
   int port;
   _Atomic(kiln_engine_t *) eng;
@@ -416,7 +417,10 @@ static void job_apply(job_t *j, int32_t ri, const kiln_output_t *o) {
   kiln_api_choice_t *c = &j->choices[ci];
   if (o->num_tokens > 0 && j->t_first == 0) j->t_first = now_s();
   if (o->num_prompt_logprobs > 0 && j->req->echo) job_take_prompt_logprobs(j, ri, o);
-  kiln_strbuf_append(&c->text, o->text, o->text_len);
+  if (!c->tool)
+    kiln_strbuf_append(&c->text, o->text, o->text_len);
+  else if (!kiln_api_tool_push(c, o->text, o->text_len, o->finish_reason != KILN_FINISH_NONE))
+    job_fail(j, 500, "server_error", "out of memory");
   c->completion_tokens += o->num_tokens;
   if (j->req->logprobs >= 0 && o->logprobs) {
     int32_t nt = j->req->logprobs < o->top_n ? j->req->logprobs : o->top_n;
@@ -630,6 +634,16 @@ static void image_submit_error(kiln_status_t st, const kiln_api_request_t *r,
   submit_error(st, "messages", err);
 }
 
+/* Readies a chat (or tokenize) request's tools and tool calls for the model's template. */
+static bool tools_prepare(kiln_server_t *s, kiln_engine_t *eng, kiln_api_request_t *r,
+                          kiln_api_error_t *err) {
+  const char *src = NULL;
+  size_t len = 0;
+  bool renders = false;
+  kiln_engine_chat_template_source(eng, r->tools_json != NULL, &src, &len, &renders);
+  return kiln_api_tools_prepare(r, src, len, renders, s->tool_parser, err);
+}
+
 /* Tokenizes the prompts (or renders and tokenizes the chat) into prompt ids, checks the
  * context, and submits one engine request per prompt. */
 static bool job_submit(job_t *j, kiln_api_error_t *err) {
@@ -638,6 +652,7 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
   kiln_engine_get_info(j->eng, &info);
   const char *param = r->kind == KILN_API_CHAT ? "messages" : "prompt";
   if (r->kind == KILN_API_CHAT) {
+    if (!tools_prepare(j->s, j->eng, r, err)) return false;
     kiln_chat_args_t a = {
         r->messages_json,        r->messages_len,        r->tools_json,           r->tools_len,
         r->template_kwargs_json, r->template_kwargs_len, r->add_generation_prompt};
@@ -678,6 +693,10 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
     j->choices[i].index = i;
     j->choices[i].stop_token = -1;
     j->echo_pending[i] = r->echo;
+    if (!kiln_api_tool_state_init(&j->choices[i], r)) {
+      kiln_api_error_set(err, 500, "server_error", NULL, "out of memory");
+      return false;
+    }
   }
   /* tokenize every prompt first, so a bad one refuses the request before anything runs */
   for (int32_t i = 0; i < np; i++) {
@@ -767,7 +786,9 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
     kiln_status_t st = kiln_engine_submit(j->eng, &d, &j->kreq[i]);
     if (st) {
       free(imgs);
-      if (d.num_images)
+      if (kiln_api_tools_submit_error(r, st, err))
+        ; /* tool_choice needs what the engine lacks */
+      else if (d.num_images)
         image_submit_error(st, r, err);
       else
         submit_error(st, param, err);
@@ -828,19 +849,21 @@ static void job_stream_emit(job_t *j) {
     bool finished_now =
         c->finish != KILN_FINISH_NONE && c->finish != KILN_FINISH_ERROR && !c->finish_sent;
     bool role_first = r->kind == KILN_API_CHAT && !c->started;
-    if (!c->text.len && !c->num_tokens && !role_first && !finished_now) continue;
-    if (finished_now && (c->text.len || c->num_tokens || role_first)) {
-      /* the last text and the finish reason in separate events, as OpenAI sends them */
-      kiln_finish_reason_t f = c->finish;
-      c->finish = KILN_FINISH_NONE;
-      kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
-      c->finish = f;
+    bool tool_delta = kiln_api_tool_delta_pending(c);
+    if (!c->text.len && !c->num_tokens && !role_first && !finished_now && !tool_delta) continue;
+    /* the text, then each tool-call delta in an event of its own; the finish reason in the
+     * last event, on its own, as OpenAI sends them */
+    kiln_finish_reason_t f = c->finish;
+    c->finish = KILN_FINISH_NONE;
+    if (c->text.len || c->num_tokens || role_first || tool_delta) {
+      do {
+        kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
+      } while (kiln_api_tool_delta_pending(c));
     }
+    c->finish = f;
     if (finished_now) {
       kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
       c->finish_sent = true;
-    } else {
-      kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
     }
   }
 }
@@ -1006,6 +1029,10 @@ static enum MHD_Result serve_tokenize(struct MHD_Connection *c, kiln_server_t *s
   } else {
     char *prompt = NULL;
     size_t plen = 0;
+    if (r->messages_json && !tools_prepare(s, eng, r, &err)) {
+      kiln_api_request_free(r);
+      return respond_error(c, s, &err);
+    }
     if (r->messages_json) {
       kiln_chat_args_t a = {
           r->messages_json,        r->messages_len,        r->tools_json,           r->tools_len,
@@ -1262,6 +1289,7 @@ kiln_status_t kiln_server_start(const kiln_server_options_t *opt, kiln_server_t 
   s->api_key = strdup(opt->api_key ? opt->api_key : "");
   s->model_name = strdup(opt->model_name ? opt->model_name : "model");
   s->version = strdup(opt->version ? opt->version : "0");
+  s->tool_parser = strdup(opt->tool_parser && opt->tool_parser[0] ? opt->tool_parser : "auto");
   s->created = (int64_t)time(NULL);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
@@ -1269,7 +1297,7 @@ kiln_status_t kiln_server_start(const kiln_server_options_t *opt, kiln_server_t 
   atomic_init(&s->draining, false);
   atomic_init(&s->abort_all, false);
   atomic_init(&s->stopped, false);
-  if (!s->host || !s->api_key || !s->model_name || !s->version) {
+  if (!s->host || !s->api_key || !s->model_name || !s->version || !s->tool_parser) {
     kiln_server_free(s);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "server: out of memory");
   }
@@ -1378,5 +1406,6 @@ void kiln_server_free(kiln_server_t *s) {
   free(s->api_key);
   free(s->model_name);
   free(s->version);
+  free(s->tool_parser);
   free(s);
 }

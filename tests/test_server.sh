@@ -11,10 +11,13 @@
 # the same script). Servers are always killed on the way out.
 #   images: image input (tests/server/images.mjs) on the tiny Qwen2-VL fixture, data URLs and
 #       remote URLs from a local HTTP server.
-# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images]
+#   tools: tool calling (tests/server/tools.mjs) on fixture models with fixed replies
+#       (tests/server/make_tool_model.py) and the real Qwen3 / Mistral Nemo chat templates.
+# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images|tools]
 # Env: KILN_NPM_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/kiln/npm-server),
 #      KILN_LOAD_RATE (requests/s, default 30), KILN_LOAD_PROMPTS (default 60 s worth),
-#      KILN_TEST_SEED (disconnect.mjs's random schedule).
+#      KILN_TEST_SEED (disconnect.mjs's random schedule), KILN_TOKENIZER_CACHE (tools: where
+#      tests/fetch_tokenizers.sh put the real tokenizer files).
 set -euo pipefail
 BUILD=${1:?usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load]}
 SRC=${2:?source dir}
@@ -305,9 +308,39 @@ run_images() {
   echo "test_server_images: all passed"
 }
 
+# ---- tools -------------------------------------------------------------------------------------
+
+# Tool calling (tests/server/tools.mjs) on the fixture models of tests/server/make_tool_model.py,
+# whose replies are fixed calls and texts, with the real Qwen3 and Mistral Nemo chat templates
+# from $KILN_TOKENIZER_CACHE (tests/fetch_tokenizers.sh); kiln-tiny for a template without tools.
+run_tools() {
+  npm_setup
+  local cache=${KILN_TOKENIZER_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/kiln/tokenizers}
+  [ -s "$cache/qwen3/tokenizer_config.json" ] && [ -s "$cache/mistral_nemo/tokenizer_config.json" ] ||
+    fail "no Qwen3 / Mistral Nemo tokenizer files in $cache (run tests/fetch_tokenizers.sh $cache)"
+  python3 "$TESTS/make_tool_model.py" "$cache" "$TMP/toolm" || fail "make_tool_model.py failed"
+  local set=(--set model.dtype=float32 --set cache.num_blocks=512)
+  start_server hermes "${set[@]}" --set "model.path=$TMP/toolm/hermes"
+  start_server mistral "${set[@]}" --set "model.path=$TMP/toolm/mistral"
+  start_server llama "${set[@]}" --set "model.path=$TMP/toolm/llama3"
+  start_server noparse "${set[@]}" --set "model.path=$TMP/toolm/hermes" --set server.tool_parser=none
+  start_server plain --set cache.num_blocks=256
+  local hermes mistral llama noparse plain
+  hermes=$(wait_ready hermes)
+  mistral=$(wait_ready mistral)
+  llama=$(wait_ready llama)
+  noparse=$(wait_ready noparse)
+  plain=$(wait_ready plain)
+  run_node tools.mjs KILN_URL_HERMES="$hermes" KILN_URL_MISTRAL="$mistral" KILN_URL_LLAMA="$llama" \
+    KILN_URL_NOPARSE="$noparse" KILN_URL_PLAIN="$plain"
+  for name in hermes mistral llama noparse plain; do stop_server "$name"; done
+  echo "test_server_tools: all passed"
+}
+
 case "$MODE" in
 api) run_api ;;
 load) run_load ;;
 images) run_images ;;
-*) fail "unknown mode '$MODE' (api, load or images)" ;;
+tools) run_tools ;;
+*) fail "unknown mode '$MODE' (api, load, images or tools)" ;;
 esac

@@ -121,6 +121,7 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
   so.max_image_bytes = (size_t)kiln_config_get_int(cli->config, "server", "max_image_bytes");
   so.allow_remote_images = kiln_config_get_bool(cli->config, "server", "allow_remote_images");
   so.image_fetch_timeout = kiln_config_get_float(cli->config, "server", "image_fetch_timeout");
+  so.tool_parser = kiln_config_get_string(cli->config, "server", "tool_parser");
   so.version = KILN_VERSION_STRING;
   /* A Hub id is downloaded (or found in the Hub cache) here, before the port opens; the
    * engine then finds it in the cache. Its served name is the id, as vLLM's is. */

@@ -1999,6 +1999,18 @@ static kiln_status_t chat_arg(const char *text, size_t len, const char *what, ki
   return NULL;
 }
 
+bool kiln_engine_chat_template_source(const kiln_engine_t *e, bool tools, const char **out_src,
+                                      size_t *out_len, bool *out_renders_tools) {
+  *out_src = NULL;
+  if (out_len) *out_len = 0;
+  if (out_renders_tools) *out_renders_tools = false;
+  const kiln_template_t *t = e->chat ? kiln_chat_template_select(e->chat, tools) : NULL;
+  if (!t) return false;
+  *out_src = kiln_template_source(t, out_len);
+  if (out_renders_tools) *out_renders_tools = kiln_template_uses_variable(t, "tools");
+  return true;
+}
+
 kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *e, const kiln_chat_args_t *a,
                                               char **out_prompt, size_t *out_len) {
   *out_prompt = NULL;

@@ -296,6 +296,15 @@ typedef struct kiln_chat_args {
 kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *eng, const kiln_chat_args_t *args,
                                               char **out_prompt, size_t *out_len);
 
+/* The chat template that kiln_engine_apply_chat_template renders with for a conversation with
+ * tools (tools true: the "tool_use" template when the model has one) or without: its source text
+ * (borrowed, NUL-terminated, valid as long as the engine) and whether it names the `tools`
+ * variable at all (a template that never does cannot show tools to the model). Returns false,
+ * with *out_src NULL, when the model has no usable chat template. out_len and
+ * out_renders_tools may be NULL. Thread-safe. */
+bool kiln_engine_chat_template_source(const kiln_engine_t *eng, bool tools, const char **out_src,
+                                      size_t *out_len, bool *out_renders_tools);
+
 /* ---- metrics ----------------------------------------------------------------------------- */
 
 #define KILN_HIST_MAX_BUCKETS 24
