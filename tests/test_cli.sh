@@ -78,6 +78,8 @@ declare -A want_opts=(
   [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
     --max-in-flight --image --messages"
+  [chat]="--model --dtype --system --max-tokens --temperature --top-p --top-k --min-p
+    --repetition-penalty --seed --ignore-eos"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
