@@ -13,7 +13,7 @@ JOBS       ?= $(shell nproc)
 DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev \
               libpcre2-dev libutf8proc-dev libxxhash-dev libcurl4-openssl-dev libmicrohttpd-dev \
               libpng-dev libjpeg62-turbo-dev libwebp-dev python3-pil python3-numpy python3-venv \
-              valgrind hipcc libze-dev clang libclang-rt-14-dev
+              valgrind hipcc libze-dev clang libclang-rt-14-dev chromium
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build run python test test-release test-asan test-memcheck test-fuzz clean
