@@ -348,12 +348,15 @@ class KilnTest(unittest.TestCase):
         timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
         t0 = time.monotonic()
         timer.start()
+        returned = []
         try:
             with self.assertRaises(KeyboardInterrupt):
-                self.llm.generate(["Once upon a time"] * 4, sp)
-                time.sleep(5)  # generate finished before the signal: fail below
+                self.llm.generate(["Once upon a time"] * 8, sp)
+                returned.append(time.monotonic() - t0)
+                time.sleep(5)
         finally:
             timer.cancel()
+        self.assertEqual(returned, [], "generate returned before the signal came")
         self.assertLess(time.monotonic() - t0, 3)
         self.assertEqual(len(self.llm._live), 0)
         out = self.llm.generate("Hi", SamplingParams(max_tokens=2, ignore_eos=True))
