@@ -439,6 +439,7 @@ static void cuda_stream_destroy(kiln_hal_stream_t *s) {
   cuda_blas_destroy(s->blas);
   (void)cudaStreamDestroy(s->stream);
   if (s->stage) (void)cudaFree(s->stage);
+  if (s->stage_big) (void)cudaFree(s->stage_big);
   if (s->attn_scratch) (void)cudaFree(s->attn_scratch);
   free(s);
 }

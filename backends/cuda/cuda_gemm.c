@@ -109,6 +109,49 @@ static cuda_blas_call_t blas_call(const kiln_hal_gemm_args_t *a, const operand_t
   return c;
 }
 
+/* The growable staging for a product of elems f32 values (capped at CUDA_GEMM_STAGE_MAX_BYTES):
+ * grows it when no graph is being captured on the device (a capture must not see a host sync
+ * or an allocation, and must not hold an address that a later growth frees), waiting for the
+ * stream's earlier work before freeing the smaller buffer. NULL: use the fixed buffer's chunks
+ * (a capture, or the allocation failed). *out_elems gets the buffer's size in elements. */
+static float *stage_big(kiln_hal_stream_t *s, size_t elems, int64_t *out_elems) {
+  static atomic_int mode; /* 0 = not read yet, 1 = grow, 2 = KILN_CUDA_GEMM_STAGE=fixed (A/B) */
+  int md = atomic_load_explicit(&mode, memory_order_relaxed);
+  if (md == 0) {
+    const char *v = getenv("KILN_CUDA_GEMM_STAGE");
+    md = v && !strcmp(v, "fixed") ? 2 : 1;
+    atomic_store_explicit(&mode, md, memory_order_relaxed);
+  }
+  if (md == 2) return NULL;
+  size_t want = elems * sizeof(float);
+  if (want > CUDA_GEMM_STAGE_MAX_BYTES) want = CUDA_GEMM_STAGE_MAX_BYTES;
+  if (s->capturing || atomic_load(&s->device->capturing) > 0) return NULL;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  if (s->stage_big_bytes < want) {
+    if (s->stage_big) {
+      if (cudaStreamSynchronize(s->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+      }
+      (void)cudaFree(s->stage_big);
+      s->stage_big = NULL;
+      s->stage_big_bytes = 0;
+    }
+    if (cudaMalloc((void **)&s->stage_big, want) != cudaSuccess) {
+      (void)cudaGetLastError();
+      s->stage_big = NULL;
+      return NULL;
+    }
+    s->stage_big_bytes = want;
+  }
+  *out_elems = (int64_t)(s->stage_big_bytes / sizeof(float));
+  return s->stage_big;
+}
+
 /* A half-precision c with a bias or beta != 0. cuBLASLt rounds alpha * (a @ b) to the output
  * type before it adds beta * c and the bias (seen on an H200: f16/bf16 results on a grid set by
  * the product's magnitude, not the result's), which hal.h forbids ("rounded once, at the end").
@@ -119,7 +162,13 @@ static kiln_hal_error_t *gemm_staged(kiln_hal_stream_t *s, const kiln_hal_gemm_a
                                      int64_t M, int64_t N, int64_t K, int64_t batch, int64_t sa,
                                      int64_t sb, int64_t sc) {
   const kiln_hal_tensor_t *ta = &a->a, *tb = &a->b, *tc = &a->c;
-  const int64_t stage_elems = CUDA_GEMM_STAGE_BYTES / sizeof(float);
+  float *stage = s->stage;
+  int64_t stage_elems = CUDA_GEMM_STAGE_BYTES / sizeof(float);
+  if (M > stage_elems / N) stage = stage_big(s, (size_t)M * (size_t)N, &stage_elems);
+  if (!stage) {
+    stage = s->stage;
+    stage_elems = CUDA_GEMM_STAGE_BYTES / sizeof(float);
+  }
   if (N > stage_elems)
     return cuda_err_unsupported(
         "gemm: N = %lld is too wide for the f32 staging of a %s output with bias/beta",
@@ -139,7 +188,7 @@ static kiln_hal_error_t *gemm_staged(kiln_hal_stream_t *s, const kiln_hal_gemm_a
       c.dtype_c = KILN_HAL_F32;
       c.a = pb + (size_t)(z * sb) * es_ab;
       c.b = pa + (size_t)(z * sa + r0 * a_row_step) * es_ab;
-      c.d = s->stage;
+      c.d = stage;
       c.ldd = N;
       c.beta = 0.0f;
       bool bias_done = false;
@@ -153,7 +202,7 @@ static kiln_hal_error_t *gemm_staged(kiln_hal_stream_t *s, const kiln_hal_gemm_a
       cv.shape[1] = N;
       cv.stride[0] = oc->ld;
       cv.stride[1] = 1;
-      cudaError_t e = cuda_launch_gemm_finish(s->stream, cv, s->stage, bias, a->beta);
+      cudaError_t e = cuda_launch_gemm_finish(s->stream, cv, stage, bias, a->beta);
       if (e != cudaSuccess) return cuda_err_rt(e, "gemm: finish kernel launch");
     }
   }
@@ -179,15 +228,18 @@ static int gemv_mode(void) {
 }
 
 /* Fills *p and returns true when the skinny kernel (cuda_gemv.cu) can take the call: one
- * product (batch 1) of f16/bf16 with M <= 8, a's rows and b's columns (the rows of a [N, K]
- * weight) contiguous along K, K % 8 == 0, and a, b and their row strides 16-byte aligned. */
+ * product (batch 1) of f16/bf16 (or f32 without allow_tf32) with M <= 8, a's rows and b's columns
+ * (the rows of a [N, K] weight) contiguous along K, K % 8 == 0, and a, b and their row strides
+ * 16-byte aligned. */
 static bool gemv_fits(const kiln_hal_gemm_args_t *a, int64_t M, int64_t N, int64_t K, int64_t batch,
                       const operand_t *oc, cuda_gemv_params_t *p) {
   const kiln_hal_tensor_t *ta = &a->a, *tb = &a->b, *tc = &a->c;
   const int ia = ta->ndim - 2, ib = tb->ndim - 2;
   if (batch != 1 || M < 1 || M > CUDA_GEMV_MAX_M || N < 1 || K < 8 || K % 8 != 0) return false;
-  if (ta->dtype != KILN_HAL_F16 && ta->dtype != KILN_HAL_BF16) return false;
+  if (ta->dtype != KILN_HAL_F16 && ta->dtype != KILN_HAL_BF16 && ta->dtype != KILN_HAL_F32)
+    return false;
   if (tc->dtype != ta->dtype && tc->dtype != KILN_HAL_F32) return false;
+  if (ta->dtype == KILN_HAL_F32 && a->allow_tf32) return false;     /* cuBLASLt's TF32 is faster */
   if (ta->stride[ia + 1] != 1 || tb->stride[ib] != 1) return false; /* unit stride along K */
   const int64_t ldx = M > 1 ? ta->stride[ia] : K, ldw = N > 1 ? tb->stride[ib + 1] : K;
   const void *px = cuda_view(ta).ptr, *pw = cuda_view(tb).ptr;

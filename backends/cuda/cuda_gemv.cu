@@ -1,5 +1,5 @@
 /* cuda_gemv.cu - the skinny gemm of decode: c[M, N] = alpha * x[M, K] @ W[N, K]^T + beta * c +
- * bias for M <= 8 and f16/bf16 x and W, streaming W once with 16-byte loads.
+ * bias for M <= 8 and f16/bf16 (or f32) x and W, streaming W once with 16-byte loads.
  *
  * Work split. A warp owns NPW consecutive output columns n, i.e. NPW rows of W, each contiguous
  * in K. Its lanes split K into 16-byte pieces (8 elements): lane l reads pieces l, l + WARP,
@@ -16,9 +16,27 @@
 
 #define GEMV_THREADS 128
 
-/* The 8 halves of a 16-byte piece, in memory order, as f32. */
+/* Elements per 16-byte piece: 8 halves, or 4 floats. */
+template <typename T>
+struct gemv_epp {
+  static constexpr int value = 8;
+};
+template <>
+struct gemv_epp<float> {
+  static constexpr int value = 4;
+};
+
+/* The elements of a 16-byte piece, in memory order, as f32 (8 halves, or 4 floats). */
 template <typename T>
 static __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]);
+
+template <>
+__device__ __forceinline__ void unpack8<float>(const uint4 &v, float f[8]) {
+  f[0] = __uint_as_float(v.x);
+  f[1] = __uint_as_float(v.y);
+  f[2] = __uint_as_float(v.z);
+  f[3] = __uint_as_float(v.w);
+}
 
 template <>
 __device__ __forceinline__ void unpack8<kiln_bf16>(const uint4 &v, float f[8]) {
@@ -69,7 +87,8 @@ static __global__ void __launch_bounds__(GEMV_THREADS)
 #pragma unroll
     for (int j = 0; j < NPW; j++) acc[m][j] = 0.0f;
 
-  const int K8 = K / 8; /* 16-byte pieces per row */
+  constexpr int EPP = gemv_epp<T>::value;
+  const int K8 = K / EPP; /* 16-byte pieces per row */
   for (int base = lane; base < K8; base += WARP * UNROLL) {
     uint4 wv[UNROLL][NPW];
 #pragma unroll
@@ -92,7 +111,7 @@ static __global__ void __launch_bounds__(GEMV_THREADS)
 #pragma unroll
           for (int j = 0; j < NPW; j++)
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[m][j] = fmaf(xf[e], wf[j][e], acc[m][j]);
+            for (int e = 0; e < EPP; e++) acc[m][j] = fmaf(xf[e], wf[j][e], acc[m][j]);
         }
       }
     }
@@ -154,6 +173,8 @@ template <int WARP>
 static cudaError_t gemv_pick(cudaStream_t st, const cuda_gemv_params_t *p) {
   if (p->dtype_ab == KILN_HAL_BF16) return gemv_pick_c<WARP, kiln_bf16>(st, p);
   if (p->dtype_ab == KILN_HAL_F16) return gemv_pick_c<WARP, kiln_f16>(st, p);
+  if (p->dtype_ab == KILN_HAL_F32 && p->dtype_c == KILN_HAL_F32)
+    return gemv_pick_m<WARP, float, float>(st, p);
   return cudaErrorInvalidValue;
 }
 

@@ -19,6 +19,12 @@
 /* f32 staging for gemms with a half-precision output and a bias or beta != 0 (cuda_gemm.c):
  * the product is formed in f32 here, row chunk by row chunk, then rounded once. */
 #define CUDA_GEMM_STAGE_BYTES (32u << 20)
+/* A product too large for that one chunk (a vision tower's 4,784-row GEMMs, a long prefill's
+ * qkv) is formed whole in a second, larger staging buffer that grows on demand up to this size
+ * (outside graph capture only: captured graphs keep using the fixed one, whose address they
+ * hold). Chunking a 4784 x 5120 product into three made each chunk's GEMM slower (H200,
+ * 2026-12-02). When the allocation fails the call falls back to the fixed buffer's chunks. */
+#define CUDA_GEMM_STAGE_MAX_BYTES ((size_t)512 << 20)
 /* Attention's split-KV scratch (cuda_attention_mma.cuh): partial (max, sum, output) states of
  * the decode rows, f32. Fixed per stream so captured graphs replay against the same address;
  * a launch whose splits would not fit uses fewer (down to none). */
@@ -52,6 +58,8 @@ struct kiln_hal_stream {
   cudaStream_t stream;
   cuda_blas_t *blas;  /* NULL when the plugin has no GEMM library (rocBLAS absent) */
   float *stage;       /* CUDA_GEMM_STAGE_BYTES of f32 staging, fixed for the stream's life */
+  float *stage_big;   /* the growable staging (NULL until needed), never used by a capture */
+  size_t stage_big_bytes;
   void *attn_scratch; /* CUDA_ATTN_SCRATCH_BYTES for attention's split-KV partials, likewise */
   bool capturing;     /* between graph_begin and graph_end */
 };

@@ -714,6 +714,10 @@ static kiln_status_t bad(const char *fmt, ...) {
 }
 
 static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_params_t *p) {
+  if (p->guide != KILN_GUIDE_NONE)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "constrained decoding (guide %d) is not supported by this engine",
+                            (int)p->guide);
   if (p->n < 1 || p->n > e->max_seqs)
     return bad("n must be in [1, %d] (max_num_seqs), got %d", e->max_seqs, p->n);
   if (p->max_tokens < -1 || p->max_tokens == 0)
@@ -935,9 +939,16 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
       d->struct_size >= offsetof(kiln_request_desc_t, num_images) + sizeof(d->num_images)
           ? d->num_images
           : 0;
-  kiln_sampling_params_t defaults;
-  kiln_sampling_params_init(&defaults);
-  const kiln_sampling_params_t *p = d->params ? d->params : &defaults;
+  /* A caller built against an older kiln.h passes a shorter struct: the fields it does not
+   * know keep their defaults. */
+  kiln_sampling_params_t given;
+  kiln_sampling_params_init(&given);
+  if (d->params) {
+    size_t n = d->params->struct_size < sizeof(given) ? d->params->struct_size : sizeof(given);
+    memcpy(&given, d->params, n);
+    given.struct_size = sizeof(given);
+  }
+  const kiln_sampling_params_t *p = &given;
   kiln_status_t st = check_params(e, p);
   if (st) goto rejected;
   kiln_tokens_t ids = KILN_TOKENS_INIT;

@@ -65,6 +65,18 @@ void kiln_status_free(kiln_status_t st);
 
 /* ---- sampling ---------------------------------------------------------------------------- */
 
+/* Constrained decoding ("structured output"): what every sequence's output must match. The
+ * output is generated so that it matches from its first token; end-of-sequence is allowed only
+ * where the constraint accepts. */
+typedef enum kiln_guide_kind {
+  KILN_GUIDE_NONE = 0,
+  KILN_GUIDE_JSON_OBJECT = 1, /* any JSON object; guide_spec NULL */
+  KILN_GUIDE_JSON_SCHEMA = 2, /* guide_spec: a JSON Schema, as JSON text */
+  KILN_GUIDE_REGEX = 3,       /* guide_spec: a regular expression the whole output matches */
+  KILN_GUIDE_CHOICE = 4,      /* guide_spec: a JSON array of strings; the output is one of them */
+  KILN_GUIDE_GRAMMAR = 5,     /* guide_spec: a GBNF grammar (llama.cpp syntax), from "root" */
+} kiln_guide_kind_t;
+
 /* Per-request generation settings, with vLLM / OpenAI semantics. Initialise with
  * kiln_sampling_params_init, then set what differs. Pointers are copied at submission. */
 typedef struct kiln_sampling_params {
@@ -95,6 +107,9 @@ typedef struct kiln_sampling_params {
   int32_t logprobs;        /* -1 = none; 0 = the sampled token's; k > 0 = and the top k */
   int32_t prompt_logprobs; /* -1 = none; 0 = each prompt token's; k > 0 = and the top k */
   int32_t priority;        /* with [scheduler] policy = priority: lower runs first */
+  kiln_guide_kind_t guide; /* KILN_GUIDE_NONE = unconstrained */
+  const char *guide_spec;  /* see kiln_guide_kind_t; copied at submission */
+  size_t guide_spec_len;   /* 0 = NUL-terminated */
 } kiln_sampling_params_t;
 
 void kiln_sampling_params_init(kiln_sampling_params_t *p);
