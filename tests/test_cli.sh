@@ -83,7 +83,7 @@ declare -A want_opts=(
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
-    --seed --json"
+    --seed --json --ids --image"
   [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
     --seed --json"
   [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency

@@ -20,12 +20,13 @@ from ._errors import (DeviceError, IncompatibleError, InvalidArgumentError, Kiln
 from ._lib import LIBRARY_PATH
 from .llm import LLM, Stream
 from .outputs import CompletionOutput, Logprob, RequestOutput
-from .sampling import SamplingParams
+from .sampling import GuidedDecodingParams, SamplingParams
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "Stream",
+    "LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput",
+    "Logprob", "Stream",
     "KilnError", "InvalidArgumentError", "NotFoundError", "OutOfMemoryError", "UnsupportedError",
     "KilnIOError", "IncompatibleError", "DeviceError", "UnavailableError", "RequestError",
     "LIBRARY_PATH", "config_keys",

@@ -1,10 +1,10 @@
 """ctypes declarations of libkiln's public C API (include/kiln/kiln.h) and the search for
 libkiln.so.
 
-The structures below mirror kiln.h field for field; _check_layout() compares the size of
-kiln_sampling_params_t with what the loaded library writes into its struct_size, so a library
-and a package built from different kiln.h versions refuse to run together instead of passing
-garbage.
+The structures below mirror kiln.h field for field. kiln_sampling_params_t is versioned by
+its struct_size: a library with a longer struct (a newer kiln.h that appended fields) takes
+this package's shorter one and keeps its defaults for the rest; a library with a shorter one
+is older than this package, and _check_layout() refuses it at import.
 """
 
 import ctypes
@@ -48,7 +48,14 @@ class SamplingParamsC(ctypes.Structure):
         ("logprobs", ctypes.c_int32),
         ("prompt_logprobs", ctypes.c_int32),
         ("priority", ctypes.c_int32),
+        ("guide", ctypes.c_int),  # kiln_guide_kind_t
+        ("guide_spec", ctypes.c_char_p),
+        ("guide_spec_len", ctypes.c_size_t),
     ]
+
+
+# kiln_guide_kind_t
+GUIDE_NONE, GUIDE_JSON_OBJECT, GUIDE_JSON_SCHEMA, GUIDE_REGEX, GUIDE_CHOICE, GUIDE_GRAMMAR = range(6)
 
 
 class UsageC(ctypes.Structure):
@@ -241,15 +248,28 @@ def _declare(lib):
         f.argtypes = args
 
 
+_INIT_BUF = 4096  # more than any kiln_sampling_params_t
+
+
 def _check_layout(lib):
-    buf = ctypes.create_string_buffer(4096)
+    buf = ctypes.create_string_buffer(_INIT_BUF)
     lib.kiln_sampling_params_init(buf)
     size = ctypes.c_uint32.from_buffer(buf).value
-    if size != ctypes.sizeof(SamplingParamsC):
+    if size < ctypes.sizeof(SamplingParamsC) or size > _INIT_BUF:
         raise ImportError(
-            "kiln: %s's kiln_sampling_params_t is %d bytes, this package's is %d: the package "
-            "and the library come from different versions of kiln.h" %
+            "kiln: %s's kiln_sampling_params_t is %d bytes, this package's is %d: the library "
+            "is older than the package (rebuild Kiln, or install the package from its tree)" %
             (LIBRARY_PATH, size, ctypes.sizeof(SamplingParamsC)))
+
+
+def sampling_params_init():
+    """A SamplingParamsC at the library's defaults (initialised in a buffer large enough for
+    the library's own struct, then cut to this package's fields)."""
+    buf = ctypes.create_string_buffer(_INIT_BUF)
+    lib.kiln_sampling_params_init(buf)
+    c = SamplingParamsC.from_buffer_copy(buf.raw[:ctypes.sizeof(SamplingParamsC)])
+    c.struct_size = ctypes.sizeof(SamplingParamsC)
+    return c
 
 
 lib, LIBRARY_PATH = _load()

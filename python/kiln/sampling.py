@@ -3,8 +3,9 @@ libkiln's kiln_sampling_params_t."""
 
 import ctypes
 import dataclasses
+import json as _json
 import math
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from . import _errors
 from . import _lib
@@ -36,6 +37,47 @@ def _bool(name, v):
 
 
 @dataclasses.dataclass
+class GuidedDecodingParams:
+    """Constrained decoding (structured output), as vLLM's GuidedDecodingParams: set exactly
+    one of json (a JSON Schema: a dict or its JSON text), regex (the whole output matches it),
+    choice (a list of strings: the output is one of them), grammar (GBNF, from "root") or
+    json_object=True (any JSON object)."""
+
+    json: Union[None, str, Dict[str, Any]] = None
+    regex: Optional[str] = None
+    choice: Optional[List[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+
+    def _kind_spec(self):
+        given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("GuidedDecodingParams: set exactly one of json, regex, choice, "
+                             "grammar, json_object (got %s)" % (", ".join(given) or "none"))
+        k = given[0]
+        if k == "json":
+            spec = self.json if isinstance(self.json, str) else _json.dumps(self.json)
+            return _lib.GUIDE_JSON_SCHEMA, spec
+        if k == "regex":
+            if not isinstance(self.regex, str):
+                raise TypeError("GuidedDecodingParams.regex must be a str")
+            return _lib.GUIDE_REGEX, self.regex
+        if k == "choice":
+            if not isinstance(self.choice, (list, tuple)) or not all(
+                    isinstance(c, str) for c in self.choice):
+                raise TypeError("GuidedDecodingParams.choice must be a list of str")
+            return _lib.GUIDE_CHOICE, _json.dumps(list(self.choice))
+        if k == "grammar":
+            if not isinstance(self.grammar, str):
+                raise TypeError("GuidedDecodingParams.grammar must be a str")
+            return _lib.GUIDE_GRAMMAR, self.grammar
+        if self.json_object is not True:
+            raise TypeError("GuidedDecodingParams.json_object must be True or None")
+        return _lib.GUIDE_JSON_OBJECT, None
+
+
+@dataclasses.dataclass
 class SamplingParams:
     """Generation settings of a request, as vLLM's SamplingParams (the same names, defaults and
     meanings). Values are checked by Kiln when a request is submitted: an out-of-range value
@@ -51,7 +93,8 @@ class SamplingParams:
     that end a sequence.  ignore_eos: keep going past end-of-sequence tokens.  logprobs:
     None, or k >= 0 for the sampled token's logprob and the top k alternatives.
     prompt_logprobs: the same for each prompt token.  logit_bias: {token id: bias} added to
-    the logits.  skip_special_tokens, detokenize: as vLLM's.
+    the logits.  skip_special_tokens, detokenize: as vLLM's.  guided_decoding: a
+    GuidedDecodingParams (structured output; an engine without it raises UnsupportedError).
     """
 
     n: int = 1
@@ -74,6 +117,7 @@ class SamplingParams:
     logit_bias: Optional[Dict[int, float]] = None
     skip_special_tokens: bool = True
     detokenize: bool = True
+    guided_decoding: Optional[GuidedDecodingParams] = None
 
     @property
     def stop_list(self) -> List[str]:
@@ -85,8 +129,7 @@ class SamplingParams:
 
     def _to_c(self, priority=0):
         """A kiln_sampling_params_t, and the ctypes arrays it points into (keep them alive)."""
-        c = _lib.SamplingParamsC()
-        _lib.lib.kiln_sampling_params_init(ctypes.byref(c))
+        c = _lib.sampling_params_init()
         keep = []
         c.n = _int("n", self.n)
         c.max_tokens = -1 if self.max_tokens is None else _int("max_tokens", self.max_tokens)
@@ -138,4 +181,15 @@ class SamplingParams:
         c.prompt_logprobs = (-1 if self.prompt_logprobs is None else
                              _int("prompt_logprobs", self.prompt_logprobs, 0))
         c.priority = _int("priority", priority)
+        if self.guided_decoding is not None:
+            if not isinstance(self.guided_decoding, GuidedDecodingParams):
+                raise TypeError("SamplingParams.guided_decoding must be a GuidedDecodingParams")
+            kind, spec = self.guided_decoding._kind_spec()
+            c.guide = kind
+            if spec is not None:
+                b = spec.encode("utf-8")
+                buf = ctypes.create_string_buffer(b, len(b))
+                keep.append(buf)
+                c.guide_spec = ctypes.cast(buf, ctypes.c_char_p)
+                c.guide_spec_len = len(b)
         return c, keep

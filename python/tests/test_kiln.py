@@ -217,6 +217,31 @@ class KilnTest(unittest.TestCase):
                 self.assertAlmostEqual(pos[t].logprob, lp.logprob, places=4)
                 self.assertEqual(pos[t].rank, lp.rank)
 
+    def test_guided_decoding(self):
+        """Structured output: the engine's answer, or its refusal with its message (the engine
+        of this build may not have constrained decoding yet)."""
+        G = kiln.GuidedDecodingParams
+        cases = [(G(choice=["yes", "no"]), lambda t: t in ("yes", "no")),
+                 (G(regex="[0-9]{3}"), lambda t: len(t) == 3 and t.isdigit()),
+                 (G(json={"type": "object", "properties": {"a": {"type": "integer"}},
+                          "required": ["a"]}),
+                  lambda t: isinstance(json.loads(t)["a"], int)),
+                 (G(json_object=True), lambda t: isinstance(json.loads(t), dict))]
+        for g, ok in cases:
+            sp = SamplingParams(max_tokens=32, temperature=0, guided_decoding=g)
+            try:
+                c = self.llm.generate("Answer:", sp)[0].outputs[0]
+            except kiln.UnsupportedError as e:
+                self.assertIn("constrained decoding", str(e))
+                continue
+            self.assertTrue(ok(c.text), "%r does not match %r" % (c.text, g))
+        with self.assertRaises(ValueError):
+            self.llm.generate("x", SamplingParams(guided_decoding=G(regex="a", choice=["b"])))
+        with self.assertRaises(ValueError):
+            self.llm.generate("x", SamplingParams(guided_decoding=G()))
+        with self.assertRaises(TypeError):
+            self.llm.generate("x", SamplingParams(guided_decoding={"regex": "a"}))
+
     # ---- text ----
 
     def test_tokenize_matches_cli(self):
