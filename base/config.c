@@ -1260,6 +1260,18 @@ void kiln_config_print_help(FILE *f) {
           "      which validates them. E.g. [plugin.trace] or --set plugin.trace.level=2\n");
 }
 
+bool kiln_config_row_info(size_t index, const char **section, const char **key, const char **type,
+                          const char **def, const char **help) {
+  if (index >= CONFIG_NUM_ROWS) return false;
+  const config_row_t *row = &config_rows[index];
+  if (section) *section = row->section;
+  if (key) *key = row->key;
+  if (type) *type = config_type_name(row->type);
+  if (def) *def = row->def;
+  if (help) *help = row->help;
+  return true;
+}
+
 /* Writes a comment line, replacing any control character so that it stays one line. */
 static void config_write_comment(FILE *f, const char *prefix, const char *text) {
   fputs(prefix, f);

@@ -23,6 +23,7 @@
 #include "base/strbuf.h"
 #include "server/api.h"
 #include "server/tools.h"
+#include "server/web_assets.h"
 
 /* How often a waiting request looks at its socket and deadline (ms). */
 #define WAIT_SLICE_MS 50
@@ -60,6 +61,7 @@ typedef enum route {
   R_METRICS,
   R_TOKENIZE,
   R_DETOKENIZE,
+  R_PAGE, /* the chat page's files (web_assets.h) */
 } route_t;
 
 /* One running API request: its engine requests, its choices and (streaming) its unsent bytes. */
@@ -104,7 +106,8 @@ typedef struct conn {
   kiln_strbuf_t body;
   /* the body outgrew max_body_bytes, or memory ran out reading it */
   bool too_large, oom;
-  job_t *job; /* a non-streaming job (freed with the connection) */
+  job_t *job;                    /* a non-streaming job (freed with the connection) */
+  const kiln_web_asset_t *asset; /* R_PAGE: the file */
   double t_start;
 } conn_t;
 
@@ -924,6 +927,34 @@ static void stream_free(void *cls) {
 /* ---- routes -----------------------------------------------------------------------------------
  */
 
+/* The chat page's file at url ("/index.html" is "/"), or NULL. */
+static const kiln_web_asset_t *page_of(const char *url) {
+  if (!strcmp(url, "/index.html")) url = "/";
+  for (size_t i = 0; i < kiln_web_num_assets; i++)
+    if (!strcmp(kiln_web_assets[i].path, url)) return &kiln_web_assets[i];
+  return NULL;
+}
+
+/* A file of the chat page: static bytes, never cached stale (a new build may change them), and
+ * a content security policy that lets it load only from this server (images it shows may be
+ * the data: and blob: URLs of uploads). */
+static enum MHD_Result serve_page(struct MHD_Connection *c, kiln_server_t *s,
+                                  const kiln_web_asset_t *a) {
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(a->size, (void *)a->data, MHD_RESPMEM_PERSISTENT);
+  if (!r) return MHD_NO;
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, a->content_type);
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(r, "Content-Security-Policy",
+                          "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
+                          "base-uri 'none'; frame-ancestors 'none'");
+  enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+  MHD_destroy_response(r);
+  stats_add(s, 200);
+  return ret;
+}
+
 static route_t route_of(const char *url, bool *known_get, bool *known_post) {
   static const struct {
     const char *path;
@@ -1165,6 +1196,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     *con_cls = cn;
     bool get_ok, post_ok;
     cn->route = route_of(url, &get_ok, &post_ok);
+    if (cn->route == R_NONE && (cn->asset = page_of(url))) {
+      cn->route = R_PAGE;
+      get_ok = true;
+    }
     bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     cn->is_post = !strcmp(method, "POST");
     cn->responded = true;
@@ -1191,7 +1226,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       stats_add(s, 405);
       return ret;
     }
-    bool needs_key = cn->route != R_HEALTH && cn->route != R_VERSION && cn->route != R_METRICS;
+    /* the page itself is public: it asks for the key when the API refuses it */
+    bool needs_key = cn->route != R_HEALTH && cn->route != R_VERSION && cn->route != R_METRICS &&
+                     cn->route != R_PAGE;
     if (needs_key && !authorized(c, s))
       return respond_errorf(c, s, 401, "authentication_error", NULL,
                             "invalid or missing API key: send 'Authorization: Bearer <key>'");
@@ -1241,6 +1278,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                        s->opt.max_body_bytes);
     return respond_error(c, s, &e);
   }
+  if (cn->route == R_PAGE) return serve_page(c, s, cn->asset);
   kiln_engine_t *eng = atomic_load(&s->eng);
   if (!cn->is_post) return serve_get(c, s, cn->route, eng);
   if (!eng)

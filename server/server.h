@@ -2,7 +2,8 @@
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (JSON or Server-Sent Events with
  * stream: true), GET /v1/models, GET /health, GET /version, GET /metrics (Prometheus text),
- * POST /tokenize, POST /detokenize.
+ * POST /tokenize, POST /detokenize; and the chat page's files (web_assets.h: GET / and its
+ * assets, no API key needed).
  *
  * Life cycle:
  *

@@ -78,11 +78,13 @@ declare -A want_opts=(
   [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
     --max-in-flight --image --messages"
+  [chat]="--model --dtype --system --max-tokens --temperature --top-p --top-k --min-p
+    --repetition-penalty --seed --ignore-eos"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
   [download]="--model --cache-dir --endpoint"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
-    --seed --json"
+    --seed --json --ids --image"
   [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
     --seed --json"
   [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency

@@ -18,9 +18,10 @@ static const char serve_usage[] =
     "                  [--served-model-name NAME] [--dtype auto|float32|float16|bfloat16]\n"
     "                  [--config FILE] [--set section.key=value]...\n"
     "Serves the configured model over HTTP: POST /v1/completions, /v1/chat/completions,\n"
-    "/tokenize, /detokenize; GET /v1/models, /health, /version, /metrics. [server] in the INI\n"
-    "file holds the address, the API key (or $KILN_API_KEY), limits and timeouts. SIGINT or\n"
-    "SIGTERM drains running requests (up to server.shutdown_timeout) and exits 0.\n";
+    "/tokenize, /detokenize; GET /v1/models, /health, /version, /metrics, and a chat page at /\n"
+    "(open http://HOST:PORT/ in a browser). [server] in the INI file holds the address, the\n"
+    "API key (or $KILN_API_KEY), limits and timeouts. SIGINT or SIGTERM drains running\n"
+    "requests (up to server.shutdown_timeout) and exits 0.\n";
 
 /* The options: each one sets a config key, after the --set overrides (so it wins). */
 enum { SERVE_MODEL, SERVE_HOST, SERVE_PORT, SERVE_API_KEY, SERVE_NAME, SERVE_DTYPE, SERVE_NUM };
@@ -161,6 +162,8 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
       kiln_server_port(server), info.backend, info.device, (long long)info.max_model_len,
       info.num_blocks, info.block_size);
   fflush(stdout);
+  KILN_LOG_I("chat page: http://%s%s%s:%d/", strchr(host, ':') ? "[" : "", host,
+             strchr(host, ':') ? "]" : "", kiln_server_port(server));
   if (key && key[0]) KILN_LOG_I("API key required on /v1 routes");
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -1871,6 +1871,12 @@ kiln_status_t kiln_engine_create(const char *config_path, const char *const *ove
   return NULL;
 }
 
+bool kiln_engine_config_key(int32_t index, const char **section, const char **key,
+                            const char **type, const char **help) {
+  if (index < 0) return false;
+  return kiln_config_row_info((size_t)index, section, key, type, NULL, help);
+}
+
 void kiln_engine_destroy(kiln_engine_t *e) {
   if (!e) return;
   pthread_mutex_lock(&e->mu);

@@ -242,6 +242,15 @@ kiln_status_t kiln_engine_create(const char *config_path, const char *const *ove
 /* Cancels what is running, delivers every final event, joins the engine thread, frees. */
 void kiln_engine_destroy(kiln_engine_t *eng);
 
+/* The configuration keys kiln_engine_create reads from its INI file and overrides (the table
+ * `kiln --help-config` prints, in its order), for bindings that map their own option names
+ * onto "section.key=value" overrides: for index 0, 1, ... the key's section ("model",
+ * "engine", ...), its name, its type ("string", "int", "float", "bool", "enum" or
+ * "int list") and its help line, as static strings (any out pointer may be NULL). Returns
+ * false, setting nothing, for an index below 0 or past the last key. Thread-safe. */
+bool kiln_engine_config_key(int32_t index, const char **section, const char **key,
+                            const char **type, const char **help);
+
 typedef struct kiln_engine_info {
   const char *model_path;  /* as configured */
   const char *model_name;  /* architecture, e.g. "LlamaForCausalLM" */
