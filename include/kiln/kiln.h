@@ -92,7 +92,10 @@ typedef struct kiln_sampling_params {
   float presence_penalty;   /* [-2, 2]; output tokens */
   float frequency_penalty;  /* [-2, 2]; output tokens */
   bool has_seed;
-  uint64_t seed;           /* with has_seed: the same tokens whatever else is in the batch */
+  uint64_t seed; /* with has_seed: the same random draws whatever else is in the batch; the same
+                  * tokens too where the logits are the same, which a backend whose kernels sum
+                  * in another order at another batch size may change in the last bits (a
+                  * near-tie between two tokens can then go the other way) */
   bool ignore_eos;         /* keep going past the model's end-of-sequence tokens */
   bool skip_special_tokens; /* in the text (default true) */
   bool detokenize;          /* produce text (default true; needs a tokenizer) */

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # gpu_tune.sh - one call on the GPU machine for the CUDA tuning of 2026-12-02 (docs/perf.md):
 # a build with the attention tuning variants (-DKILN_CUDA_ATT_EXPERIMENT), then
-#   - test_ops' gemm cases with every decode-sized call on the skinny kernel (KILN_CUDA_GEMV=all:
-#     the f32 path included) and its attention cases with each prefill variant;
+#   - test_ops' gemm cases with every decode-sized call on the skinny kernel (KILN_CUDA_GEMV=all) and its attention cases with each prefill variant;
 #   - kiln-bench-ops' prefill attention (--only attn, --only vision) for variants 0-3;
-#   - the vision tower's bias GEMMs with the fixed 32 MiB staging (KILN_CUDA_GEMM_STAGE=fixed)
-#     and with the growable one;
-#   - the f32 decode-sized GEMMs on the skinny kernel and on cuBLASLt (KILN_CUDA_NO_GEMV=1);
-#   - with PERF=1, the performance check (bench/perf_check.py, PERF_COMMIT names the commit).
+#   - the decode-sized GEMMs on the skinny kernel and on cuBLASLt (KILN_CUDA_NO_GEMV=1);
+#   - with PERF=1, the performance check (bench/perf_check.py, PERF_COMMIT names the commit;
+#     tools/dev/gpu_run.sh runs it right after the build, as it sees PERF too).
+# (The run of 2026-12-02 also timed a growable GEMM staging buffer and an f32 skinny kernel, both
+# reverted after it: see docs/perf.md.)
 # Usage (repo root there): bash tools/dev/gpu_tune.sh DEPS_DIR; results in $OUT.
 set -u
 OUT=${OUT:-/tmp/kiln-gpu-out}
@@ -35,13 +35,8 @@ for v in 0 1 2 3; do
 done >"$OUT/attn_variants.txt"
 cat "$OUT/attn_variants.txt"
 {
-  echo "== fixed staging"; KILN_CUDA_GEMM_STAGE=fixed bench --only vision | grep gemm
-  echo "== growable staging"; bench --only vision | grep gemm
-} >"$OUT/stage.txt"
-cat "$OUT/stage.txt"
-{
-  echo "== f32 gemm: skinny kernel (default)"; bench --only gemm | grep -E 'f32 +M=(1|8) '
-  echo "== f32 gemm: cuBLASLt (KILN_CUDA_NO_GEMV=1)"; KILN_CUDA_NO_GEMV=1 bench --only gemm | grep -E 'f32 +M=(1|8) '
+  echo "== decode-sized gemm: skinny kernel (default)"; bench --only gemm | grep -E 'M=(1|8) '
+  echo "== decode-sized gemm: cuBLASLt (KILN_CUDA_NO_GEMV=1)"; KILN_CUDA_NO_GEMV=1 bench --only gemm | grep -E 'M=(1|8) '
 } >"$OUT/gemv.txt"
 cat "$OUT/gemv.txt"
 if [ -n "${PERF:-}" ]; then
