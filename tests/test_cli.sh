@@ -87,7 +87,7 @@ declare -A want_opts=(
     --seed --json --ids --image"
   [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
     --seed --json"
-  [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency
+  [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency --image-dir
     --input-len --output-len --random-ids --dataset --seed --temperature --ignore-eos --timeout
     --warmup --json"
 )
