@@ -12,11 +12,11 @@ FUZZ_SECS  ?= 20
 JOBS       ?= $(shell nproc)
 DEB_PKGS   := build-essential cmake pkg-config libinih-dev libcmocka-dev libopenblas-dev \
               libpcre2-dev libutf8proc-dev libxxhash-dev libcurl4-openssl-dev libmicrohttpd-dev \
-              libpng-dev libjpeg62-turbo-dev libwebp-dev python3-pil python3-numpy \
-              valgrind hipcc libze-dev clang libclang-rt-14-dev
+              libpng-dev libjpeg62-turbo-dev libwebp-dev python3-pil python3-numpy python3-venv \
+              valgrind hipcc libze-dev clang libclang-rt-14-dev chromium
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-release test-asan test-memcheck test-fuzz clean
+.PHONY: all deps build run python test test-release test-asan test-memcheck test-fuzz clean
 
 all: build
 
@@ -42,6 +42,17 @@ run: build
 	./$(BUILD)/bin/kiln selftest
 	./$(BUILD)/bin/kiln generate --prompt "Once upon a time" --max-tokens 48 --temperature 0.8 --seed 1
 
+# The Python package (python/, `import kiln`) into a virtual environment: the active one
+# ($$VIRTUAL_ENV), else $(BUILD)/venv (made with Debian's python3-venv). pip installs it offline
+# and records $(BUILD)/lib/libkiln.so for it to load. Then: $(BUILD)/venv/bin/python.
+PYTHON ?= python3
+VENV   ?= $(or $(VIRTUAL_ENV),$(BUILD)/venv)
+python: build
+	@[ -x "$(VENV)/bin/pip" ] || $(PYTHON) -m venv "$(VENV)"
+	KILN_BUILD_DIR="$(abspath $(BUILD))" "$(VENV)/bin/pip" install --no-index --no-cache-dir \
+	  --force-reinstall --quiet ./python
+	@echo "kiln: installed into $(VENV); try: $(VENV)/bin/python -c 'import kiln; print(kiln.LLM().generate(\"Once upon a time\")[0].outputs[0].text)'"
+
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
@@ -59,7 +70,7 @@ test-asan: deps
 # corpus check (bash + python) and the selftest are left to the sanitizer build), for leaks and
 # uninitialised reads. The engine simulation runs 2,000 requests there instead of 100,000.
 test-memcheck: build
-	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_fuzz_corpus|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil' --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_fuzz_corpus|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_hub_download|test_hub_npm|test_python|test_chat|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil' --output-on-failure -j $(JOBS)
 
 # The libFuzzer targets (tests/fuzz, Debian's clang 14 with its compiler-rt), built alone, then
 # FUZZ_SECS seconds of fuzzing each from the committed seeds after replaying every kept crash

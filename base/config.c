@@ -76,14 +76,23 @@ typedef struct config_row {
     .help = (h)                                                                                  \
   }
 
-static const char *const config_sections[] = {"model",  "engine", "cache", "scheduler", "backend",
-                                              "server", "graph",  "log",   NULL};
+static const char *const config_sections[] = {"model",   "hub",    "engine", "cache", "scheduler",
+                                              "backend", "server", "graph",  "log",   NULL};
 
 static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloat16", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config_log_formats[] = {"text", "json", NULL};
+static const char *const config_hub_progress[] = {"auto", "bar", "lines", "none", NULL};
+
+static const char *config_check_endpoint(const char *value) {
+  return !value[0] || !strncmp(value, "http://", 7) || !strncmp(value, "https://", 8)
+             ? NULL
+             : "is not an http:// or https:// URL";
+}
+static const char *const config_tool_parsers[] = {"auto",    "hermes", "llama3_json",
+                                                  "mistral", "none",   NULL};
 
 /* auto, a plugin name (libkiln-backend-<name>.so: cpu, cuda, rocm or a third party's), or a
  * path. Whether that plugin exists and loads is the loader's to say, with the reason. */
@@ -106,7 +115,8 @@ static const char *config_check_host(const char *value) {
  * them. Sections appear in the order of config_sections[]. */
 static const config_row_t config_rows[] = {
     ROW_STRING("model", "path", "",
-               "Hugging Face model directory or GGUF file; empty = the embedded default model"),
+               "Hugging Face model directory or GGUF file, or a Hub id ORG/NAME[/FILE.gguf]"
+               "[@REVISION] (docs/hub.md); empty = the embedded default model"),
     ROW_ENUM("model", "dtype", "auto", config_dtypes,
              "Weight and activation dtype; auto = the dtype in the model's config"),
     ROW_INT("model", "max_model_len", "0", 0, 16777216,
@@ -115,6 +125,23 @@ static const config_row_t config_rows[] = {
             "Most images one request may carry (vision-language models); more is refused"),
     ROW_INT("model", "encoder_cache_mb", "1024", 1, 1048576,
             "MiB of device memory for vision encoder outputs awaiting prefill (docs/engine.md)"),
+    ROW_INT("model", "image_threads", "0", 0, 32,
+            "Threads that resize and patchify one image on the host (vision-language models); "
+            "0 = min(4, cores)"),
+
+    ROW_STRING("hub", "cache_dir", "",
+               "Hugging Face Hub cache folder; empty = $HF_HUB_CACHE, else $HF_HOME/hub, else "
+               "~/.cache/huggingface/hub"),
+    ROW_CHECKED("hub", "endpoint", "", config_check_endpoint, "empty, or an http(s):// URL",
+                "Hub server to download from; empty = $HF_ENDPOINT, else https://huggingface.co"),
+    ROW_BOOL("hub", "offline", "false",
+             "Never download: Hub ids resolve from the cache only (as HF_HUB_OFFLINE=1 does)"),
+    ROW_ENUM("hub", "progress", "auto", config_hub_progress,
+             "Download progress on stderr: auto = a bar on a terminal, else lines; bar, lines, "
+             "none"),
+    ROW_FLOAT("hub", "timeout", "30", 1, 3600,
+              "Seconds a Hub connection may take to open, or a download may stall, before it "
+              "fails"),
 
     ROW_INT("engine", "max_num_seqs", "256", 1, 65536,
             "Most sequences (requests) scheduled together in one engine step"),
@@ -168,6 +195,9 @@ static const config_row_t config_rows[] = {
              "Fetch http:// and https:// image URLs in chat messages; off = only data: URLs"),
     ROW_FLOAT("server", "image_fetch_timeout", "10", 0.1, 600,
               "Seconds a remote image fetch may take (allow_remote_images)"),
+    ROW_ENUM("server", "tool_parser", "auto", config_tool_parsers,
+             "Tool-call format of chat replies: auto = the chat template's (hermes, llama3_json "
+             "or mistral); none = tool calls are not parsed"),
 
     ROW_BOOL("graph", "enabled", "true",
              "Capture decode steps as device graphs (e.g. CUDA graphs) and replay them"),
@@ -1228,6 +1258,18 @@ void kiln_config_print_help(FILE *f) {
           "\n[plugin.<name>]\n"
           "      Any keys (letters, digits, '_', '-'), passed unchecked to the plugin <name>,\n"
           "      which validates them. E.g. [plugin.trace] or --set plugin.trace.level=2\n");
+}
+
+bool kiln_config_row_info(size_t index, const char **section, const char **key, const char **type,
+                          const char **def, const char **help) {
+  if (index >= CONFIG_NUM_ROWS) return false;
+  const config_row_t *row = &config_rows[index];
+  if (section) *section = row->section;
+  if (key) *key = row->key;
+  if (type) *type = config_type_name(row->type);
+  if (def) *def = row->def;
+  if (help) *help = row->help;
+  return true;
 }
 
 /* Writes a comment line, replacing any control character so that it stays one line. */

@@ -136,6 +136,13 @@ const char *kiln_config_origin(const kiln_config_t *cfg, const char *section, co
  * allowed range or values, and a line of help; then a note on [plugin.<name>] sections. */
 void kiln_config_print_help(FILE *f);
 
+/* The table's row `index` (0 .. count-1, in --help-config's order): its section, key, type word
+ * ("string", "int", "float", "bool", "enum", "int list"), default value and help line, all
+ * static strings (any out pointer may be NULL). False once index is past the last row. Always
+ * thread-safe (it reads only the static table). */
+bool kiln_config_row_info(size_t index, const char **section, const char **key, const char **type,
+                          const char **def, const char **help);
+
 /* A path-valued key: a relative value set in a config file is taken relative to that file's
  * folder (so etc/kiln.ini can name ../share/...), one set by --set or the API relative to the
  * current directory. buf = "" when the key is empty. Errors: the path does not fit buf. */

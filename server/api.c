@@ -3,6 +3,7 @@
 #include "server/api.h"
 
 #include "base/base64.h"
+#include "server/tools.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -818,7 +819,7 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
           !parse_logprobs(root, r, limits, err) ||
           !get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err) ||
           !get_bool(root, "add_special_tokens", &r->add_special_tokens, err) ||
-          !write_member(root, "tools", KILN_JSON_ARRAY, &r->tools_json, &r->tools_len, err) ||
+          !kiln_api_parse_tools(root, r, err) ||
           !write_member(root, "chat_template_kwargs", KILN_JSON_OBJECT, &r->template_kwargs_json,
                         &r->template_kwargs_len, err))
         goto done;
@@ -836,7 +837,7 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
         r->add_special_tokens = false;
         if (!parse_messages(root, r, limits, err) ||
             !get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err) ||
-            !write_member(root, "tools", KILN_JSON_ARRAY, &r->tools_json, &r->tools_len, err) ||
+            !kiln_api_parse_tools(root, r, err) ||
             !write_member(root, "chat_template_kwargs", KILN_JSON_OBJECT, &r->template_kwargs_json,
                           &r->template_kwargs_len, err))
           goto done;
@@ -884,6 +885,8 @@ void kiln_api_request_free(kiln_api_request_t *r) {
   free(r->prompts);
   free(r->messages_json);
   free(r->tools_json);
+  free(r->tool_name);
+  free(r->tool_guide);
   free(r->template_kwargs_json);
   for (int32_t i = 0; i < r->num_images; i++) {
     free(r->images[i].data);
@@ -961,6 +964,7 @@ void kiln_api_choice_reset_tokens(kiln_api_choice_t *c) {
 
 void kiln_api_choice_free(kiln_api_choice_t *c) {
   kiln_api_choice_reset_tokens(c);
+  kiln_api_tool_state_free(c);
   free(c->tokens);
   kiln_strbuf_free(&c->text);
   free(c->stop_str);
@@ -1116,8 +1120,8 @@ void kiln_api_write_response(kiln_strbuf_t *out, const kiln_api_response_t *r,
     if (i) kiln_strbuf_append_str(out, ", ");
     kiln_strbuf_printf(out, "{\"index\": %d, ", c->index);
     if (chat) {
-      kiln_strbuf_append_str(out, "\"message\": {\"role\": \"assistant\", \"content\": ");
-      kiln_json_write_string(out, kiln_strbuf_cstr(&c->text), c->text.len, false);
+      kiln_strbuf_append_str(out, "\"message\": {\"role\": \"assistant\", ");
+      kiln_api_write_message_body(out, c); /* content, and tool_calls */
       kiln_strbuf_append_str(out, "}");
     } else {
       kiln_strbuf_append_str(out, "\"text\": ");
@@ -1126,7 +1130,7 @@ void kiln_api_write_response(kiln_strbuf_t *out, const kiln_api_response_t *r,
     kiln_strbuf_append_str(out, ", \"logprobs\": ");
     write_logprobs(out, r->req, c);
     kiln_strbuf_append_str(out, ", \"finish_reason\": ");
-    wstr(out, kiln_api_finish_name(c->finish));
+    wstr(out, kiln_api_choice_finish_name(c));
     write_stop_reason(out, r->req, c);
     kiln_strbuf_append_char(out, '}');
   }
@@ -1152,7 +1156,9 @@ void kiln_api_write_chunk(kiln_strbuf_t *out, const kiln_api_response_t *r, kiln
       if (any) kiln_strbuf_append_str(out, ", ");
       kiln_strbuf_append_str(out, "\"content\": ");
       kiln_json_write_string(out, kiln_strbuf_cstr(&c->text), c->text.len, false);
+      any = true;
     }
+    kiln_api_write_tool_delta(out, c, any); /* at most one tool-call delta per chunk */
     kiln_strbuf_append_str(out, "}");
   } else {
     kiln_strbuf_append_str(out, "\"text\": ");
@@ -1165,7 +1171,7 @@ void kiln_api_write_chunk(kiln_strbuf_t *out, const kiln_api_response_t *r, kiln
   else
     kiln_strbuf_append_str(out, "null");
   kiln_strbuf_append_str(out, ", \"finish_reason\": ");
-  wstr(out, kiln_api_finish_name(c->finish));
+  wstr(out, kiln_api_choice_finish_name(c));
   write_stop_reason(out, r->req, c);
   kiln_strbuf_append_str(out, "}]");
   if (r->req->include_usage) {

@@ -66,6 +66,14 @@ typedef struct kiln_api_image {
   char *url; /* owned; NULL for a data URL */
 } kiln_api_image_t;
 
+/* chat: how the reply may call the request's tools (server/tools.h) */
+typedef enum kiln_api_tool_choice {
+  KILN_API_TOOL_AUTO = 0, /* the default: the model may call tools; its calls are parsed */
+  KILN_API_TOOL_NONE,     /* tools are shown, the reply is text */
+  KILN_API_TOOL_REQUIRED, /* at least one call, held to the tools' schemas */
+  KILN_API_TOOL_NAMED,    /* exactly one call of tool_name, arguments held to its schema */
+} kiln_api_tool_choice_t;
+
 typedef struct kiln_api_request {
   kiln_api_kind_t kind;
   char *model; /* NULL when not given */
@@ -87,6 +95,15 @@ typedef struct kiln_api_request {
   char *template_kwargs_json;
   size_t template_kwargs_len;
   bool add_generation_prompt;
+  /* chat: tool calling (server/tools.c). tools_json is NULL for no tools or an empty list. */
+  int32_t num_tools;
+  kiln_api_tool_choice_t tool_choice;
+  char *tool_name;          /* KILN_API_TOOL_NAMED: the function */
+  bool parallel_tool_calls; /* default true; false: at most one call */
+  bool tools_strict;        /* a tool has "strict": true */
+  char *tool_guide;         /* REQUIRED / NAMED: the JSON schema sp.guide_spec points at */
+  int tool_format;          /* kiln_tool_format_t of the reply (kiln_api_tools_prepare) */
+  bool tool_short_ids;      /* call ids of 9 letters and digits, as Mistral's templates want */
   /* chat: the images of the messages, in order (the messages' JSON holds {"type": "image"}
    * parts where they were, so the template writes one image placeholder for each) */
   kiln_api_image_t *images;
@@ -157,6 +174,7 @@ typedef struct kiln_api_choice {
   char *stop_str;     /* the matched stop string, or NULL */
   int32_t stop_token; /* the stop token, or -1 */
   int32_t completion_tokens;
+  struct kiln_api_tool_state *tool; /* chat with tools: the reply's calls (server/tools.c) */
 } kiln_api_choice_t;
 
 void kiln_api_choice_reset_tokens(kiln_api_choice_t *c);

@@ -22,13 +22,15 @@
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "server/api.h"
+#include "server/tools.h"
+#include "server/web_assets.h"
 
 /* How often a waiting request looks at its socket and deadline (ms). */
 #define WAIT_SLICE_MS 50
 
 struct kiln_server {
   kiln_server_options_t opt;
-  char *host, *api_key, *model_name, *version;
+  char *host, *api_key, *model_name, *version, *tool_parser;
   struct MHD_Daemon *daemon;
   int port;
   _Atomic(kiln_engine_t *) eng;
@@ -59,6 +61,7 @@ typedef enum route {
   R_METRICS,
   R_TOKENIZE,
   R_DETOKENIZE,
+  R_PAGE, /* the chat page's files (web_assets.h) */
 } route_t;
 
 /* One running API request: its engine requests, its choices and (streaming) its unsent bytes. */
@@ -103,7 +106,8 @@ typedef struct conn {
   kiln_strbuf_t body;
   /* the body outgrew max_body_bytes, or memory ran out reading it */
   bool too_large, oom;
-  job_t *job; /* a non-streaming job (freed with the connection) */
+  job_t *job;                    /* a non-streaming job (freed with the connection) */
+  const kiln_web_asset_t *asset; /* R_PAGE: the file */
   double t_start;
 } conn_t;
 
@@ -416,7 +420,10 @@ static void job_apply(job_t *j, int32_t ri, const kiln_output_t *o) {
   kiln_api_choice_t *c = &j->choices[ci];
   if (o->num_tokens > 0 && j->t_first == 0) j->t_first = now_s();
   if (o->num_prompt_logprobs > 0 && j->req->echo) job_take_prompt_logprobs(j, ri, o);
-  kiln_strbuf_append(&c->text, o->text, o->text_len);
+  if (!c->tool)
+    kiln_strbuf_append(&c->text, o->text, o->text_len);
+  else if (!kiln_api_tool_push(c, o->text, o->text_len, o->finish_reason != KILN_FINISH_NONE))
+    job_fail(j, 500, "server_error", "out of memory");
   c->completion_tokens += o->num_tokens;
   if (j->req->logprobs >= 0 && o->logprobs) {
     int32_t nt = j->req->logprobs < o->top_n ? j->req->logprobs : o->top_n;
@@ -551,9 +558,11 @@ static bool guide_submit_error(kiln_status_t st, const kiln_api_request_t *r,
   for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
     size_t n = strlen(kinds[i]);
     if (!strncmp(m, kinds[i], n)) {
+      /* a constraint of the request's own, or tool_choice's (the tools' parameter schemas) */
+      const char *field = r->guide_field[0] ? r->guide_field : "tools";
       char param[64];
-      snprintf(param, sizeof(param), "%.63s", r->guide_field);
-      kiln_api_error_set(err, 400, "invalid_request_error", param, "%s: %s", r->guide_field, m + n);
+      snprintf(param, sizeof(param), "%.63s", field);
+      kiln_api_error_set(err, 400, "invalid_request_error", param, "%s: %s", field, m + n);
       return true;
     }
   }
@@ -650,6 +659,16 @@ static void image_submit_error(kiln_status_t st, const kiln_api_request_t *r,
   submit_error(st, "messages", err);
 }
 
+/* Readies a chat (or tokenize) request's tools and tool calls for the model's template. */
+static bool tools_prepare(kiln_server_t *s, kiln_engine_t *eng, kiln_api_request_t *r,
+                          kiln_api_error_t *err) {
+  const char *src = NULL;
+  size_t len = 0;
+  bool renders = false;
+  kiln_engine_chat_template_source(eng, r->tools_json != NULL, &src, &len, &renders);
+  return kiln_api_tools_prepare(r, src, len, renders, s->tool_parser, err);
+}
+
 /* Tokenizes the prompts (or renders and tokenizes the chat) into prompt ids, checks the
  * context, and submits one engine request per prompt. */
 static bool job_submit(job_t *j, kiln_api_error_t *err) {
@@ -658,6 +677,7 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
   kiln_engine_get_info(j->eng, &info);
   const char *param = r->kind == KILN_API_CHAT ? "messages" : "prompt";
   if (r->kind == KILN_API_CHAT) {
+    if (!tools_prepare(j->s, j->eng, r, err)) return false;
     kiln_chat_args_t a = {
         r->messages_json,        r->messages_len,        r->tools_json,           r->tools_len,
         r->template_kwargs_json, r->template_kwargs_len, r->add_generation_prompt};
@@ -698,6 +718,10 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
     j->choices[i].index = i;
     j->choices[i].stop_token = -1;
     j->echo_pending[i] = r->echo;
+    if (!kiln_api_tool_state_init(&j->choices[i], r)) {
+      kiln_api_error_set(err, 500, "server_error", NULL, "out of memory");
+      return false;
+    }
   }
   /* tokenize every prompt first, so a bad one refuses the request before anything runs */
   for (int32_t i = 0; i < np; i++) {
@@ -787,7 +811,9 @@ static bool job_submit(job_t *j, kiln_api_error_t *err) {
     kiln_status_t st = kiln_engine_submit(j->eng, &d, &j->kreq[i]);
     if (st) {
       free(imgs);
-      if (guide_submit_error(st, r, err))
+      if (kiln_api_tools_submit_error(r, st, err))
+        ; /* tool_choice needs what the engine lacks */
+      else if (guide_submit_error(st, r, err))
         ;
       else if (d.num_images)
         image_submit_error(st, r, err);
@@ -850,19 +876,21 @@ static void job_stream_emit(job_t *j) {
     bool finished_now =
         c->finish != KILN_FINISH_NONE && c->finish != KILN_FINISH_ERROR && !c->finish_sent;
     bool role_first = r->kind == KILN_API_CHAT && !c->started;
-    if (!c->text.len && !c->num_tokens && !role_first && !finished_now) continue;
-    if (finished_now && (c->text.len || c->num_tokens || role_first)) {
-      /* the last text and the finish reason in separate events, as OpenAI sends them */
-      kiln_finish_reason_t f = c->finish;
-      c->finish = KILN_FINISH_NONE;
-      kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
-      c->finish = f;
+    bool tool_delta = kiln_api_tool_delta_pending(c);
+    if (!c->text.len && !c->num_tokens && !role_first && !finished_now && !tool_delta) continue;
+    /* the text, then each tool-call delta in an event of its own; the finish reason in the
+     * last event, on its own, as OpenAI sends them */
+    kiln_finish_reason_t f = c->finish;
+    c->finish = KILN_FINISH_NONE;
+    if (c->text.len || c->num_tokens || role_first || tool_delta) {
+      do {
+        kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
+      } while (kiln_api_tool_delta_pending(c));
     }
+    c->finish = f;
     if (finished_now) {
       kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
       c->finish_sent = true;
-    } else {
-      kiln_api_write_chunk(&j->pending, &j->resp, c, r->continuous_usage);
     }
   }
 }
@@ -922,6 +950,34 @@ static void stream_free(void *cls) {
 
 /* ---- routes -----------------------------------------------------------------------------------
  */
+
+/* The chat page's file at url ("/index.html" is "/"), or NULL. */
+static const kiln_web_asset_t *page_of(const char *url) {
+  if (!strcmp(url, "/index.html")) url = "/";
+  for (size_t i = 0; i < kiln_web_num_assets; i++)
+    if (!strcmp(kiln_web_assets[i].path, url)) return &kiln_web_assets[i];
+  return NULL;
+}
+
+/* A file of the chat page: static bytes, never cached stale (a new build may change them), and
+ * a content security policy that lets it load only from this server (images it shows may be
+ * the data: and blob: URLs of uploads). */
+static enum MHD_Result serve_page(struct MHD_Connection *c, kiln_server_t *s,
+                                  const kiln_web_asset_t *a) {
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(a->size, (void *)a->data, MHD_RESPMEM_PERSISTENT);
+  if (!r) return MHD_NO;
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, a->content_type);
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(r, "Content-Security-Policy",
+                          "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
+                          "base-uri 'none'; frame-ancestors 'none'");
+  enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+  MHD_destroy_response(r);
+  stats_add(s, 200);
+  return ret;
+}
 
 static route_t route_of(const char *url, bool *known_get, bool *known_post) {
   static const struct {
@@ -1028,6 +1084,10 @@ static enum MHD_Result serve_tokenize(struct MHD_Connection *c, kiln_server_t *s
   } else {
     char *prompt = NULL;
     size_t plen = 0;
+    if (r->messages_json && !tools_prepare(s, eng, r, &err)) {
+      kiln_api_request_free(r);
+      return respond_error(c, s, &err);
+    }
     if (r->messages_json) {
       kiln_chat_args_t a = {
           r->messages_json,        r->messages_len,        r->tools_json,           r->tools_len,
@@ -1160,6 +1220,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     *con_cls = cn;
     bool get_ok, post_ok;
     cn->route = route_of(url, &get_ok, &post_ok);
+    if (cn->route == R_NONE && (cn->asset = page_of(url))) {
+      cn->route = R_PAGE;
+      get_ok = true;
+    }
     bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     cn->is_post = !strcmp(method, "POST");
     cn->responded = true;
@@ -1186,7 +1250,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       stats_add(s, 405);
       return ret;
     }
-    bool needs_key = cn->route != R_HEALTH && cn->route != R_VERSION && cn->route != R_METRICS;
+    /* the page itself is public: it asks for the key when the API refuses it */
+    bool needs_key = cn->route != R_HEALTH && cn->route != R_VERSION && cn->route != R_METRICS &&
+                     cn->route != R_PAGE;
     if (needs_key && !authorized(c, s))
       return respond_errorf(c, s, 401, "authentication_error", NULL,
                             "invalid or missing API key: send 'Authorization: Bearer <key>'");
@@ -1236,6 +1302,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                        s->opt.max_body_bytes);
     return respond_error(c, s, &e);
   }
+  if (cn->route == R_PAGE) return serve_page(c, s, cn->asset);
   kiln_engine_t *eng = atomic_load(&s->eng);
   if (!cn->is_post) return serve_get(c, s, cn->route, eng);
   if (!eng)
@@ -1284,6 +1351,7 @@ kiln_status_t kiln_server_start(const kiln_server_options_t *opt, kiln_server_t 
   s->api_key = strdup(opt->api_key ? opt->api_key : "");
   s->model_name = strdup(opt->model_name ? opt->model_name : "model");
   s->version = strdup(opt->version ? opt->version : "0");
+  s->tool_parser = strdup(opt->tool_parser && opt->tool_parser[0] ? opt->tool_parser : "auto");
   s->created = (int64_t)time(NULL);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
@@ -1291,7 +1359,7 @@ kiln_status_t kiln_server_start(const kiln_server_options_t *opt, kiln_server_t 
   atomic_init(&s->draining, false);
   atomic_init(&s->abort_all, false);
   atomic_init(&s->stopped, false);
-  if (!s->host || !s->api_key || !s->model_name || !s->version) {
+  if (!s->host || !s->api_key || !s->model_name || !s->version || !s->tool_parser) {
     kiln_server_free(s);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "server: out of memory");
   }
@@ -1400,5 +1468,6 @@ void kiln_server_free(kiln_server_t *s) {
   free(s->api_key);
   free(s->model_name);
   free(s->version);
+  free(s->tool_parser);
   free(s);
 }

@@ -2,7 +2,8 @@
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (JSON or Server-Sent Events with
  * stream: true), GET /v1/models, GET /health, GET /version, GET /metrics (Prometheus text),
- * POST /tokenize, POST /detokenize.
+ * POST /tokenize, POST /detokenize; and the chat page's files (web_assets.h: GET / and its
+ * assets, no API key needed).
  *
  * Life cycle:
  *
@@ -48,6 +49,8 @@ typedef struct kiln_server_options {
   size_t max_image_bytes;  /* an image's bytes at most (data URL or fetched); 0 = 20 MiB */
   bool allow_remote_images;   /* fetch http(s):// image URLs (libcurl) */
   double image_fetch_timeout; /* seconds per fetch; 0 = 10 */
+  const char *tool_parser;    /* tool-call format of replies: "auto" (from the chat template; also
+                                 NULL), "hermes", "llama3_json", "mistral" or "none" */
 } kiln_server_options_t;
 
 /* Binds and starts serving (/health answers 503 until kiln_server_attach). Errors name the

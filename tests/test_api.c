@@ -15,7 +15,9 @@
 
 #include "base/base64.h"
 #include "base/json.h"
+#include "models/template/tool_parse.h"
 #include "server/api.h"
+#include "server/tools.h"
 
 static kiln_api_limits_t limits(void) {
   kiln_api_limits_t l;
@@ -269,7 +271,8 @@ static void test_messages_normalized(void **state) {
                "\"text\": \"a\"},"
                " {\"type\": \"text\", \"text\": \"b\\u00e9\"}]}, {\"role\": \"assistant\", "
                "\"content\": null}],"
-               " \"tools\": [{\"type\": \"function\"}], \"chat_template_kwargs\": "
+               " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}],"
+               " \"chat_template_kwargs\": "
                "{\"enable_thinking\": false}}");
   kiln_json_doc_t *doc = NULL;
   assert_null(kiln_json_parse(r->messages_json, r->messages_len, "messages", &doc));
@@ -538,6 +541,430 @@ static void test_write_chat_stream(void **state) {
   kiln_api_request_free(r);
 }
 
+/* ---- tools ----------------------------------------------------------------------------------- */
+
+#define MSGS "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]"
+#define TOOL_F                                                                                  \
+  "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"d\", " \
+  "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}"
+#define TOOL_G "{\"type\": \"function\", \"function\": {\"name\": \"now\"}}"
+
+static void test_tools_parse(void **state) {
+  (void)state;
+  const kiln_api_kind_t H = KILN_API_CHAT;
+  /* defaults: auto, parallel; an empty list is no tools */
+  kiln_api_request_t *r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_G "]}");
+  assert_int_equal(r->tool_choice, KILN_API_TOOL_AUTO);
+  assert_true(r->parallel_tool_calls);
+  assert_int_equal(r->num_tools, 2);
+  assert_non_null(strstr(r->tools_json, "get_weather"));
+  assert_int_equal(r->sp.guide, KILN_GUIDE_NONE);
+  kiln_api_request_free(r);
+  r = parse_ok(H, "{" MSGS ", \"tools\": [], \"tool_choice\": \"auto\"}");
+  assert_null(r->tools_json);
+  kiln_api_request_free(r);
+  r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": \"none\"}");
+  assert_int_equal(r->tool_choice, KILN_API_TOOL_NONE);
+  assert_int_equal(r->sp.guide, KILN_GUIDE_NONE);
+  kiln_api_request_free(r);
+  /* a named function: its parameter schema is the guide */
+  r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_G
+                  "], \"tool_choice\": {\"type\": "
+                  "\"function\", \"function\": {\"name\": \"get_weather\"}}}");
+  assert_int_equal(r->tool_choice, KILN_API_TOOL_NAMED);
+  assert_string_equal(r->tool_name, "get_weather");
+  assert_int_equal(r->sp.guide, KILN_GUIDE_JSON_SCHEMA);
+  assert_string_equal(r->sp.guide_spec,
+                      "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}");
+  assert_int_equal(r->sp.guide_spec_len, strlen(r->sp.guide_spec));
+  kiln_api_request_free(r);
+  r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_G
+                  "], \"tool_choice\": {\"type\": "
+                  "\"function\", \"function\": {\"name\": \"now\"}}}");
+  assert_string_equal(r->sp.guide_spec, "{\"type\": \"object\", \"properties\": {}}");
+  kiln_api_request_free(r);
+  /* required: an array of {name, parameters} alternatives; one item without parallel calls */
+  for (int par = 0; par < 2; par++) {
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_G
+             "], \"tool_choice\": \"required\", "
+             "\"parallel_tool_calls\": %s}",
+             par ? "true" : "false");
+    r = parse_ok(H, body);
+    assert_int_equal(r->tool_choice, KILN_API_TOOL_REQUIRED);
+    assert_true(r->parallel_tool_calls == (par == 1));
+    kiln_json_doc_t *doc = parse_json(r->sp.guide_spec, r->sp.guide_spec_len);
+    const kiln_json_t *g = kiln_json_root(doc);
+    assert_string_equal(kiln_json_string(path(g, "type"), NULL), "array");
+    assert_true(kiln_json_number(path(g, "minItems")) == 1);
+    if (par)
+      assert_null(path(g, "maxItems"));
+    else
+      assert_true(kiln_json_number(path(g, "maxItems")) == 1);
+    assert_int_equal(kiln_json_len(path(g, "items.anyOf")), 2);
+    assert_string_equal(kiln_json_string(path(g, "items.anyOf.0.properties.name.enum.0"), NULL),
+                        "get_weather");
+    assert_string_equal(
+        kiln_json_string(path(g, "items.anyOf.0.properties.parameters.properties.city.type"), NULL),
+        "string");
+    assert_string_equal(kiln_json_string(path(g, "items.anyOf.1.properties.name.enum.0"), NULL),
+                        "now");
+    assert_string_equal(kiln_json_string(path(g, "items.anyOf.1.required.1"), NULL), "parameters");
+    kiln_json_doc_free(doc);
+    kiln_api_request_free(r);
+  }
+  /* strict is fine where the arguments are constrained */
+  r = parse_ok(H, "{" MSGS
+                  ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+                  "\"f\", \"strict\": true}}], \"tool_choice\": \"required\"}");
+  kiln_api_request_free(r);
+  /* errors name the field */
+  parse_bad(H, "{" MSGS ", \"tools\": [3]}", 400, "tools", "tools[0]: must be an object");
+  parse_bad(H, "{" MSGS ", \"tools\": [{\"type\": \"custom\"}]}", 400, "tools", "tools[0].type");
+  parse_bad(H, "{" MSGS ", \"tools\": [{\"type\": \"function\"}]}", 400, "tools",
+            "tools[0].function");
+  parse_bad(H, "{" MSGS ", \"tools\": [" TOOL_F ", {\"type\": \"function\", \"function\": {}}]}",
+            400, "tools", "tools[1].function.name");
+  parse_bad(H,
+            "{" MSGS
+            ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+            "\"parameters\": []}}]}",
+            400, "tools", "tools[0].function.parameters");
+  parse_bad(H,
+            "{" MSGS
+            ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+            "\"description\": 1}}]}",
+            400, "tools", "description");
+  parse_bad(H,
+            "{" MSGS
+            ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+            "\"strict\": true}}]}",
+            400, "tools", "strict");
+  parse_bad(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": \"sometimes\"}", 400,
+            "tool_choice", "sometimes");
+  parse_bad(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": 1}", 400, "tool_choice", NULL);
+  parse_bad(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": {\"type\": \"function\"}}",
+            400, "tool_choice", NULL);
+  parse_bad(H,
+            "{" MSGS ", \"tools\": [" TOOL_F
+            "], \"tool_choice\": {\"type\": \"function\", "
+            "\"function\": {\"name\": \"nope\"}}}",
+            400, "tool_choice", "'nope' is not in tools");
+  parse_bad(H,
+            "{" MSGS
+            ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+            "\"f\"}}}",
+            400, "tool_choice", NULL);
+  parse_bad(H, "{" MSGS ", \"tool_choice\": \"required\"}", 400, "tool_choice", "needs tools");
+  parse_bad(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"parallel_tool_calls\": 1}", 400,
+            "parallel_tool_calls", NULL);
+}
+
+static const char *const k_hermes_tpl =
+    "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tool_call>{% endif %}";
+
+static void test_tools_prepare(void **state) {
+  (void)state;
+  const kiln_api_kind_t H = KILN_API_CHAT;
+  kiln_api_error_t err;
+  const char *plain = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  /* a template that never uses tools: 400 on tools, with tools or tool_choice none */
+  kiln_api_request_t *r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F "]}");
+  assert_false(kiln_api_tools_prepare(r, plain, strlen(plain), false, "auto", &err));
+  assert_int_equal(err.status, 400);
+  assert_string_equal(err.param, "tools");
+  assert_non_null(strstr(err.message, "does not render tools"));
+  /* the hermes format from the template; auto parses */
+  assert_true(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  assert_int_equal(r->tool_format, KILN_TOOL_FORMAT_HERMES);
+  assert_true(r->sp.skip_special_tokens);
+  /* [server] tool_parser overrides; mistral's marker needs special tokens in the text */
+  assert_true(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "mistral", &err));
+  assert_int_equal(r->tool_format, KILN_TOOL_FORMAT_MISTRAL);
+  assert_false(r->sp.skip_special_tokens);
+  assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "none", &err));
+  assert_string_equal(err.param, "tools");
+  assert_non_null(strstr(err.message, "tool_parser = none"));
+  /* a template with tools but no known format */
+  const char *odd = "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}";
+  assert_false(kiln_api_tools_prepare(r, odd, strlen(odd), true, "auto", &err));
+  assert_non_null(strstr(err.message, "tool_parser"));
+  assert_true(kiln_api_tools_prepare(r, odd, strlen(odd), true, "llama3_json", &err));
+  assert_int_equal(r->tool_format, KILN_TOOL_FORMAT_LLAMA3_JSON);
+  kiln_api_request_free(r);
+  /* tool_choice none: the tools are shown, the reply not parsed; required parses its JSON */
+  r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": \"none\"}");
+  assert_true(kiln_api_tools_prepare(r, odd, strlen(odd), true, "auto", &err));
+  assert_int_equal(r->tool_format, KILN_TOOL_FORMAT_NONE);
+  kiln_api_request_free(r);
+  r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": \"required\"}");
+  assert_true(kiln_api_tools_prepare(r, odd, strlen(odd), true, "auto", &err));
+  assert_int_equal(r->tool_format, KILN_TOOL_FORMAT_JSON);
+  kiln_api_request_free(r);
+  /* assistant tool_calls: arguments strings become objects, null content "", for a template
+   * in a known format; untouched for others (DeepSeek's template wants the string) */
+  const char *hist =
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", "
+      "\"content\": null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", "
+      "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\":1}\", \"parsed_arguments\": "
+      "null}}, "
+      "{\"id\": \"call_2\", "
+      "\"type\": \"function\", \"function\": {\"name\": \"g\", \"arguments\": \"\"}}]}, {\"role\": "
+      "\"tool\", \"tool_call_id\": \"call_1\", \"content\": \"ok\"}]}";
+  r = parse_ok(H, hist);
+  assert_true(kiln_api_tools_prepare(r, plain, strlen(plain), false, "auto", &err));
+  assert_non_null(strstr(r->messages_json, "\"arguments\": \"{\\\"a\\\":1}\""));
+  assert_true(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  kiln_json_doc_t *doc = parse_json(r->messages_json, r->messages_len);
+  const kiln_json_t *m = kiln_json_root(doc);
+  assert_int_equal(kiln_json_len(m), 3);
+  assert_string_equal(kiln_json_string(path(m, "1.content"), NULL), "");
+  assert_string_equal(kiln_json_string(path(m, "1.role"), NULL), "assistant");
+  assert_true(kiln_json_number(path(m, "1.tool_calls.0.function.arguments.a")) == 1);
+  assert_string_equal(kiln_json_string(path(m, "1.tool_calls.0.id"), NULL), "call_1");
+  assert_string_equal(kiln_json_string(path(m, "1.tool_calls.0.function.name"), NULL), "f");
+  assert_int_equal(kiln_json_len(path(m, "1.tool_calls.1.function.arguments")), 0);
+  assert_true(kiln_json_is(path(m, "1.tool_calls.1.function.arguments"), KILN_JSON_OBJECT));
+  assert_string_equal(kiln_json_string(path(m, "2.tool_call_id"), NULL), "call_1");
+  assert_null(path(m, "1.tool_calls.0.function.parsed_arguments")); /* not OpenAI's: dropped */
+  kiln_json_doc_free(doc);
+  kiln_api_request_free(r);
+  r = parse_ok(H,
+               "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
+               "{\"name\": \"f\", \"arguments\": \"{oops\"}}]}]}");
+  assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  assert_string_equal(err.param, "messages");
+  assert_non_null(strstr(err.message, "messages[0].tool_calls[0].function.arguments"));
+  kiln_api_request_free(r);
+  r = parse_ok(H,
+               "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
+               "{\"arguments\": {}}}]}]}");
+  assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  assert_non_null(strstr(err.message, "messages[0].tool_calls[0].function.name"));
+  kiln_api_request_free(r);
+  r = parse_ok(H, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [7]}]}");
+  assert_false(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  assert_non_null(strstr(err.message, "messages[0].tool_calls[0]: must be an object"));
+  kiln_api_request_free(r);
+  /* the engine lacks constrained decoding: a 400 on tool_choice */
+  r = parse_ok(H, "{" MSGS ", \"tools\": [" TOOL_F "], \"tool_choice\": \"required\"}");
+  kiln_status_t st = kiln_status_make(KILN_ERR_UNSUPPORTED, "no guides");
+  assert_true(kiln_api_tools_submit_error(r, st, &err));
+  assert_int_equal(err.status, 400);
+  assert_string_equal(err.param, "tool_choice");
+  assert_non_null(strstr(err.message, "constrained decoding"));
+  kiln_status_free(st);
+  kiln_api_request_free(r);
+}
+
+/* A choice of a request prepared for the hermes template (or as the body says). */
+static kiln_api_request_t *tool_request(const char *body, kiln_api_choice_t *c) {
+  kiln_api_request_t *r = parse_ok(KILN_API_CHAT, body);
+  kiln_api_error_t err;
+  if (!kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err))
+    fail_msg("%s", err.message);
+  memset(c, 0, sizeof(*c));
+  c->stop_token = -1;
+  assert_true(kiln_api_tool_state_init(c, r));
+  return r;
+}
+
+/* Splits "data: {json}\n\n" events into documents. */
+static int events(const char *p, kiln_json_doc_t **docs, int max) {
+  int n = 0;
+  while (*p) {
+    assert_memory_equal(p, "data: ", 6);
+    const char *e = strstr(p, "\n\n");
+    assert_non_null(e);
+    assert_true(n < max);
+    docs[n++] = parse_json(p + 6, (size_t)(e - p - 6));
+    p = e + 2;
+  }
+  return n;
+}
+
+static void test_write_tool_calls(void **state) {
+  (void)state;
+  /* non-streaming: content and two calls with ids; finish_reason tool_calls */
+  kiln_api_choice_t c;
+  kiln_api_request_t *r = tool_request("{" MSGS ", \"tools\": [" TOOL_F "]}", &c);
+  const char *reply =
+      "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+      "\"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+  for (size_t i = 0, n = 0; reply[i]; i += n) {
+    n = strlen(reply + i) < 3 ? strlen(reply + i) : 3;
+    assert_true(kiln_api_tool_push(&c, reply + i, n, reply[i + n] == 0));
+  }
+  c.finish = KILN_FINISH_STOP;
+  assert_int_equal(kiln_api_tool_num_calls(&c), 2);
+  kiln_api_response_t resp = {r, "chatcmpl-1", "tiny", 42, {3, 40, 0}};
+  kiln_strbuf_t out = KILN_STRBUF_INIT;
+  kiln_api_write_response(&out, &resp, &c, 1);
+  kiln_json_doc_t *doc = parse_json(out.data, out.len);
+  const kiln_json_t *root = kiln_json_root(doc);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "tool_calls");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.message.content"), NULL),
+                      "Let me look.");
+  const kiln_json_t *tc = path(root, "choices.0.message.tool_calls");
+  assert_int_equal(kiln_json_len(tc), 2);
+  assert_string_equal(kiln_json_string(path(tc, "0.type"), NULL), "function");
+  assert_string_equal(kiln_json_string(path(tc, "0.function.name"), NULL), "get_weather");
+  assert_string_equal(kiln_json_string(path(tc, "1.function.arguments"), NULL),
+                      "{\"city\": \"Rome\"}");
+  const char *id0 = kiln_json_string(path(tc, "0.id"), NULL);
+  assert_int_equal(strlen(id0), 29);
+  assert_memory_equal(id0, "call_", 5);
+  assert_string_not_equal(id0, kiln_json_string(path(tc, "1.id"), NULL));
+  kiln_json_doc_free(doc);
+  kiln_strbuf_reset(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+
+  /* streaming: role, content, then per call a header (id, type, name, arguments "") and its
+   * arguments, then the finish reason; parallel_tool_calls false keeps the first call only */
+  r = tool_request(
+      "{" MSGS ", \"stream\": true, \"parallel_tool_calls\": false, \"tools\": [" TOOL_F "]}", &c);
+  resp.req = r;
+  kiln_api_write_chunk(&out, &resp, &c, false); /* the role */
+  assert_true(kiln_api_tool_push(&c, reply, strlen(reply), true));
+  assert_int_equal(kiln_api_tool_num_calls(&c), 1);
+  do {
+    kiln_api_write_chunk(&out, &resp, &c, false);
+  } while (kiln_api_tool_delta_pending(&c));
+  c.finish = KILN_FINISH_STOP;
+  kiln_api_write_chunk(&out, &resp, &c, false);
+  kiln_json_doc_t *docs[8];
+  int n = events(out.data, docs, 8);
+  assert_int_equal(n, 4);
+  root = kiln_json_root(docs[0]);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.delta.role"), NULL), "assistant");
+  root = kiln_json_root(docs[1]); /* the content, and the first call's header */
+  assert_string_equal(kiln_json_string(path(root, "choices.0.delta.content"), NULL),
+                      "Let me look.");
+  tc = path(root, "choices.0.delta.tool_calls");
+  assert_int_equal(kiln_json_len(tc), 1);
+  assert_true(kiln_json_number(path(tc, "0.index")) == 0);
+  assert_memory_equal(kiln_json_string(path(tc, "0.id"), NULL), "call_", 5);
+  assert_string_equal(kiln_json_string(path(tc, "0.type"), NULL), "function");
+  assert_string_equal(kiln_json_string(path(tc, "0.function.name"), NULL), "get_weather");
+  assert_string_equal(kiln_json_string(path(tc, "0.function.arguments"), NULL), "");
+  root = kiln_json_root(docs[2]);
+  tc = path(root, "choices.0.delta.tool_calls");
+  assert_null(path(tc, "0.id"));
+  assert_null(path(tc, "0.function.name"));
+  assert_string_equal(kiln_json_string(path(tc, "0.function.arguments"), NULL),
+                      "{\"city\": \"Paris\"}");
+  assert_true(kiln_json_is(path(root, "choices.0.finish_reason"), KILN_JSON_NULL));
+  root = kiln_json_root(docs[3]);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "tool_calls");
+  assert_null(path(root, "choices.0.delta.tool_calls"));
+  for (int i = 0; i < n; i++) kiln_json_doc_free(docs[i]);
+  kiln_strbuf_reset(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+
+  /* a named function: the reply is the arguments, streamed as fragments after the header */
+  r = tool_request("{" MSGS ", \"stream\": true, \"tools\": [" TOOL_F
+                   "], \"tool_choice\": "
+                   "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}}",
+                   &c);
+  resp.req = r;
+  kiln_api_write_chunk(&out, &resp, &c, false); /* the role and the header */
+  assert_true(kiln_api_tool_push(&c, "{\"city\":", 8, false));
+  kiln_api_write_chunk(&out, &resp, &c, false);
+  assert_true(kiln_api_tool_push(&c, " \"Oslo\"}", 8, true));
+  kiln_api_write_chunk(&out, &resp, &c, false);
+  assert_false(kiln_api_tool_delta_pending(&c));
+  c.finish = KILN_FINISH_STOP;
+  kiln_api_write_chunk(&out, &resp, &c, false);
+  n = events(out.data, docs, 8);
+  assert_int_equal(n, 4);
+  root = kiln_json_root(docs[0]);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.delta.role"), NULL), "assistant");
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.delta.tool_calls.0.function.name"), NULL),
+      "get_weather");
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.delta.tool_calls.0.function.arguments"), NULL), "");
+  assert_string_equal(
+      kiln_json_string(
+          path(kiln_json_root(docs[1]), "choices.0.delta.tool_calls.0.function.arguments"), NULL),
+      "{\"city\":");
+  assert_string_equal(
+      kiln_json_string(
+          path(kiln_json_root(docs[2]), "choices.0.delta.tool_calls.0.function.arguments"), NULL),
+      " \"Oslo\"}");
+  assert_string_equal(
+      kiln_json_string(path(kiln_json_root(docs[3]), "choices.0.finish_reason"), NULL),
+      "tool_calls");
+  for (int i = 0; i < n; i++) kiln_json_doc_free(docs[i]);
+  kiln_strbuf_reset(&out);
+  /* ... and whole: the arguments re-serialised, no content */
+  kiln_api_write_response(&out, &resp, &c, 1);
+  doc = parse_json(out.data, out.len);
+  root = kiln_json_root(doc);
+  assert_true(kiln_json_is(path(root, "choices.0.message.content"), KILN_JSON_NULL));
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.message.tool_calls.0.function.arguments"), NULL),
+      "{\"city\": \"Oslo\"}");
+  kiln_json_doc_free(doc);
+  kiln_strbuf_reset(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+
+  /* tool_choice required: the constrained reply is a JSON array of {name, parameters} */
+  r = parse_ok(KILN_API_CHAT, "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_G
+                              "], "
+                              "\"tool_choice\": \"required\"}");
+  resp.req = r;
+  {
+    kiln_api_error_t err;
+    assert_true(kiln_api_tools_prepare(r, k_hermes_tpl, strlen(k_hermes_tpl), true, "auto", &err));
+  }
+  memset(&c, 0, sizeof(c));
+  c.stop_token = -1;
+  assert_true(kiln_api_tool_state_init(&c, r));
+  const char *arr =
+      "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}, "
+      "{\"name\": \"now\", \"parameters\": {}}]";
+  assert_true(kiln_api_tool_push(&c, arr, 20, false));
+  assert_true(kiln_api_tool_push(&c, arr + 20, strlen(arr) - 20, true));
+  c.finish = KILN_FINISH_STOP;
+  kiln_api_write_response(&out, &resp, &c, 1);
+  doc = parse_json(out.data, out.len);
+  root = kiln_json_root(doc);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "tool_calls");
+  assert_true(kiln_json_is(path(root, "choices.0.message.content"), KILN_JSON_NULL));
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.message.tool_calls.0.function.arguments"), NULL),
+      "{\"city\": \"Rome\"}");
+  assert_string_equal(
+      kiln_json_string(path(root, "choices.0.message.tool_calls.1.function.name"), NULL), "now");
+  kiln_json_doc_free(doc);
+  kiln_strbuf_reset(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+
+  /* a reply cut short (length): no calls, the text as content, finish_reason length */
+  r = tool_request("{" MSGS ", \"tools\": [" TOOL_F "]}", &c);
+  resp.req = r;
+  assert_true(kiln_api_tool_push(&c, "<tool_call>{\"name\": \"get_w", 27, true));
+  c.finish = KILN_FINISH_LENGTH;
+  kiln_api_write_response(&out, &resp, &c, 1);
+  doc = parse_json(out.data, out.len);
+  root = kiln_json_root(doc);
+  assert_string_equal(kiln_json_string(path(root, "choices.0.finish_reason"), NULL), "length");
+  assert_string_equal(kiln_json_string(path(root, "choices.0.message.content"), NULL),
+                      "<tool_call>{\"name\": \"get_w");
+  assert_null(path(root, "choices.0.message.tool_calls"));
+  kiln_json_doc_free(doc);
+  kiln_strbuf_free(&out);
+  kiln_api_choice_free(&c);
+  kiln_api_request_free(r);
+}
+
 static void test_write_error(void **state) {
   (void)state;
   kiln_api_error_t e;
@@ -560,7 +987,8 @@ int main(void) {
       cmocka_unit_test(test_field_errors),        cmocka_unit_test(test_messages_normalized),
       cmocka_unit_test(test_image_parts),         cmocka_unit_test(test_base64),
       cmocka_unit_test(test_write_completion),    cmocka_unit_test(test_write_chat_stream),
-      cmocka_unit_test(test_write_error),
+      cmocka_unit_test(test_tools_parse),         cmocka_unit_test(test_tools_prepare),
+      cmocka_unit_test(test_write_tool_calls),    cmocka_unit_test(test_write_error),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

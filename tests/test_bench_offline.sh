@@ -52,4 +52,22 @@ echo '{"prompt": 5}' >"$TMP/bad.jsonl"
 ! "$KILN" bench throughput "${COMMON[@]}" --dataset "$TMP/bad.jsonl" 2>"$TMP/e4" || fail "bad dataset accepted"
 grep -q "bad.jsonl:1" "$TMP/e4" || { cat "$TMP/e4"; fail "bad dataset message"; }
 ! "$KILN" bench nosuchmode 2>/dev/null || fail "unknown mode"
+# an image request through latency mode (the tiny Qwen2-VL fixture): --ids with the placeholder
+VL="$SRC/tests/fixtures/models/qwen2_vl"
+IDS=151644,872,198,151652,151655,151653,100,200,300,151645,198
+"$KILN" bench latency "${COMMON[@]}" --model "$VL" --ids "$IDS" --image "$SRC/tests/data/images/grey.png" \
+  --output-len 3 --num-iters 2 --warmup 1 --json "$TMP/img.json" >"$TMP/img.out" 2>&1 ||
+  { cat "$TMP/img.out"; fail "latency with an image"; }
+python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j['images'] == 1 and j['input_len'] == 11, j
+assert 0 < j['submit_ms']['p50'] <= j['ttft_ms']['p50'], j
+" "$TMP/img.json" || fail "latency image JSON"
+! "$KILN" bench latency "${COMMON[@]}" --model "$VL" --image "$SRC/tests/data/images/grey.png" 2>"$TMP/e5" ||
+  fail "--image without --ids accepted"
+grep -q -- "--image needs --ids" "$TMP/e5" || fail "--image without --ids message"
+! "$KILN" bench latency "${COMMON[@]}" --ids "$IDS" --image "$SRC/tests/data/images/grey.png" 2>"$TMP/e6" ||
+  fail "--image on a text model accepted"
+grep -q "takes text only" "$TMP/e6" || { cat "$TMP/e6"; fail "--image on a text model message"; }
 echo "PASS"

@@ -2,7 +2,8 @@
 # test_bench_serve.sh - `kiln bench serve` against tests/fake_openai_server.py (a streaming
 # OpenAI-compatible server with known delays): request and token counts, TTFT/ITL/TPOT close to
 # the injected delays, the JSON output, the request bodies and API key sent, --max-concurrency,
-# Poisson arrivals at --request-rate, a chat dataset with warmup, token-id prompts, unusual but
+# Poisson arrivals at --request-rate, a chat dataset with warmup, --image-dir (data: URL image
+# parts, cyclically, checked byte for byte at the server), token-id prompts, unusual but
 # legal SSE framing, and every kind of server failure (4xx/5xx, junk in the stream, dropped
 # connections, timeouts, no server), each of which must fail only its own requests with a message
 # and exit status 1. The fake server binds a free port itself and writes it to a file.
@@ -171,6 +172,43 @@ assert got == [(3, [{"role": "user", "content": "hello there world"}]),
                     {"role": "user", "content": "say hi"}])], got
 assert all("ignore_eos" not in e["body"] and e["body"]["stream"] is True for e in log), log
 EOF
+
+# ---- 3b. --image-dir: each chat request carries one image (name order, cyclically) as a data:
+# URL before its text; other files are skipped; refusals for completions and messages lines ----
+mkdir -p "$TMP/imgs"
+cp "$SRC/tests/data/images/grey.png" "$TMP/imgs/b.png"
+cp "$SRC/tests/data/images/grey.jpg" "$TMP/imgs/a.jpg"
+cp "$SRC/tests/data/images/alpha_lossless.webp" "$TMP/imgs/c.webp"
+echo "not an image" >"$TMP/imgs/notes.txt"
+n_before=$(wc -l <"$TMP/chat.log")
+bench img 0 --url "$URL" --endpoint chat --image-dir "$TMP/imgs" --input-len 5 --output-len 2 \
+  --num-prompts 4 --max-concurrency 1 --json "$TMP/img.json"
+python3 - "$TMP/img.json" "$TMP/chat.log" "$n_before" "$TMP/imgs" <<'EOF'
+import base64, json, sys
+r = json.load(open(sys.argv[1]))
+assert r["completed"] == 4 and r["failed"] == 0 and r["image_dir"] == sys.argv[4], r
+log = [json.loads(l) for l in open(sys.argv[2])][int(sys.argv[3]):]
+assert len(log) == 4, len(log)
+want = ["a.jpg", "b.png", "c.webp", "a.jpg"]  # one at a time: in order
+types = {"jpg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
+for e, name in zip(log, want):
+    (m,) = e["body"]["messages"]
+    img, txt = m["content"]
+    assert m["role"] == "user" and img["type"] == "image_url" and txt["type"] == "text", m
+    url = img["image_url"]["url"]
+    head, data = url.split(",", 1)
+    assert head == "data:%s;base64" % types[name.split(".")[1]], head
+    assert base64.b64decode(data) == open(sys.argv[4] + "/" + name, "rb").read(), name
+    assert len(txt["text"].split()) == 5, txt
+EOF
+bench img_comp 1 --url "$URL" --image-dir "$TMP/imgs" --num-prompts 1
+grep -q -- "--image-dir sends image_url parts, which only --endpoint chat takes" "$TMP/img_comp.err" ||
+  fail "img_comp: $(cat "$TMP/img_comp.err")"
+bench img_msgs 1 --url "$URL" --endpoint chat --image-dir "$TMP/imgs" --dataset "$TMP/data.jsonl"
+grep -q "carries its own images: no --image-dir" "$TMP/img_msgs.err" || fail "img_msgs: $(cat "$TMP/img_msgs.err")"
+mkdir -p "$TMP/noimgs" && echo x >"$TMP/noimgs/x.png"
+bench img_none 1 --url "$URL" --endpoint chat --image-dir "$TMP/noimgs" --num-prompts 1
+grep -q "holds no PNG, JPEG or WebP file" "$TMP/img_none.err" || fail "img_none: $(cat "$TMP/img_none.err")"
 
 # ---- 4. token-id prompts -------------------------------------------------------------------
 bench ids 0 --url "$URL" --random-ids 1000 --input-len 32 --output-len 3 --num-prompts 5 \

@@ -78,13 +78,16 @@ declare -A want_opts=(
   [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
     --max-in-flight --image --messages --json-schema --json-object --regex --grammar --choice"
+  [chat]="--model --dtype --system --max-tokens --temperature --top-p --top-k --min-p
+    --repetition-penalty --seed --ignore-eos"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
   [serve]="--model --host --port --api-key --served-model-name --dtype"
+  [download]="--model --cache-dir --endpoint"
   [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
-    --seed --json --regex --json-schema"
+    --seed --json --ids --image --regex --json-schema"
   [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
     --seed --json --regex --json-schema"
-  [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency
+  [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency --image-dir
     --input-len --output-len --random-ids --dataset --seed --temperature --ignore-eos --timeout
     --warmup --json"
 )

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/config.h"
+#include "kiln/kiln.h"
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
@@ -101,6 +102,11 @@ static const expected_key_t all_keys[] = {
     {"model", "path", ""},
     {"model", "dtype", "auto"},
     {"model", "max_model_len", "0"},
+    {"hub", "cache_dir", ""},
+    {"hub", "endpoint", ""},
+    {"hub", "offline", "false"},
+    {"hub", "progress", "auto"},
+    {"hub", "timeout", "30"},
     {"engine", "max_num_seqs", "256"},
     {"engine", "max_num_batched_tokens", "8192"},
     {"engine", "seed", "0"},
@@ -384,9 +390,10 @@ static void test_string_checks(void **state) {
 static void test_unknown_section(void **state) {
   (void)state;
   kiln_config_t *cfg = new_config();
-  EXPECT_INVALID(load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
-                 "did you mean [model]?",
-                 "model, engine, cache, scheduler, backend, server, graph, log, plugin.<name>");
+  EXPECT_INVALID(
+      load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
+      "did you mean [model]?",
+      "model, hub, engine, cache, scheduler, backend, server, graph, log, plugin.<name>");
   EXPECT_INVALID(load(cfg, "[network]\nport = 1\n"), "unknown section [network]",
                  "valid sections: model");
   EXPECT_INVALID(load(cfg, "[Model]\npath = x\n"), "unknown section [Model]",
@@ -891,6 +898,52 @@ static void test_getter_misuse_aborts(void **state) {
   kiln_config_free(cfg);
 }
 
+/* kiln_engine_config_key (kiln.h) and kiln_config_row_info: every key of the table once, in
+ * --help-config's order, each one a key a fresh config holds at its default, with the type
+ * word and help line --help-config prints; nothing past the end. */
+static void test_key_list(void **state) {
+  (void)state;
+  kiln_config_t *cfg = new_config();
+  char *help_text = NULL;
+  size_t help_len = 0;
+  FILE *f = open_memstream(&help_text, &help_len);
+  assert_non_null(f);
+  kiln_config_print_help(f);
+  fclose(f);
+  int32_t n = 0;
+  const char *sec, *key, *type, *help, *def;
+  size_t found = 0, last_help_at = 0;
+  while (kiln_engine_config_key(n, &sec, &key, &type, &help)) {
+    assert_true(kiln_config_row_info((size_t)n, NULL, NULL, NULL, &def, NULL));
+    assert_string_equal(kiln_config_origin(cfg, sec, key), "default");
+    assert_string_equal(kiln_config_get_raw(cfg, sec, key), def);
+    assert_true(!strcmp(type, "string") || !strcmp(type, "int") || !strcmp(type, "float") ||
+                !strcmp(type, "bool") || !strcmp(type, "enum") || !strcmp(type, "int list"));
+    /* "  key  type ..." then the help line, after the previous key's */
+    char line[256];
+    snprintf(line, sizeof(line), "\n  %s ", key);
+    const char *at = strstr(help_text + last_help_at, line);
+    assert_non_null(at);
+    assert_non_null(strstr(at, help));
+    last_help_at = (size_t)(at - help_text) + 1;
+    for (size_t i = 0; i < NUM_KEYS; i++)
+      if (!strcmp(all_keys[i].section, sec) && !strcmp(all_keys[i].key, key)) found++;
+    n++;
+  }
+  assert_int_equal(found, NUM_KEYS);
+  assert_true(n >= (int32_t)NUM_KEYS);
+  sec = key = type = help = "untouched";
+  assert_false(kiln_engine_config_key(n, &sec, &key, &type, &help));
+  assert_false(kiln_engine_config_key(-1, &sec, &key, &type, &help));
+  assert_false(kiln_engine_config_key(INT32_MAX, NULL, NULL, NULL, NULL));
+  assert_string_equal(sec, "untouched");
+  assert_string_equal(help, "untouched");
+  assert_false(kiln_config_row_info((size_t)n, &sec, NULL, NULL, NULL, NULL));
+  assert_true(kiln_engine_config_key(0, NULL, NULL, NULL, NULL));
+  free(help_text);
+  kiln_config_free(cfg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -917,6 +970,7 @@ int main(void) {
       cmocka_unit_test(test_load_file),
       cmocka_unit_test(test_etc_kiln_ini),
       cmocka_unit_test(test_getter_misuse_aborts),
+      cmocka_unit_test(test_key_list),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
 # test_generate_batch.sh - `kiln generate --input`: 1,000 mixed requests through the engine on a
 # fixture model (all answered, in input order, with a summary), greedy and seeded results equal
 # to the single-request mode's, text prompts and stop strings with a synthetic tokenizer, and bad
-# lines that each get an error line naming their line number while the others still run.
+# lines that each get an error line naming their line number while the others still run (an
+# unknown field among them: a field the command would drop is refused, never ignored).
 # Usage: test_generate_batch.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=${1:?build dir}
@@ -38,7 +39,7 @@ with open(sys.argv[1], "w") as f:
             if rng.random() < 0.5: r["ignore_eos"] = True
             if rng.random() < 0.1: r["top_k"] = rng.randint(1, 50)
             if rng.random() < 0.1: r["logprobs"] = rng.randint(0, 3)
-            if rng.random() < 0.05: r["unknown_field"] = {"ignored": True}
+            if rng.random() < 0.05: r["custom_id"] = "req-%d" % i  # metadata: allowed, ignored
         f.write(json.dumps(r) + "\n")
         if i % 97 == 0:
             f.write("\n")  # blank lines are skipped
@@ -209,6 +210,7 @@ cat >"$TMP/bad.jsonl" <<'EOF'
 {"prompt": "no tokenizer", "max_tokens": 3}
 [1, 2, 3]
 {"prompt_ids": [1], "max_tokens": 2, "n": 2, "seed": 3, "temperature": 1}
+{"prompt_ids": [1], "max_tokens": 2, "suffix": "!"}
 EOF
 rc=0
 "$KILN" generate "${COMMON[@]}" --model "$MODEL" --input "$TMP/bad.jsonl" --output "$TMP/bad.out" \
@@ -221,7 +223,8 @@ outs = [json.loads(l) for l in open(sys.argv[1])]
 err = open(sys.argv[2]).read()
 # index -> (input line, a word the message must hold), or None for a good line
 want = [None, (2, "invalid JSON"), (3, "prompt_ids"), (5, "no prompt"), (6, "max_tokens"),
-        (7, "vocabulary"), None, (9, "temperature"), (10, "tokenizer"), (11, "object"), None]
+        (7, "vocabulary"), None, (9, "temperature"), (10, "tokenizer"), (11, "object"), None,
+        (13, 'unknown field "suffix"')]
 assert len(outs) == len(want), outs
 for i, (o, w) in enumerate(zip(outs, want)):
     assert o["index"] == i, o
@@ -232,7 +235,7 @@ for i, (o, w) in enumerate(zip(outs, want)):
         assert o["error"].startswith("line %d: " % line), (o, w)
         assert word in o["error"], (o, w)
         assert ("line %d: " % line) in err, (w, err)
-assert "11 requests (3 ok, 8 failed)" in err, err
+assert "12 requests (3 ok, 9 failed)" in err, err
 EOF
 # Bad options are errors naming the option and the range.
 if "$KILN" generate --set backend.name=cpu --model "$MODEL" --ids 1,2 --max-tokens 0 2>"$TMP/opt.err"; then

@@ -5,7 +5,9 @@
 # template (a servable copy of the fixture, tests/server/make_vl_model.py) and gives the same
 # result as a --messages file naming the file, and as one holding it as a data URL; usage counts
 # the image tokens; bad input exits 1 naming the image: a missing file, an unsupported format, a
-# truncated file, an image for a text-only model, --image with --input. `kiln score --image`
+# truncated file, an image for a text-only model, --image with --input. The same requests as
+# --input lines ("images" with "prompt" or "prompt_ids", "messages" with a data URL) give the
+# one-request results, and bad lines fail alone, naming the field. `kiln score --image`
 # gives transformers' logits at every position within 1e-4 (Kiln's own preprocessing).
 # Usage: test_generate_images.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -90,6 +92,54 @@ if ids.count(151655) != 1 or ids[ids.index(151655) - 1] != 151652:
 if a["usage"]["prompt_tokens"] != len(ids) + 14:
     sys.exit(f"usage {a['usage']} for {len(ids)} prompt ids")
 print(f"chat: --image/--prompt, --messages (path), --messages (data URL) agree: {a['usage']}")
+PY
+
+# ---- 2b. the same requests as --input lines: "images" with "prompt", "messages", and "images"
+# with "prompt_ids", in one batch with a text line; each must equal its one-request run ----------
+python3 - "$IMG" "$TMP/p.json" "$TMP/batch.jsonl" <<'PY'
+import base64, json, sys
+img, single, out = sys.argv[1:4]
+url = "data:image/png;base64," + base64.b64encode(open(img, "rb").read()).decode()
+ids = json.load(open(single))["prompt_ids"]
+common = {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+lines = [dict(common, prompt="Describe this image.", images=[img]),
+         dict(common, messages=[{"role": "user", "content": [
+             {"type": "image_url", "image_url": {"url": url}},
+             {"type": "text", "text": "Describe this image."}]}]),
+         dict(common, prompt="Describe this image."),
+         dict(common, prompt_ids=ids, images=["file://" + img]),
+         dict(common, prompt="x", response_format={"type": "json_object"}),
+         dict(common, prompt="x", images=[img + ".none"]),
+         dict(common, messages=[{"role": "user", "content": "hi"}], prompt="x")]
+with open(out, "w") as f:
+    for l in lines:
+        f.write(json.dumps(l) + "\n")
+PY
+rc=0
+"$KILN" generate --model "$TMP/vl" "${S[@]}" --input "$TMP/batch.jsonl" >"$TMP/batch.out" 2>"$TMP/batch.err" || rc=$?
+[ "$rc" = 1 ] || fail "--input with images: exit $rc, want 1 (three bad lines): $(cat "$TMP/batch.err")"
+python3 - "$TMP/p.json" "$TMP/t.json" "$TMP/batch.out" <<'PY' || fail "--input with images (above)"
+import json, sys
+img, txt = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+rows = [json.loads(l) for l in open(sys.argv[3])]
+assert [r["index"] for r in rows] == list(range(7)), rows
+for i in (0, 1, 3):
+    r = rows[i]
+    assert "error" not in r, (i, r)
+    got = (r["token_ids"], r["usage"]["prompt_tokens"], r["usage"]["completion_tokens"])
+    want = (img["token_ids"], img["usage"]["prompt_tokens"], img["usage"]["completion_tokens"])
+    if got != want:
+        sys.exit(f"line {i + 1}: {got} != the one-request run's {want}")
+    if [t["logprob"] for t in r["logprobs"]] != [t["logprob"] for t in img["logprobs"]]:
+        sys.exit(f"line {i + 1}: logprobs differ from the one-request run")
+if rows[2]["token_ids"] != txt["token_ids"]:
+    sys.exit("the text line differs from its one-request run")
+want = ['unknown field "response_format"', "images[0]", '"messages" holds the whole chat']
+for i, w in zip((4, 5, 6), want):
+    if w not in rows[i].get("error", ""):
+        sys.exit(f"line {i + 1}: error {rows[i].get('error')!r} lacks {w!r}")
+print("--input: images with prompt, messages, images with prompt_ids agree with single runs; "
+      "bad lines refused")
 PY
 
 # ---- 3. kiln score --image: every position's logits, in chunks of 7 that split the images -------

@@ -28,6 +28,7 @@
 #include "base/npy.h"
 #include "models/vision/image.h"
 #include "models/vision/preproc.h"
+#include "models/vision/vision.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -636,19 +637,172 @@ static void test_resize_matches_pil(void **state) {
     assert_int_equal(ph, h);
     kiln_image_t img, out;
     decode_ok(image, &img);
-    kiln_status_t st = kiln_image_resize_bicubic(&img, (int32_t)w, (int32_t)h, &out);
-    if (st) fail_msg("%s", kiln_status_message(st));
-    size_t n = (size_t)w * (size_t)h * 3, diff = 0;
-    for (size_t k = 0; k < n; k++) diff += out.rgb[k] != want[k];
-    if (diff)
-      fail_msg("%s -> %lld x %lld: %zu of %zu bytes differ from Pillow", image, (long long)w,
-               (long long)h, diff, n);
+    /* one thread, and three: the passes' rows split between threads (strips cut short) */
+    for (int32_t threads = 1; threads <= 3; threads += 2) {
+      kiln_status_t st =
+          kiln_image_resize_bicubic_threads(&img, (int32_t)w, (int32_t)h, threads, &out);
+      if (st) fail_msg("%s", kiln_status_message(st));
+      size_t n = (size_t)w * (size_t)h * 3, diff = 0;
+      for (size_t k = 0; k < n; k++) diff += out.rgb[k] != want[k];
+      if (diff)
+        fail_msg("%s -> %lld x %lld on %d threads: %zu of %zu bytes differ from Pillow", image,
+                 (long long)w, (long long)h, (int)threads, diff, n);
+      kiln_image_free(&out);
+    }
     free(want);
-    kiln_image_free(&out);
     kiln_image_free(&img);
   }
-  print_message("resize: %zu sizes identical to Pillow's BICUBIC\n", kiln_json_len(list));
+  print_message("resize: %zu sizes identical to Pillow's BICUBIC (1 and 3 threads)\n",
+                kiln_json_len(list));
   kiln_json_doc_free(man);
+}
+
+/* Any thread count gives the one-thread bytes: sizes around the strip height (16 rows), one
+ * pass or both, up and down, on more threads than rows. */
+static void test_resize_threads(void **state) {
+  (void)state;
+  kiln_image_t img;
+  decode_ok("big_landscape.png", &img); /* 200 x 130 */
+  const int32_t sizes[][2] = {{213, 140}, {200, 17},  {199, 130}, {64, 15},   {333, 16},
+                              {7, 33},    {200, 131}, {1, 130},   {400, 260}, {57, 1}};
+  const int32_t threads[] = {0, 2, 3, 5, 8, 32};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    kiln_image_t one, many;
+    kiln_status_t st = kiln_image_resize_bicubic(&img, sizes[i][0], sizes[i][1], &one);
+    if (st) fail_msg("%s", kiln_status_message(st));
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+      st = kiln_image_resize_bicubic_threads(&img, sizes[i][0], sizes[i][1], threads[t], &many);
+      if (st) fail_msg("%s", kiln_status_message(st));
+      assert_int_equal(many.width, sizes[i][0]);
+      assert_int_equal(many.height, sizes[i][1]);
+      if (memcmp(one.rgb, many.rgb, (size_t)sizes[i][0] * sizes[i][1] * 3))
+        fail_msg("%d x %d on %d threads differs from one thread", sizes[i][0], sizes[i][1],
+                 threads[t]);
+      kiln_image_free(&many);
+    }
+    kiln_image_free(&one);
+  }
+  kiln_image_free(&img);
+}
+
+/* The whole preprocessing on 1, 2 and 7 threads: the same floats. */
+static void test_preprocess_threads(void **state) {
+  (void)state;
+  const char *names[] = {"big_landscape.png", "portrait.jpg"};
+  for (size_t i = 0; i < 2; i++) {
+    kiln_image_t img;
+    decode_ok(names[i], &img);
+    kiln_vision_preproc_t pp;
+    kiln_vision_preproc_default(&pp);
+    pp.min_pixels = 224 * 224; /* large enough for several rows of merge windows */
+    kiln_image_patches_t ref, p;
+    pp.threads = 1;
+    kiln_status_t st = kiln_image_preprocess(&pp, &img, &ref);
+    if (st) fail_msg("%s", kiln_status_message(st));
+    assert_true(ref.grid_h >= 8);
+    for (int32_t t = 2; t <= 7; t += 5) {
+      pp.threads = t;
+      st = kiln_image_preprocess(&pp, &img, &p);
+      if (st) fail_msg("%s", kiln_status_message(st));
+      assert_int_equal(p.num_patches, ref.num_patches);
+      if (memcmp(p.pixels, ref.pixels, sizeof(float) * (size_t)(ref.num_patches * ref.patch_dim)))
+        fail_msg("%s: the patches on %d threads differ from one thread's", names[i], (int)t);
+      assert_memory_equal(p.hash, ref.hash, sizeof p.hash);
+      kiln_image_patches_free(&p);
+    }
+    kiln_image_patches_free(&ref);
+    kiln_image_free(&img);
+  }
+}
+
+/* kiln_vision_host_rows against the image itself: with resize, rescale and normalize off each
+ * pixel's red byte is its patch row and its green byte its patch column, so every row the
+ * tower gets says where its patch lies; its rotary row must be the cos/sin of exactly those
+ * (float32 frequencies as PyTorch's VisionRotaryEmbedding, the angle rounded to float32).
+ * Qwen2-VL's order (the processor's) and Qwen2.5-VL's windows (4 x 4 merge units). */
+static void test_vision_host_rows(void **state) {
+  (void)state;
+  const int W = 13 * 28, H = 9 * 28; /* grid 18 x 26 patches, 9 x 13 merge units */
+  kiln_image_t img = {W, H, malloc((size_t)W * H * 3)};
+  for (int y = 0; y < H; y++)
+    for (int x = 0; x < W; x++) {
+      uint8_t *p = img.rgb + ((size_t)y * W + x) * 3;
+      p[0] = (uint8_t)(y / 14);
+      p[1] = (uint8_t)(x / 14);
+      p[2] = 7;
+    }
+  kiln_vision_preproc_t pp;
+  kiln_vision_preproc_default(&pp);
+  pp.do_resize = pp.do_rescale = pp.do_normalize = false;
+  kiln_image_patches_t pt;
+  kiln_status_t st = kiln_image_preprocess(&pp, &img, &pt);
+  if (st) fail_msg("%s", kiln_status_message(st));
+  const int64_t N = pt.num_patches, K = pt.patch_dim, Dv = 80, q = Dv / 4, U = 4;
+  const double theta = 10000.0;
+  float inv[20];
+  for (int f = 0; f < q; f++) {
+    float e = (float)(2 * f) / (float)(Dv / 2);
+    inv[f] = 1.0f / (float)pow((double)(float)theta, (double)e);
+  }
+  float *pix = malloc(sizeof(float) * (size_t)(N * K)),
+        *rope = malloc(sizeof(float) * (size_t)(N * Dv));
+  int32_t *order = malloc(sizeof(int32_t) * (size_t)(N / U));
+  int64_t *lens = malloc(sizeof(int64_t) * (size_t)(1 + N / U));
+  kiln_vision_image_t vi = {pt.pixels, 1, pt.grid_h, pt.grid_w};
+  for (int32_t vw = 0; vw <= 4; vw += 4) {
+    st = kiln_vision_host_rows(&vi, 1, 2, vw, K, Dv, theta, pix, rope, order, lens);
+    if (st) fail_msg("%s", kiln_status_message(st));
+    assert_int_equal(lens[0], N);
+    int64_t nwin = 0, sum = 0;
+    if (vw) {
+      nwin = ((9 + 3) / 4) * ((13 + 3) / 4); /* 3 x 4 windows, the last row and column cut */
+      for (int64_t w = 0; w < nwin; w++) sum += lens[1 + w];
+      assert_int_equal(sum, N);
+      assert_int_equal(lens[1], 4 * 4 * U);
+      assert_int_equal(lens[1 + nwin - 1], 1 * 1 * U); /* the corner: 1 x 1 unit */
+    }
+    int64_t win = 0, in_win = 0;
+    for (int64_t r = 0; r < N; r++) {
+      const float *row = pix + r * K;
+      const int h = (int)row[0], w = (int)row[14 * 14 * 2]; /* the first pixel's red, green */
+      for (int64_t e = 0; e < K; e += 97) /* the whole patch is one patch's pixels */
+        assert_true(row[e] == (e < 392 ? (float)h : e < 784 ? (float)w : 7.0f));
+      /* rows run merge unit by merge unit: 2 x 2 patches, row-major */
+      const int64_t first = r - r % U;
+      assert_int_equal(h, (int)pix[first * K] + (int)(r % U) / 2);
+      assert_int_equal(w, (int)pix[first * K + 392] + (int)(r % U) % 2);
+      if (vw) { /* and window by window: every unit of a window inside its 8 x 8 patches */
+        const int wh = (int)pix[(r - in_win) * K] / 8, ww = (int)pix[(r - in_win) * K + 392] / 8;
+        assert_int_equal(h / 8, wh);
+        assert_int_equal(w / 8, ww);
+        if (++in_win == lens[1 + win]) {
+          win++;
+          in_win = 0;
+        }
+      } else if (r > 0 && r % U == 0) { /* without windows: the processor's order itself */
+        assert_true(memcmp(row, pt.pixels + r * K, sizeof(float) * (size_t)K) == 0);
+      }
+      for (int64_t f = 0; f < q; f++) {
+        const float a = (float)h * inv[f], b = (float)w * inv[f];
+        const float *rr = rope + r * Dv;
+        if (rr[f] != (float)cos((double)a) || rr[q + f] != (float)cos((double)b) ||
+            rr[2 * q + f] != (float)sin((double)a) || rr[3 * q + f] != (float)sin((double)b))
+          fail_msg("window %d: row %lld (patch %d, %d) frequency %lld: rotary %g %g %g %g", vw,
+                   (long long)r, h, w, (long long)f, rr[f], rr[q + f], rr[2 * q + f],
+                   rr[3 * q + f]);
+      }
+    }
+    if (vw) assert_int_equal(win, nwin);
+  }
+  st = kiln_vision_host_rows(&vi, 1, 2, 0, K, 78, theta, pix, rope, order, lens);
+  assert_int_equal(kiln_status_code(st), KILN_ERR_INVALID_ARGUMENT);
+  kiln_status_free(st);
+  free(pix);
+  free(rope);
+  free(order);
+  free(lens);
+  kiln_image_patches_free(&pt);
+  free(img.rgb);
 }
 
 /* ---- patches ------------------------------------------------------------------------------- */
@@ -983,6 +1137,9 @@ int main(void) {
       cmocka_unit_test(test_smart_resize_table),
       cmocka_unit_test(test_resize_invariants),
       cmocka_unit_test(test_resize_matches_pil),
+      cmocka_unit_test(test_resize_threads),
+      cmocka_unit_test(test_preprocess_threads),
+      cmocka_unit_test(test_vision_host_rows),
       cmocka_unit_test(test_patch_order),
       cmocka_unit_test(test_normalize_values),
       cmocka_unit_test(test_config_files),

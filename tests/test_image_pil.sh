@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_image_pil.sh BUILD SRC - Kiln's image preprocessing against Pillow + numpy, bit for bit.
+# test_image_pil.sh BUILD SRC [VARIANT] - Kiln's image preprocessing against Pillow + numpy, bit for bit.
 # tools/make_image_goldens.py --source pil restates transformers' Qwen2-VL steps with Pillow's
 # Image.resize(BICUBIC) and numpy; test_image then compares every decoded image and every
 # pixel value with them (tolerance 0). Needs Debian's python3-pil and python3-numpy (make deps):
@@ -16,7 +16,9 @@ if [ -z "$PY" ]; then
   echo "test_image_pil: no python3 with Pillow and numpy (apt-get install python3-pil python3-numpy)" >&2
   exit 1
 fi
-OUT="$BUILD/tests/image_goldens_pil"
+# A third argument names the variant (its goldens go to their own folder: CTest may run both
+# at once).
+OUT="$BUILD/tests/image_goldens_pil${3:+_$3}"
 rm -rf "$OUT"
 "$PY" "$SRC/tools/make_image_goldens.py" --source pil --all-processors \
   --images "$SRC/tests/data/images" --out "$OUT" >/dev/null

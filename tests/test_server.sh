@@ -13,10 +13,17 @@
 #       remote URLs from a local HTTP server.
 #   structured: structured outputs (tests/server/structured.mjs): the schema corpus of
 #       tests/data/schemas validated by ajv, regex/choice/grammar constraints, the 400s.
-# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images|structured]
+#   tools: tool calling (tests/server/tools.mjs) on fixture models with fixed replies
+#       (tests/server/make_tool_model.py) and the real Qwen3 / Mistral Nemo chat templates.
+#   web: the chat page at / in Debian's chromium, headless, through puppeteer-core
+#       (tests/server/web.mjs): a conversation with streamed replies, stop, loading, busy, an API
+#       key, image upload; screenshots in BUILD_DIR/test-artifacts. Exit 77 (skipped) when no
+#       chromium is installed (make deps installs it).
+# Usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load|images|tools|web|structured]
 # Env: KILN_NPM_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/kiln/npm-server),
 #      KILN_LOAD_RATE (requests/s, default 30), KILN_LOAD_PROMPTS (default 60 s worth),
-#      KILN_TEST_SEED (disconnect.mjs's random schedule).
+#      KILN_TEST_SEED (disconnect.mjs's random schedule), KILN_TOKENIZER_CACHE (tools: where
+#      tests/fetch_tokenizers.sh put the real tokenizer files).
 set -euo pipefail
 BUILD=${1:?usage: test_server.sh BUILD_DIR SOURCE_DIR [api|load]}
 SRC=${2:?source dir}
@@ -197,7 +204,7 @@ run_api() {
   queue=$(wait_ready queue)
   timeout=$(wait_ready timeout)
   echo "servers: main $main, auth $auth, queue $queue, timeout $timeout"
-  run_node api.mjs KILN_URL="$main"
+  run_node api.mjs KILN_URL="$main" KILN_WEB_DIR="$SRC/server/web"
   run_node disconnect.mjs KILN_URL="$main"
   run_node errors.mjs KILN_URL="$main" KILN_URL_AUTH="$auth" KILN_AUTH_KEY=test-key-123 \
     KILN_URL_QUEUE="$queue" KILN_URL_TIMEOUT="$timeout"
@@ -283,6 +290,59 @@ EOF
   echo "test_server_load: passed"
 }
 
+# ---- web ---------------------------------------------------------------------------------------
+
+run_web() {
+  local chromium
+  chromium=${KILN_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
+  if [ -z "$chromium" ] || [ ! -x "$chromium" ]; then
+    echo "SKIP: no chromium to run the chat page in (Debian: apt-get install chromium; make deps does)"
+    exit 77
+  fi
+  npm_setup
+  [ -s "$NPM_DIR/node_modules/puppeteer-core/package.json" ] ||
+    fail "puppeteer-core is not installed in $NPM_DIR"
+  echo "chromium: $chromium ($("$chromium" --version 2>/dev/null || true))"
+  # a copy of kiln-tiny whose config.json is a FIFO: its server stays "loading" until web.mjs
+  # writes the real file into it
+  local slow="$TMP/slow-model" f
+  mkdir -p "$slow"
+  for f in "$SRC"/share/models/kiln-tiny/*; do
+    [ "$(basename "$f")" = config.json ] || ln -s "$f" "$slow/"
+  done
+  mkfifo "$slow/config.json"
+  local model="$TMP/vl-tiny"
+  python3 "$TESTS/make_vl_model.py" "$SRC/tests/fixtures/models/qwen2_vl" "$model" ||
+    fail "make_vl_model.py failed"
+  start_server main
+  start_server loading --set "model.path=$slow" --set server.served_model_name=kiln-tiny
+  start_server busy --set server.max_queued_requests=1 --set engine.max_num_seqs=1 \
+    --set cache.num_blocks=256
+  start_server auth --set server.api_key=web-key-456 --set cache.num_blocks=256
+  start_server vl --set "model.path=$model" --set model.dtype=float32 --set cache.num_blocks=512
+  local main busy auth vl loading port
+  main=$(wait_ready main)
+  busy=$(wait_ready busy)
+  auth=$(wait_ready auth)
+  vl=$(wait_ready vl)
+  for _ in $(seq 600); do
+    port=$(sed -n 's|.* listening on http://127\.0\.0\.1:\([0-9]*\);.*|\1|p' "$TMP/loading.err")
+    [ -n "$port" ] && break
+    [ -e "$TMP/loading.rc" ] && fail "the loading server exited: $(cat "$TMP/loading.err")"
+    sleep 0.1
+  done
+  [ -n "$port" ] || fail "the loading server did not start listening"
+  loading="http://127.0.0.1:$port"
+  run_node web.mjs KILN_URL="$main" KILN_URL_LOADING="$loading" KILN_URL_BUSY="$busy" \
+    KILN_URL_AUTH="$auth" KILN_AUTH_KEY=web-key-456 KILN_URL_VL="$vl" \
+    KILN_IMAGES="$SRC/tests/fixtures/models/qwen2_vl/images" KILN_CHROMIUM="$chromium" \
+    KILN_ARTIFACTS="$BUILD/test-artifacts" KILN_LOADING_FIFO="$slow/config.json" \
+    KILN_LOADING_CONFIG="$SRC/share/models/kiln-tiny/config.json"
+  wait_ready loading >/dev/null
+  for name in main loading busy auth vl; do stop_server "$name"; done
+  echo "test_server_web: all passed (screenshots in $BUILD/test-artifacts)"
+}
+
 # ---- images ------------------------------------------------------------------------------------
 
 # Image input on the tiny Qwen2-VL fixture, made servable (a tokenizer and chat template) by
@@ -319,10 +379,41 @@ run_structured() {
   echo "test_server_structured: all passed"
 }
 
+# ---- tools -------------------------------------------------------------------------------------
+
+# Tool calling (tests/server/tools.mjs) on the fixture models of tests/server/make_tool_model.py,
+# whose replies are fixed calls and texts, with the real Qwen3 and Mistral Nemo chat templates
+# from $KILN_TOKENIZER_CACHE (tests/fetch_tokenizers.sh); kiln-tiny for a template without tools.
+run_tools() {
+  npm_setup
+  local cache=${KILN_TOKENIZER_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/kiln/tokenizers}
+  [ -s "$cache/qwen3/tokenizer_config.json" ] && [ -s "$cache/mistral_nemo/tokenizer_config.json" ] ||
+    fail "no Qwen3 / Mistral Nemo tokenizer files in $cache (run tests/fetch_tokenizers.sh $cache)"
+  python3 "$TESTS/make_tool_model.py" "$cache" "$TMP/toolm" || fail "make_tool_model.py failed"
+  local set=(--set model.dtype=float32 --set cache.num_blocks=512)
+  start_server hermes "${set[@]}" --set "model.path=$TMP/toolm/hermes"
+  start_server mistral "${set[@]}" --set "model.path=$TMP/toolm/mistral"
+  start_server llama "${set[@]}" --set "model.path=$TMP/toolm/llama3"
+  start_server noparse "${set[@]}" --set "model.path=$TMP/toolm/hermes" --set server.tool_parser=none
+  start_server plain --set cache.num_blocks=256
+  local hermes mistral llama noparse plain
+  hermes=$(wait_ready hermes)
+  mistral=$(wait_ready mistral)
+  llama=$(wait_ready llama)
+  noparse=$(wait_ready noparse)
+  plain=$(wait_ready plain)
+  run_node tools.mjs KILN_URL_HERMES="$hermes" KILN_URL_MISTRAL="$mistral" KILN_URL_LLAMA="$llama" \
+    KILN_URL_NOPARSE="$noparse" KILN_URL_PLAIN="$plain"
+  for name in hermes mistral llama noparse plain; do stop_server "$name"; done
+  echo "test_server_tools: all passed"
+}
+
 case "$MODE" in
 api) run_api ;;
 load) run_load ;;
 images) run_images ;;
 structured) run_structured ;;
-*) fail "unknown mode '$MODE' (api, load, images or structured)" ;;
+tools) run_tools ;;
+web) run_web ;;
+*) fail "unknown mode '$MODE' (api, load, images, tools, web or structured)" ;;
 esac

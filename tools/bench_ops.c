@@ -1,6 +1,6 @@
 /* bench_ops.c - times a backend plugin's main ops against measured machine ceilings.
  *
- * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm]
+ * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm|vision]
  *                      [--no-ceilings]
  *
  * Standalone: it dlopens the plugin and calls kiln_backend_query() like any host would, and
@@ -181,9 +181,10 @@ static void measure_ceilings(void) {
 
   printf("ceilings: matrix rate %.1f GFLOP/s (f32 gemm %lldx%lldx%lld)\n", peak_gflops,
          (long long)S, (long long)S, (long long)S);
-  printf("          bytes %.1f GB/s (memcpy 1 thread %.1f GB/s, plugin copy %.1f GB/s; "
-         "read + write of %zu MiB)\n\n",
-         peak_gbs, memcpy_gbs, copy_gbs, n >> 20);
+  printf(
+      "          bytes %.1f GB/s (memcpy 1 thread %.1f GB/s, plugin copy %.1f GB/s; "
+      "read + write of %zu MiB)\n\n",
+      peak_gbs, memcpy_gbs, copy_gbs, n >> 20);
 }
 
 /* ---- GEMM: x[M, K] @ W^T with W a PyTorch Linear weight [N, K] ------------------------------
@@ -262,11 +263,13 @@ typedef struct attn_case {
   int64_t NH, NKV;
   int64_t S, ctx, qlen; /* every sequence: ctx keys, qlen queries (the last ones) */
   int32_t dtype;
+  int64_t D; /* head dim; 0 = 128 */
+  bool full; /* non-causal (a vision tower's blocks) */
 } attn_case_t;
 
 /* One timed attention call; misalign views the caches one element past their (aligned) start. */
 static timing_t attention_time(const attn_case_t *c, int misalign) {
-  const int64_t NH = c->NH, NKV = c->NKV, D = 128, BS = 16;
+  const int64_t NH = c->NH, NKV = c->NKV, D = c->D ? c->D : 128, BS = 16;
   const int32_t dt = c->dtype;
   const size_t es = kiln_hal_dtype_size(dt);
   const int64_t MB = (c->ctx + BS - 1) / BS, NB = c->S * MB, T = c->S * c->qlen;
@@ -306,7 +309,7 @@ static timing_t attention_time(const attn_case_t *c, int misalign) {
   a.max_query_len = (int32_t)c->qlen;
   a.max_seq_len = (int32_t)c->ctx;
   a.scale = 1.0f / sqrtf((float)D);
-  a.causal = true;
+  a.causal = !c->full;
   timing_t t = time_it(run_attention, &a);
   be->buffer_free(kc);
   be->buffer_free(vc);
@@ -341,31 +344,38 @@ static double measure_bf16_gemm(void) {
   return r;
 }
 
+static void attention_rows(const attn_case_t *cases, size_t ncases, double mm);
+
 static void bench_attention(void) {
   /* Qwen2-7B (28 query heads, 4 KV heads, head dim 128), and the 32/8 shape of the earlier
    * baselines (Llama-3-8B). */
   const attn_case_t cases[] = {
-      {"decode", 28, 4, 1, 512, 1, KILN_HAL_BF16},
-      {"prefill", 28, 4, 1, 512, 512, KILN_HAL_BF16},
-      {"decode", 28, 4, 1, 32768, 1, KILN_HAL_BF16},
-      {"decode", 28, 4, 64, 1024, 1, KILN_HAL_BF16},
-      {"decode", 28, 4, 256, 768, 1, KILN_HAL_BF16},
-      {"prefill", 28, 4, 1, 2048, 2048, KILN_HAL_BF16},
-      {"prefill", 28, 4, 1, 2048, 2048, KILN_HAL_F16},
-      {"decode", 32, 8, 64, 2048, 1, KILN_HAL_BF16},
-      {"prefill", 32, 8, 1, 2048, 2048, KILN_HAL_BF16},
+      {"decode", 28, 4, 1, 512, 1, KILN_HAL_BF16, 0, false},
+      {"prefill", 28, 4, 1, 512, 512, KILN_HAL_BF16, 0, false},
+      {"decode", 28, 4, 1, 32768, 1, KILN_HAL_BF16, 0, false},
+      {"decode", 28, 4, 64, 1024, 1, KILN_HAL_BF16, 0, false},
+      {"decode", 28, 4, 256, 768, 1, KILN_HAL_BF16, 0, false},
+      {"prefill", 28, 4, 1, 2048, 2048, KILN_HAL_BF16, 0, false},
+      {"prefill", 28, 4, 1, 2048, 2048, KILN_HAL_F16, 0, false},
+      {"decode", 32, 8, 64, 2048, 1, KILN_HAL_BF16, 0, false},
+      {"prefill", 32, 8, 1, 2048, 2048, KILN_HAL_BF16, 0, false},
   };
   printf("\n");
   const double mm = no_ceilings ? 0.0 : measure_bf16_gemm();
+  attention_rows(cases, sizeof(cases) / sizeof(cases[0]), mm);
+}
+
+static void attention_rows(const attn_case_t *cases, size_t ncases, double mm) {
   print_header();
-  for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+  for (size_t ci = 0; ci < ncases; ci++) {
     const attn_case_t *c = &cases[ci];
     if (quick && (c->S * c->ctx > 65536 || c->qlen > 512)) continue;
-    const int64_t D = 128;
+    const int64_t D = c->D ? c->D : 128;
     const size_t es = kiln_hal_dtype_size(c->dtype);
     /* Keys each query row sees (causal), K and V bytes read once per KV head and sequence. */
     double pairs = 0;
-    for (int64_t i = 0; i < c->qlen; i++) pairs += (double)(c->ctx - c->qlen + i + 1);
+    for (int64_t i = 0; i < c->qlen; i++)
+      pairs += c->full ? (double)c->ctx : (double)(c->ctx - c->qlen + i + 1);
     pairs *= (double)c->S;
     const double flops = 4.0 * pairs * (double)c->NH * (double)D;
     const double kv_bytes = 2.0 * (double)c->S * (double)c->ctx * (double)(c->NKV * D) * (double)es;
@@ -373,9 +383,10 @@ static void bench_attention(void) {
     for (int misalign = 0; misalign < 2; misalign++) {
       timing_t t = attention_time(c, misalign);
       char name[96];
-      snprintf(name, sizeof(name), "attn %-4s %-7s %lld/%lld S=%lld ctx=%lld q=%lld%s",
+      snprintf(name, sizeof(name), "attn %-4s %-7s %lld/%lld S=%lld ctx=%lld q=%lld%s%s",
                kiln_hal_dtype_name(c->dtype), c->label, (long long)c->NH, (long long)c->NKV,
-               (long long)c->S, (long long)c->ctx, (long long)c->qlen, misalign ? " unal" : "");
+               (long long)c->S, (long long)c->ctx, (long long)c->qlen,
+               c->D && c->D != 128 ? (D == 80 ? " d80" : " d?") : "", misalign ? " unal" : "");
       /* Decode is judged by KV bytes (GB/s) against the byte ceiling, prefill by flops
        * (GFLOP/s) against the bf16 matrix rate. */
       const double rate = prefill ? flops / t.median * 1e-9 : kv_bytes / t.median * 1e-9;
@@ -390,7 +401,58 @@ static void bench_attention(void) {
       "the CUDA-core fallback kernel)\n");
 }
 
-/* ---- rmsnorm with the fused residual add ------------------------------------------------------ */
+/* ---- the Qwen2-VL-7B vision tower's ops (a 1280 x 720 image: 4,784 patches) ------------------
+ * Its GEMMs carry a bias (qkv, proj, fc1, fc2: K or N = 1280), so they are timed with and
+ * without one; its attention is non-causal over all 4,784 patches, 16 heads of dim 80. */
+static void bench_vision(void) {
+  const int64_t M = quick ? 1024 : 4784;
+  static const int64_t kn[][2] = {{1280, 3840}, {1280, 1280}, {1280, 5120}, {5120, 1280}};
+  const int32_t dt = KILN_HAL_BF16;
+  const size_t es = 2;
+  printf("\n");
+  print_header();
+  for (size_t s = 0; s < sizeof(kn) / sizeof(kn[0]); s++) {
+    const int64_t K = kn[s][0], N = kn[s][1];
+    kiln_hal_buffer_t *w = alloc_buf((uint64_t)(N * K) * es),
+                      *x = alloc_buf((uint64_t)(M * K) * es);
+    kiln_hal_buffer_t *y = alloc_buf((uint64_t)(M * N) * es), *b = alloc_buf((uint64_t)N * es);
+    fill_random(w, dt, N * K, 0.05f);
+    fill_random(x, dt, M * K, 1.0f);
+    fill_random(b, dt, N, 1.0f);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+      kiln_hal_gemm_args_t g;
+      memset(&g, 0, sizeof(g));
+      g.struct_size = sizeof(g);
+      int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N}, vs[1] = {N};
+      g.a = kiln_hal_tensor_make(x, 0, dt, 2, as);
+      g.b = kiln_hal_tensor_make(w, 0, dt, 2, bs);
+      g.b.stride[0] = 1;
+      g.b.stride[1] = K;
+      g.c = kiln_hal_tensor_make(y, 0, dt, 2, cs);
+      if (with_bias) g.bias = kiln_hal_tensor_make(b, 0, dt, 1, vs);
+      g.alpha = 1.0f;
+      timing_t t = time_it(run_gemm, &g);
+      char name[96];
+      snprintf(name, sizeof(name), "gemm bf16 M=%lld K=%-4lld N=%-4lld%s", (long long)M,
+               (long long)K, (long long)N, with_bias ? " +bias" : "");
+      report(name, t, 2.0 * (double)M * (double)N * (double)K,
+             (double)((N * K + M * K + M * N) * (int64_t)es), 1);
+    }
+    be->buffer_free(w);
+    be->buffer_free(x);
+    be->buffer_free(y);
+    be->buffer_free(b);
+  }
+  const attn_case_t cases[] = {
+      {"vision", 16, 16, 1, M, M, KILN_HAL_BF16, 80, true},
+      {"vision", 16, 16, 1, M, M, KILN_HAL_F32, 80, true},
+  };
+  const double mm = no_ceilings ? 0.0 : measure_bf16_gemm();
+  attention_rows(cases, sizeof(cases) / sizeof(cases[0]), mm);
+}
+
+/* ---- rmsnorm with the fused residual add ------------------------------------------------------
+ */
 
 static void bench_rmsnorm(void) {
   static const int32_t dts[] = {KILN_HAL_BF16, KILN_HAL_F32};
@@ -403,7 +465,8 @@ static void bench_rmsnorm(void) {
       int32_t dt = dts[di];
       int64_t T = Ts[ti], shape[2] = {T, H}, ws[1] = {H};
       size_t es = kiln_hal_dtype_size(dt);
-      kiln_hal_buffer_t *x = alloc_buf((uint64_t)(T * H) * es), *r = alloc_buf((uint64_t)(T * H) * es);
+      kiln_hal_buffer_t *x = alloc_buf((uint64_t)(T * H) * es),
+                        *r = alloc_buf((uint64_t)(T * H) * es);
       kiln_hal_buffer_t *w = alloc_buf((uint64_t)H * es), *o = alloc_buf((uint64_t)(T * H) * es);
       fill_random(x, dt, T * H, 1.0f);
       fill_random(r, dt, T * H, 1.0f);
@@ -481,21 +544,31 @@ int main(int argc, char **argv) {
   const char *path = NULL;
   int threads = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--quick")) quick = 1;
-    else if (!strcmp(argv[i], "--no-ceilings")) no_ceilings = 1;
-    else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else if (argv[i][0] != '-' && !path) path = argv[i];
+    if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--quick"))
+      quick = 1;
+    else if (!strcmp(argv[i], "--no-ceilings"))
+      no_ceilings = 1;
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+      only = argv[++i];
+    else if (argv[i][0] != '-' && !path)
+      path = argv[i];
     else {
-      fprintf(stderr, "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm]\n",
-              argv[0]);
+      fprintf(
+          stderr,
+          "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm|vision]\n",
+          argv[0]);
       return 2;
     }
   }
   if (!path) {
-    fprintf(stderr, "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm]\n",
-              argv[0]);
+    fprintf(
+        stderr,
+        "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm|vision]\n",
+        argv[0]);
     return 2;
   }
   if (reps < 1) reps = 1;
@@ -526,14 +599,16 @@ int main(int argc, char **argv) {
   check(be->device_info(0, &info), "device_info");
   check(be->device_open(0, &dev), "device_open");
   check(be->stream_create(dev, &stream), "stream_create");
-  printf("plugin: %s (%s)\ndevice: %s, %s\nreps: %d (median and min; fewer for runs over 0.25 s)\n\n",
-         be->name, be->build_info, info.name, info.arch, reps);
+  printf(
+      "plugin: %s (%s)\ndevice: %s, %s\nreps: %d (median and min; fewer for runs over 0.25 s)\n\n",
+      be->name, be->build_info, info.name, info.arch, reps);
 
   if (!no_ceilings) measure_ceilings();
   if (!only || !strcmp(only, "gemm")) bench_gemm();
   if (!only || !strcmp(only, "attn")) bench_attention();
   if (!only || !strcmp(only, "norm")) bench_rmsnorm();
   if (!only || !strcmp(only, "norm")) bench_layernorm();
+  if (!only || !strcmp(only, "vision")) bench_vision();
 
   be->stream_destroy(stream);
   be->device_close(dev);

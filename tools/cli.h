@@ -75,7 +75,9 @@ int kiln_cmd_detokenize(kiln_cli_t *cli);
 int kiln_cmd_template(kiln_cli_t *cli);
 int kiln_cmd_score(kiln_cli_t *cli);
 int kiln_cmd_generate(kiln_cli_t *cli);
+int kiln_cmd_chat(kiln_cli_t *cli);
 int kiln_cmd_perplexity(kiln_cli_t *cli);
 int kiln_cmd_serve(kiln_cli_t *cli);
+int kiln_cmd_download(kiln_cli_t *cli);
 
 #endif /* KILN_TOOLS_CLI_H */

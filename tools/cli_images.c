@@ -86,8 +86,8 @@ kiln_status_t kiln_cli_images_read(const char *const *paths, int32_t n, kiln_cli
 }
 
 /* An image part's URL: a data: URL (decoded), a file:// URL or a path (read). */
-static kiln_status_t image_url(const char *url, size_t ul, const char *where,
-                               kiln_cli_images_t *im) {
+kiln_status_t kiln_cli_image_add_url(const char *url, size_t ul, const char *where,
+                                     kiln_cli_images_t *im) {
   unsigned char *b = NULL;
   size_t len = 0;
   if (ul >= 5 && !strncmp(url, "data:", 5)) {
@@ -165,7 +165,7 @@ static kiln_status_t rewrite_messages(const kiln_json_t *msgs, const char *file,
         if (!url)
           return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                                   "%s: an image part needs a string url (image_url.url)", where);
-        kiln_status_t st = image_url(url, ul, where, im);
+        kiln_status_t st = kiln_cli_image_add_url(url, ul, where, im);
         if (st) return st;
         kiln_strbuf_append_str(sb, "{\"type\": \"image\"}");
       }
@@ -175,6 +175,23 @@ static kiln_status_t rewrite_messages(const kiln_json_t *msgs, const char *file,
   }
   kiln_strbuf_append_char(sb, ']');
   return kiln_strbuf_ok(sb) ? NULL : oom();
+}
+
+/* Renders the rewritten messages in sb (or the one user message of the images and prompt, when
+ * sb is empty) with the chat template and tokenizes the result. */
+static kiln_status_t chat_render(kiln_engine_t *eng, kiln_strbuf_t *sb, const char *prompt,
+                                 kiln_cli_images_t *images, int32_t **out_ids, int32_t *out_n);
+
+kiln_status_t kiln_cli_chat_ids_json(kiln_engine_t *eng, const kiln_json_t *messages,
+                                     const char *where, kiln_cli_images_t *images,
+                                     int32_t **out_ids, int32_t *out_n) {
+  *out_ids = NULL;
+  *out_n = 0;
+  kiln_strbuf_t sb = KILN_STRBUF_INIT;
+  kiln_status_t st = rewrite_messages(messages, where, &sb, images);
+  if (!st) st = chat_render(eng, &sb, NULL, images, out_ids, out_n);
+  kiln_strbuf_free(&sb);
+  return st;
 }
 
 kiln_status_t kiln_cli_chat_ids(kiln_engine_t *eng, const char *messages_file, const char *prompt,
@@ -191,7 +208,19 @@ kiln_status_t kiln_cli_chat_ids(kiln_engine_t *eng, const char *messages_file, c
         kiln_json_is(root, KILN_JSON_OBJECT) ? kiln_json_get(root, "messages") : root;
     st = rewrite_messages(msgs, messages_file, &sb, images);
     kiln_json_doc_free(doc);
-  } else {
+  }
+  if (!st) st = chat_render(eng, &sb, prompt, images, out_ids, out_n);
+  kiln_strbuf_free(&sb);
+  return st;
+}
+
+static kiln_status_t chat_render(kiln_engine_t *eng, kiln_strbuf_t *sb_in, const char *prompt,
+                                 kiln_cli_images_t *images, int32_t **out_ids, int32_t *out_n) {
+  kiln_strbuf_t own = KILN_STRBUF_INIT, *sbp = sb_in;
+  kiln_status_t st = NULL;
+  if (sb_in->len == 0) {
+    sbp = &own;
+    kiln_strbuf_t sb = KILN_STRBUF_INIT;
     kiln_strbuf_append_str(&sb, "[{\"role\": \"user\", \"content\": [");
     for (int32_t i = 0; i < images->num; i++)
       kiln_strbuf_append_str(&sb, "{\"type\": \"image\"}, ");
@@ -199,18 +228,19 @@ kiln_status_t kiln_cli_chat_ids(kiln_engine_t *eng, const char *messages_file, c
     kiln_json_write_string(&sb, prompt ? prompt : "", prompt ? strlen(prompt) : 0, false);
     kiln_strbuf_append_str(&sb, "}]}]");
     if (!kiln_strbuf_ok(&sb)) st = oom();
+    own = sb;
   }
   char *text = NULL;
   size_t tl = 0;
   if (!st) {
-    kiln_chat_args_t a = {.messages_json = kiln_strbuf_cstr(&sb),
-                          .messages_len = sb.len,
+    kiln_chat_args_t a = {.messages_json = kiln_strbuf_cstr(sbp),
+                          .messages_len = sbp->len,
                           .add_generation_prompt = true};
     st = kiln_engine_apply_chat_template(eng, &a, &text, &tl);
   }
   if (!st) st = kiln_engine_tokenize(eng, text, tl, false, out_ids, out_n);
   free(text);
-  kiln_strbuf_free(&sb);
+  kiln_strbuf_free(&own);
   return st;
 }
 

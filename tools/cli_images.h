@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "base/json.h"
 #include "base/status.h"
 #include "kiln/kiln.h"
 
@@ -27,6 +28,17 @@ kiln_status_t kiln_cli_images_read(const char *const *paths, int32_t n, kiln_cli
  * prompt. Errors name the file and the message and part. */
 kiln_status_t kiln_cli_chat_ids(kiln_engine_t *eng, const char *messages_file, const char *prompt,
                                 kiln_cli_images_t *images, int32_t **out_ids, int32_t *out_n);
+
+/* The same for a parsed messages array (a JSONL request's "messages"); where names it in
+ * errors ("line 3: messages"). */
+kiln_status_t kiln_cli_chat_ids_json(kiln_engine_t *eng, const kiln_json_t *messages,
+                                     const char *where, kiln_cli_images_t *images,
+                                     int32_t **out_ids, int32_t *out_n);
+
+/* Adds one image from a URL-ish string: a data:image/...;base64 URL, a file:// URL or a path
+ * (http(s) is refused: kiln generate does not fetch). where names it in errors. */
+kiln_status_t kiln_cli_image_add_url(const char *url, size_t len, const char *where,
+                                     kiln_cli_images_t *images);
 
 /* An engine refusal naming "image I: ..." rewritten to name the image ("photo.png: ..."). */
 kiln_status_t kiln_cli_images_error(const kiln_cli_images_t *images, kiln_status_t st);

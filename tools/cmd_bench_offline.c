@@ -23,14 +23,16 @@
 #include <time.h>
 
 #include "cli.h"
+#include "cli_images.h"
 #include "cmd_bench.h"
 #include "base/json.h"
 #include "base/strbuf.h"
 #include "kiln/kiln.h"
 
 typedef struct off_args {
-  const char *model, *dtype, *dataset, *json;
+  const char *model, *dtype, *dataset, *json, *ids;
   int64_t input_len, output_len, batch, iters, warmup, num_prompts, seed;
+  kiln_opt_list_t images;          /* latency: --image paths (borrowed from argv) */
   const char *regex, *json_schema; /* a constraint on every request (--regex, --json-schema) */
 } off_args_t;
 
@@ -41,7 +43,7 @@ static const char *off_guide_spec;
 /* One request's timeline, written by the engine thread's callback. */
 typedef struct off_req {
   struct off_run *run;
-  double t_submit, t_first, t_end;
+  double t_submit, t_accepted, t_first, t_end;
   int32_t prompt_len, out_tokens;
   bool failed;
   char error[160];
@@ -119,9 +121,10 @@ static kiln_status_t off_write_json(const char *path, kiln_strbuf_t *j) {
 
 /* ---- options: the rows both modes have, then each mode's table ------------------------------- */
 
-#define OFF_ROWS_MODEL                                                                       \
-  KILN_OPT_STRING("--model", "DIR", off_args_t, model, "the model (default: [model] path)"), \
-      KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                                     \
+#define OFF_ROWS_MODEL                                                      \
+  KILN_OPT_STRING("--model", "DIR|ORG/NAME", off_args_t, model,             \
+                  "the model: a path or a Hub id (default: [model] path)"), \
+      KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                    \
                       "auto, float32, float16 or bfloat16 (default: [model] dtype)")
 #define OFF_ROWS_SEED_JSON                                                  \
   KILN_OPT_INT("--seed", "S", off_args_t, seed, 0, INT64_MAX,               \
@@ -140,8 +143,12 @@ static const char latency_usage[] =
     "Times --batch-size requests of random prompts generating exactly --output-len tokens\n"
     "(greedy, ignore_eos): end to end, time to first token (the batch's prefill) and time per\n"
     "output token after the first (one decode step). --output-len 1 times a prefill alone.\n"
-    "--regex or --json-schema constrains every output (a constraint that can always go on,\n"
-    "such as --regex '[a-z ]*', keeps every request running for --output-len tokens).\n";
+    "--ids gives the prompt instead (the same for every request; prefix caching is then off\n"
+    "unless --set cache.enable_prefix_caching=true), and --image the images its placeholder\n"
+    "ids take (vision-language models; one placeholder id per image, as kiln generate --ids).\n"
+    "Submission (tokenizing; image decoding and preprocessing) is timed apart and is part of\n"
+    "the time to first token. --regex or --json-schema constrains every output (one that can\n"
+    "always go on, such as --regex '[a-z ]*', keeps every request running --output-len tokens).\n";
 
 static const kiln_opt_t latency_rows[] = {
     OFF_ROWS_MODEL,
@@ -153,6 +160,10 @@ static const kiln_opt_t latency_rows[] = {
                  "requests run together (default 1)"),
     KILN_OPT_INT("--num-iters", "N", off_args_t, iters, 1, 1 << 30, "timed runs (default 10)"),
     KILN_OPT_INT("--warmup", "N", off_args_t, warmup, 0, 1 << 30, "untimed runs first (default 2)"),
+    KILN_OPT_STRING("--ids", "1,2,3", off_args_t, ids,
+                    "the prompt's token ids (instead of --input-len random ones)"),
+    KILN_OPT_LIST("--image", "PATH", off_args_t, images,
+                  "an image for the prompt's placeholder ids (repeatable; needs --ids)"),
     OFF_ROWS_SEED_JSON,
 };
 
@@ -221,6 +232,7 @@ static kiln_status_t off_engine(kiln_cli_t *cli, const off_args_t *a, kiln_engin
   ov[n++] = "server.max_queued_requests=0"; /* an offline batch queues everything at once */
   if (a->model && !(ov[n++] = own[no++] = kiln_strprintf("model.path=%s", a->model))) goto oom;
   if (a->dtype && !(ov[n++] = own[no++] = kiln_strprintf("model.dtype=%s", a->dtype))) goto oom;
+  if (a->ids) ov[n++] = "cache.enable_prefix_caching=false"; /* the same prompt every time */
   for (int i = 0; i < cli->num_sets && n < 64; i++) ov[n++] = cli->sets[i];
   double t0 = kiln_cli_now();
   st = kiln_engine_create(cli->config_path, ov, n, out);
@@ -236,7 +248,8 @@ done:
 /* Submits reqs[i] for prompts[i] with its max_tokens; every request is a greedy ignore_eos run. */
 static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *req,
                                 int32_t *const *prompts, const int32_t *lens,
-                                const int32_t *max_tokens, int64_t n) {
+                                const int32_t *max_tokens, int64_t n,
+                                const kiln_cli_images_t *images) {
   run->pending = n;
   for (int64_t i = 0; i < n; i++) {
     kiln_sampling_params_t sp;
@@ -258,10 +271,16 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
     d.params = &sp;
     d.on_output = off_on_output;
     d.user = &req[i];
+    if (images && images->num) {
+      d.images = images->images;
+      d.num_images = images->num;
+    }
     req[i].t_submit = kiln_cli_now();
     kiln_request_t *h = NULL;
     kiln_status_t st = kiln_engine_submit(eng, &d, &h);
+    req[i].t_accepted = kiln_cli_now();
     if (st) {
+      if (images) st = kiln_cli_images_error(images, st);
       /* the ones already in flight still finish: wait for them before returning */
       pthread_mutex_lock(&run->mu);
       run->pending -= n - i;
@@ -282,15 +301,43 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
 }
 
 int kiln_cmd_bench_latency(kiln_cli_t *cli) {
-  off_args_t a = {NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0, NULL, NULL};
+  off_args_t a = {NULL, NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0, {NULL, 0}, NULL, NULL};
   bool help;
   kiln_status_t st = kiln_opts_parse(&latency_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
-  if (help) return 0;
-  if ((st = off_guide_args(&a))) return kiln_cli_fail(st);
+  if (help) {
+    kiln_opts_free(&latency_opts, &a);
+    return 0;
+  }
+  if ((st = off_guide_args(&a))) {
+    kiln_opts_free(&latency_opts, &a);
+    return kiln_cli_fail(st);
+  }
   kiln_engine_t *eng = NULL;
   double startup = 0;
-  if ((st = off_engine(cli, &a, &eng, &startup))) return kiln_cli_fail(st);
+  int32_t *fixed = NULL; /* --ids */
+  size_t nfixed = 0;
+  kiln_cli_images_t imgs;
+  memset(&imgs, 0, sizeof(imgs));
+  if (a.images.n && !a.ids)
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "bench latency: --image needs --ids (a prompt with one image "
+                          "placeholder id per image)");
+  if (!st && a.ids) st = kiln_cli_parse_ids("bench latency", a.ids, &fixed, &nfixed);
+  if (!st) st = kiln_cli_images_read(a.images.v, (int32_t)a.images.n, &imgs);
+  if (!st && (st = off_engine(cli, &a, &eng, &startup))) eng = NULL;
+  if (!st && a.images.n && kiln_engine_max_images(eng) == 0)
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "bench latency: --image: the model takes text only (it has no vision "
+                          "tower)");
+  if (st) {
+    kiln_engine_destroy(eng);
+    free(fixed);
+    kiln_cli_images_free(&imgs);
+    kiln_opts_free(&latency_opts, &a);
+    return kiln_cli_fail(st);
+  }
+  if (fixed) a.input_len = (int64_t)nfixed;
   kiln_engine_info_t info;
   kiln_engine_get_info(eng, &info);
   const int64_t B = a.batch, runs = a.warmup + a.iters;
@@ -299,11 +346,12 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
   off_req_t *req = calloc((size_t)B, sizeof(off_req_t));
   double *e2e = calloc((size_t)a.iters, sizeof(double)),
          *ttft = calloc((size_t)a.iters, sizeof(double));
-  double *tpot = calloc((size_t)a.iters, sizeof(double));
+  double *tpot = calloc((size_t)a.iters, sizeof(double)),
+         *sub = calloc((size_t)a.iters, sizeof(double));
   off_run_t run = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   uint64_t rng = (uint64_t)a.seed * 0x9E3779B97F4A7C15ull + 1;
   kiln_strbuf_t j = KILN_STRBUF_INIT;
-  if (!prompts || !lens || !mt || !req || !e2e || !ttft || !tpot) {
+  if (!prompts || !lens || !mt || !req || !e2e || !ttft || !tpot || !sub) {
     st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     goto done;
   }
@@ -317,30 +365,39 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
   }
   fprintf(stderr,
           "bench latency: %s on %s (%s), batch %lld, %lld + %lld tokens, %lld iterations "
-          "after %lld warm-up; start-up %.2f s\n",
+          "after %lld warm-up%s%s; start-up %.2f s\n",
           info.model_name, info.backend, info.device, (long long)B, (long long)a.input_len,
-          (long long)a.output_len, (long long)a.iters, (long long)a.warmup, startup);
+          (long long)a.output_len, (long long)a.iters, (long long)a.warmup,
+          fixed ? ", the --ids prompt" : "", imgs.num ? " with images" : "", startup);
   for (int64_t it = 0; it < runs; it++) {
-    for (int64_t i = 0; i < B; i++) off_prompt(prompts[i], a.input_len, info.vocab_size, &rng);
+    for (int64_t i = 0; i < B; i++) {
+      if (fixed)
+        memcpy(prompts[i], fixed, nfixed * sizeof(int32_t));
+      else
+        off_prompt(prompts[i], a.input_len, info.vocab_size, &rng);
+    }
     double t0 = kiln_cli_now();
-    if ((st = off_submit(eng, &run, req, prompts, lens, mt, B))) goto done;
-    double t_end = 0, t_first = 0;
+    if ((st = off_submit(eng, &run, req, prompts, lens, mt, B, &imgs))) goto done;
+    double t_end = 0, t_first = 0, t_acc = 0;
     for (int64_t i = 0; i < B; i++) {
       if (req[i].t_end > t_end) t_end = req[i].t_end;
       if (req[i].t_first > t_first) t_first = req[i].t_first; /* the whole batch's prefill */
+      t_acc += req[i].t_accepted - req[i].t_submit;
     }
     if (it < a.warmup) continue;
     int64_t k = it - a.warmup;
     e2e[k] = t_end - t0;
     ttft[k] = t_first - t0;
+    sub[k] = t_acc / (double)B;
     tpot[k] = a.output_len > 1 ? (t_end - t_first) / (double)(a.output_len - 1) : 0;
   }
   off_stat_t se = off_stats(e2e, a.iters), sf = off_stats(ttft, a.iters),
-             sp = off_stats(tpot, a.iters);
+             sp = off_stats(tpot, a.iters), ss = off_stats(sub, a.iters);
   printf("latency: batch %lld, %lld prompt + %lld output tokens, %lld iterations\n", (long long)B,
          (long long)a.input_len, (long long)a.output_len, (long long)a.iters);
   off_print_stat("end to end", se, 1e3, "ms");
   off_print_stat("time to first token", sf, 1e3, "ms");
+  off_print_stat("  of it, submission", ss, 1e3, "ms, per request");
   if (a.output_len > 1) off_print_stat("time per output token", sp, 1e3, "ms");
   printf("  decode throughput        %.1f tokens/s (batch x output / end to end)\n",
          (double)(B * a.output_len) / se.mean);
@@ -354,6 +411,8 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
   off_json_stat(&j, "e2e_ms", se, 1e3);
   off_json_stat(&j, "ttft_ms", sf, 1e3);
   off_json_stat(&j, "tpot_ms", sp, 1e3);
+  off_json_stat(&j, "submit_ms", ss, 1e3);
+  kiln_strbuf_printf(&j, ", \"images\": %d", imgs.num);
   kiln_strbuf_append_str(&j, "}");
   st = off_write_json(a.json, &j);
 done:
@@ -366,6 +425,10 @@ done:
   free(e2e);
   free(ttft);
   free(tpot);
+  free(sub);
+  free(fixed);
+  kiln_cli_images_free(&imgs);
+  kiln_opts_free(&latency_opts, &a);
   kiln_strbuf_free(&j);
   return st ? kiln_cli_fail(st) : 0;
 }
@@ -456,7 +519,7 @@ static kiln_status_t off_dataset(kiln_engine_t *eng, const char *path, int64_t d
 }
 
 int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
-  off_args_t a = {NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0, NULL, NULL};
+  off_args_t a = {NULL, NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0, {NULL, 0}, NULL, NULL};
   bool help;
   kiln_status_t st = kiln_opts_parse(&throughput_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
@@ -501,7 +564,7 @@ int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
   fprintf(stderr, "bench throughput: %s on %s (%s), %lld requests; start-up %.2f s\n",
           info.model_name, info.backend, info.device, (long long)N, startup);
   double t0 = kiln_cli_now();
-  if ((st = off_submit(eng, &run, req, prompts, lens, mt, N))) goto done;
+  if ((st = off_submit(eng, &run, req, prompts, lens, mt, N, NULL))) goto done;
   double t_end = 0;
   int64_t in_tok = 0, out_tok = 0;
   for (int64_t i = 0; i < N; i++) {

@@ -20,6 +20,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, getline, isatty */
 #include <curl/curl.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -51,13 +52,14 @@
 typedef enum bs_endpoint { BS_COMPLETIONS, BS_CHAT } bs_endpoint_t;
 
 typedef struct bs_args {
-  const char *url; /* the base: http://HOST:PORT (a trailing / or /v1 is dropped) */
+  const char *url;           /* the base: http://HOST:PORT (a trailing / or /v1 is dropped) */
   const char *endpoint_name; /* --endpoint: completions or chat */
   bs_endpoint_t endpoint;
-  const char *model;   /* NULL = the first id of GET /v1/models */
-  const char *api_key; /* --api-key, $KILN_API_KEY or $OPENAI_API_KEY; NULL = none */
-  const char *dataset; /* JSONL file, or NULL for random prompts */
-  const char *json;    /* --json FILE */
+  const char *model;     /* NULL = the first id of GET /v1/models */
+  const char *api_key;   /* --api-key, $KILN_API_KEY or $OPENAI_API_KEY; NULL = none */
+  const char *dataset;   /* JSONL file, or NULL for random prompts */
+  const char *image_dir; /* --image-dir: one image of it (cyclically) with each chat request */
+  const char *json;      /* --json FILE */
   int64_t num_prompts, max_concurrency, input_len, output_len, random_ids, seed, warmup;
   double request_rate; /* requests/s; INFINITY = all at once */
   double timeout;      /* seconds per request; 0 = none */
@@ -123,6 +125,8 @@ typedef struct bs {
   CURLM *multi;
   bs_item_t *items; /* the dataset's lines */
   size_t num_items;
+  char **image_urls; /* --image-dir's files as data: URLs, by name */
+  size_t num_images;
   bs_req_t *live; /* requests in flight */
 } bs_t;
 
@@ -167,6 +171,10 @@ static const kiln_opt_t bs_rows[] = {
                     "JSONL requests instead of random ones: each line has \"prompt\"\n"
                     "(text; or token ids for completions) or \"messages\" (chat), and\n"
                     "optionally \"max_tokens\"; lines are used in order, cyclically"),
+    KILN_OPT_STRING("--image-dir", "DIR", bs_args_t, image_dir,
+                    "chat: the PNG, JPEG and WebP files of DIR, one with each request\n"
+                    "(in name order, cyclically) as a data: URL image_url part before\n"
+                    "the prompt's text (vision-language models)"),
     KILN_OPT_INT("--seed", "S", bs_args_t, seed, 0, INT64_MAX,
                  "seeds the random prompts and the arrival times (default 0)"),
     KILN_OPT_FLOAT("--temperature", "T", bs_args_t, temperature, 0, 100,
@@ -222,6 +230,11 @@ static kiln_status_t bs_parse(kiln_cli_t *cli, bs_args_t *a) {
   if (a->random_ids && a->dataset)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: --random-ids is for random prompts, not --dataset", cmd);
+  if (a->image_dir && a->endpoint != BS_CHAT)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: --image-dir sends image_url parts, which only --endpoint chat "
+                            "takes",
+                            cmd);
   if (!a->api_key) {
     const char *env = getenv("KILN_API_KEY");
     if (!env || !*env) env = getenv("OPENAI_API_KEY");
@@ -325,6 +338,11 @@ static kiln_status_t bs_item_check(const bs_args_t *a, const kiln_json_t *root, 
   if (!it->prompt == !it->messages)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: wants exactly one of \"prompt\" and \"messages\"", where);
+  if (it->messages && a->image_dir)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: a \"messages\" line carries its own images: no --image-dir with "
+                            "it",
+                            where);
   if (it->messages) {
     if (a->endpoint != BS_CHAT)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: \"messages\" needs --endpoint chat",
@@ -411,6 +429,124 @@ done:
   return st;
 }
 
+/* ---- --image-dir ---------------------------------------------------------------------------- */
+
+static void bs_images_free(bs_t *b) {
+  for (size_t i = 0; i < b->num_images; i++) free(b->image_urls[i]);
+  free(b->image_urls);
+  b->image_urls = NULL;
+  b->num_images = 0;
+}
+
+static int bs_name_cmp(const void *x, const void *y) {
+  return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* The media type from a file's first bytes, or NULL for a file that is no PNG, JPEG or WebP. */
+static const char *bs_image_type(const unsigned char *p, size_t n) {
+  if (n >= 8 && !memcmp(p, "\x89PNG\r\n\x1a\n", 8)) return "image/png";
+  if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return "image/jpeg";
+  if (n >= 12 && !memcmp(p, "RIFF", 4) && !memcmp(p + 8, "WEBP", 4)) return "image/webp";
+  return NULL;
+}
+
+/* Reads --image-dir: every PNG, JPEG or WebP file of it (by its bytes, not its name), in name
+ * order, base64-encoded once into a data: URL. Other files are skipped; none at all is an
+ * error. */
+static kiln_status_t bs_load_images(bs_t *b) {
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const char *dir = b->a->image_dir;
+  DIR *d = opendir(dir);
+  if (!d)
+    return kiln_status_make(errno == ENOENT ? KILN_ERR_NOT_FOUND : KILN_ERR_IO,
+                            "%s: --image-dir %s: %s", BS_CMD, dir, strerror(errno));
+  char **names = NULL;
+  size_t nn = 0, cap = 0;
+  kiln_status_t st = NULL;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    if (nn == cap) {
+      size_t nc = cap ? 2 * cap : 64;
+      char **g = realloc(names, nc * sizeof(*g));
+      if (!g) goto oom;
+      names = g;
+      cap = nc;
+    }
+    if (!(names[nn] = strdup(e->d_name))) goto oom;
+    nn++;
+  }
+  closedir(d);
+  d = NULL;
+  if (nn) qsort(names, nn, sizeof(*names), bs_name_cmp);
+  if (nn && !(b->image_urls = calloc(nn, sizeof(char *)))) goto oom;
+  for (size_t i = 0; i < nn; i++) {
+    char *path = kiln_strprintf("%s/%s", dir, names[i]);
+    if (!path) goto oom;
+    FILE *f = fopen(path, "rb");
+    free(path);
+    if (!f) continue; /* a folder, or unreadable: not an image of the run */
+    kiln_strbuf_t raw = KILN_STRBUF_INIT;
+    char buf[65536];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof(buf), f)) > 0) kiln_strbuf_append(&raw, buf, got);
+    fclose(f);
+    const unsigned char *p = (const unsigned char *)raw.data;
+    const char *type = raw.len ? bs_image_type(p, raw.len) : NULL;
+    if (!kiln_strbuf_ok(&raw)) {
+      kiln_strbuf_free(&raw);
+      goto oom;
+    }
+    if (!type) {
+      kiln_strbuf_free(&raw);
+      continue;
+    }
+    kiln_strbuf_t u = KILN_STRBUF_INIT;
+    kiln_strbuf_printf(&u, "data:%s;base64,", type);
+    for (size_t k = 0; k < raw.len; k += 3) {
+      const unsigned v = (unsigned)p[k] << 16 | (k + 1 < raw.len ? (unsigned)p[k + 1] << 8 : 0) |
+                         (k + 2 < raw.len ? p[k + 2] : 0);
+      char q[4] = {b64[v >> 18], b64[(v >> 12) & 63], k + 1 < raw.len ? b64[(v >> 6) & 63] : '=',
+                   k + 2 < raw.len ? b64[v & 63] : '='};
+      kiln_strbuf_append(&u, q, 4);
+    }
+    kiln_strbuf_free(&raw);
+    if (!kiln_strbuf_ok(&u)) {
+      kiln_strbuf_free(&u);
+      goto oom;
+    }
+    b->image_urls[b->num_images++] = kiln_strbuf_detach(&u, NULL);
+    kiln_strbuf_free(&u);
+  }
+  if (b->num_images == 0)
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "%s: --image-dir %s holds no PNG, JPEG or WebP file", BS_CMD, dir);
+  goto done;
+oom:
+  st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+done:
+  if (d) closedir(d);
+  for (size_t i = 0; i < nn; i++) free(names[i]);
+  free(names);
+  return st;
+}
+
+/* Appends a user message's content: the text (text_json: a JSON string, as written), or with
+ * --image-dir [the request's image part, the text part]. */
+static void bs_user_content(const bs_t *b, size_t index, kiln_strbuf_t *out,
+                            const kiln_strbuf_t *text_json) {
+  if (!b->num_images) {
+    kiln_strbuf_append(out, text_json->data, text_json->len);
+    return;
+  }
+  const char *u = b->image_urls[index % b->num_images];
+  kiln_strbuf_append_str(out, "[{\"type\": \"image_url\", \"image_url\": {\"url\": ");
+  kiln_json_write_string(out, u, strlen(u), false);
+  kiln_strbuf_append_str(out, "}}, {\"type\": \"text\", \"text\": ");
+  kiln_strbuf_append(out, text_json->data, text_json->len);
+  kiln_strbuf_append_str(out, "}]");
+}
+
 /* ---- request bodies ------------------------------------------------------------------------- */
 
 /* Appends request `index`'s body (warmup requests draw other random prompts than the measured
@@ -432,9 +568,14 @@ static bool bs_body(const bs_t *b, size_t index, bool warmup, kiln_strbuf_t *out
       kiln_strbuf_append_str(out, ", \"messages\": ");
       kiln_json_write(out, it->messages, false, false);
     } else if (chat) {
+      kiln_strbuf_t tj = KILN_STRBUF_INIT;
+      kiln_json_write(&tj, it->prompt, false, false);
       kiln_strbuf_append_str(out, ", \"messages\": [{\"role\": \"user\", \"content\": ");
-      kiln_json_write(out, it->prompt, false, false);
+      bs_user_content(b, index, out, &tj);
       kiln_strbuf_append_str(out, "}]");
+      bool ok = kiln_strbuf_ok(&tj);
+      kiln_strbuf_free(&tj);
+      if (!ok) return false;
     } else {
       kiln_strbuf_append_str(out, ", \"prompt\": ");
       kiln_json_write(out, it->prompt, false, false);
@@ -449,6 +590,20 @@ static bool bs_body(const bs_t *b, size_t index, bool warmup, kiln_strbuf_t *out
         kiln_strbuf_printf(out, i ? ", %llu" : "%llu",
                            (unsigned long long)(bs_rand(&s) % (uint64_t)a->random_ids));
       kiln_strbuf_append_char(out, ']');
+    } else if (chat && b->num_images) {
+      kiln_strbuf_t words = KILN_STRBUF_INIT, tj = KILN_STRBUF_INIT;
+      for (int64_t i = 0; i < a->input_len; i++) {
+        if (i) kiln_strbuf_append_char(&words, ' ');
+        kiln_strbuf_append_str(&words, bs_words[bs_rand(&s) % BS_NUM_WORDS]);
+      }
+      kiln_json_write_string(&tj, words.data ? words.data : "", words.len, false);
+      kiln_strbuf_append_str(out, ", \"messages\": [{\"role\": \"user\", \"content\": ");
+      bs_user_content(b, index, out, &tj);
+      kiln_strbuf_append_str(out, "}]");
+      bool ok = kiln_strbuf_ok(&words) && kiln_strbuf_ok(&tj);
+      kiln_strbuf_free(&words);
+      kiln_strbuf_free(&tj);
+      if (!ok) return false;
     } else {
       kiln_strbuf_append_str(
           out, chat ? ", \"messages\": [{\"role\": \"user\", \"content\": \"" : ", \"prompt\": \"");
@@ -1107,6 +1262,8 @@ static kiln_status_t bs_write_json(const bs_t *b, const bs_summary_t *s, const b
     kiln_strbuf_append_str(&o, "null");
   kiln_strbuf_append_str(&o, ",\n\"dataset\": ");
   bs_json_str(&o, a->dataset);
+  kiln_strbuf_append_str(&o, ",\n\"image_dir\": ");
+  bs_json_str(&o, a->image_dir);
   kiln_strbuf_printf(&o,
                      ",\n\"input_len\": %lld,\n\"output_len\": %lld,\n\"seed\": %lld,\n"
                      "\"warmup\": %lld,\n\"completed\": %zu,\n\"failed\": %zu,\n\"duration_s\": ",
@@ -1210,6 +1367,7 @@ static int bs_main(const bs_args_t *a) {
     if ((st = bs_load_dataset(&b))) goto done;
     if (!a->num_prompts_set) n = b.num_items;
   }
+  if (a->image_dir && (st = bs_load_images(&b))) goto done;
   if (a->model) {
     if (!(b.model = kiln_strprintf("%s", a->model))) {
       st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -1263,6 +1421,7 @@ done:
   bs_results_free(wres, nw);
   free(arrivals);
   bs_items_free(&b);
+  bs_images_free(&b);
   if (b.multi) curl_multi_cleanup(b.multi);
   curl_slist_free_all(b.headers);
   free(b.url_post);

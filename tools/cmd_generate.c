@@ -107,19 +107,22 @@ static const char gen_usage[] =
     "\"prompt_ids\" (token ids), plus any of max_tokens, min_tokens, temperature, top_p,\n"
     "top_k, min_p, n, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs,\n"
     "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, priority,\n"
-    "skip_special_tokens, include_stop_str_in_output, and for constrained decoding one of\n"
-    "guided_json (a JSON Schema, object or string), guided_regex, guided_choice (strings),\n"
-    "guided_grammar (GBNF) or response_format ({\"type\": \"json_object\"} or {\"type\":\n"
-    "\"json_schema\", \"json_schema\": {\"schema\": ...}}) (other fields are ignored); the "
-    "options\n"
+    "skip_special_tokens, include_stop_str_in_output, one constraint of guided_json (a\n"
+    "JSON Schema, object or string), guided_regex, guided_choice (strings), guided_grammar\n"
+    "(GBNF) and response_format ({\"type\": \"json_object\"} or {\"type\": \"json_schema\",\n"
+    "\"json_schema\": {\"schema\": ...}}); or \"messages\" (an OpenAI-style chat,\n"
+    "image_url parts with data: URLs or paths) instead of a prompt, and \"images\" (data:\n"
+    "URLs or paths) with \"prompt\" (one user message: the images, then the text) or with\n"
+    "\"prompt_ids\" (one placeholder id per image). Any other field is an error (id,\n"
+    "custom_id, model, user and metadata are allowed and ignored). The options\n"
     "below are the defaults for fields a line leaves out. Writes one JSON line per request,\n"
     "in input order, to --output (default: stdout): index, token_ids, text, finish_reason,\n"
     "usage, logprobs; or index and error for a line that failed. Progress and a summary go to\n"
     "stderr. Exit status: 0 when every line succeeded, 1 otherwise.\n";
 
 static const kiln_opt_t gen_rows[] = {
-    KILN_OPT_STRING("--model", "DIR|FILE.gguf", gen_args_t, model,
-                    "the model (default: [model] path)"),
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf|ORG/NAME", gen_args_t, model,
+                    "the model: a path or a Hub id ORG/NAME[@REV]\n(default: [model] path)"),
     KILN_OPT_STRING("--dtype", "NAME", gen_args_t, dtype,
                     "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
     KILN_OPT_STRING("--ids", "1,2,3", gen_args_t, ids, "one request: the prompt's token ids"),
@@ -645,10 +648,13 @@ typedef struct gen_line {
   gen_ids_t ids, stop_ids, bias_ids;
   float *bias_values;
   const char **stop;
-  kiln_strbuf_t guide_spec; /* a constraint given as a JSON value, written out */
+  const kiln_json_t *messages, *images; /* "messages" (a chat), "images" (URLs or paths) */
+  kiln_cli_images_t imgs;               /* the images, read (gen_line_prepare) */
+  kiln_strbuf_t guide_spec;             /* a constraint given as a JSON value, written out */
 } gen_line_t;
 
 static void gen_line_free(gen_line_t *l) {
+  kiln_cli_images_free(&l->imgs);
   kiln_json_doc_free(l->doc);
   free(l->ids.v);
   free(l->stop_ids.v);
@@ -806,10 +812,52 @@ static kiln_status_t gen_line_parse(const char *text, size_t len,
     return gen_bad("a request is a JSON object, got %s", kiln_json_type_name(kiln_json_type(r)));
   kiln_sampling_params_t *p = &l->p;
   *p = *base;
-  /* The prompt: text, or token ids (also accepted as an array under "prompt"). */
+  /* Every field is one this command knows: one it left out would change what the caller gets
+   * back without a word (a "response_format", "tools", "suffix"...). */
+  static const char *const known[] = {
+      "prompt", "prompt_ids", "messages", "images", "max_tokens", "min_tokens", "n", "top_k",
+      "priority", "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+      "repetition_penalty", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+      "seed", "logprobs", "top_logprobs", "stop", "stop_token_ids", "logit_bias", "guided_json",
+      "guided_regex", "guided_choice", "guided_grammar", "response_format",
+      /* metadata that changes nothing */
+      "id", "custom_id", "model", "user", "metadata"};
+  for (size_t i = 0; i < kiln_json_len(r); i++) {
+    const char *key = kiln_json_key_at(r, i, NULL);
+    bool ok = false;
+    for (size_t k = 0; k < sizeof(known) / sizeof(known[0]) && !ok; k++)
+      ok = !strcmp(key, known[k]);
+    if (!ok)
+      return gen_bad("unknown field \"%s\" (kiln generate --help lists the fields a line may have)",
+                     key);
+  }
+  /* The prompt: text, or token ids (also accepted as an array under "prompt"); or a chat. */
   const kiln_json_t *pt = gen_field(r, "prompt"), *pi = gen_field(r, "prompt_ids");
-  if (pt && pi) return gen_bad("give \"prompt\" or \"prompt_ids\", not both");
-  if (pt && kiln_json_is(pt, KILN_JSON_STRING)) {
+  const kiln_json_t *msgs = gen_field(r, "messages"), *imgs = gen_field(r, "images");
+  if (imgs) {
+    if (!kiln_json_is(imgs, KILN_JSON_ARRAY))
+      return gen_bad("images must be an array of image URLs or paths, got %s",
+                     kiln_json_type_name(kiln_json_type(imgs)));
+    for (size_t i = 0; i < kiln_json_len(imgs); i++)
+      if (!kiln_json_is(kiln_json_at(imgs, i), KILN_JSON_STRING))
+        return gen_bad("images[%zu] must be a string (a data: URL, a file:// URL or a path)", i);
+    l->images = imgs;
+  }
+  if (msgs) {
+    if (pt || pi || imgs)
+      return gen_bad(
+          "\"messages\" holds the whole chat, images included: no \"prompt\", "
+          "\"prompt_ids\" or \"images\" with it");
+    if (!kiln_json_is(msgs, KILN_JSON_ARRAY))
+      return gen_bad("messages must be an array of chat messages, got %s",
+                     kiln_json_type_name(kiln_json_type(msgs)));
+    l->messages = msgs;
+  } else if (pt && pi) {
+    return gen_bad("give \"prompt\" or \"prompt_ids\", not both");
+  }
+  if (msgs) {
+    /* rendered by gen_line_prepare */
+  } else if (pt && kiln_json_is(pt, KILN_JSON_STRING)) {
     size_t n;
     l->prompt = kiln_json_string(pt, &n);
     if (strlen(l->prompt) != n) return gen_bad("prompt contains a NUL character");
@@ -821,7 +869,9 @@ static kiln_status_t gen_line_parse(const char *text, size_t len,
   } else if (pi) {
     st = gen_field_ids(pi, "prompt_ids", &l->ids);
   } else {
-    return gen_bad("no prompt: give \"prompt\" (text) or \"prompt_ids\" (token ids)");
+    return gen_bad(
+        "no prompt: give \"prompt\" (text), \"prompt_ids\" (token ids) or "
+        "\"messages\" (a chat)");
   }
   if (st) return st;
   int64_t x = p->max_tokens;
@@ -909,6 +959,36 @@ static kiln_status_t gen_line_parse(const char *text, size_t len,
     p->logit_bias_values = l->bias_values;
     p->num_logit_bias = (int32_t)n;
   }
+  return NULL;
+}
+
+/* A line's images and chat: reads "images", renders "messages" (or "prompt" with "images", one
+ * user message of the images then the text, as --image with --prompt) with the chat template
+ * into token ids. "prompt_ids" with "images" stay as given: one placeholder id per image. */
+static kiln_status_t gen_line_prepare(kiln_engine_t *eng, bool has_tokenizer, gen_line_t *l) {
+  if (!l->messages && !l->images) return NULL;
+  if (l->images && kiln_json_len(l->images) && kiln_engine_max_images(eng) == 0)
+    return gen_bad("images: the model takes text only (it has no vision tower)");
+  if ((l->messages || l->prompt) && !has_tokenizer)
+    return gen_bad("%s needs a tokenizer.json beside the model (or give \"prompt_ids\")",
+                   l->messages ? "messages" : "prompt with images");
+  kiln_status_t st = NULL;
+  for (size_t i = 0; l->images && i < kiln_json_len(l->images) && !st; i++) {
+    size_t n;
+    const char *u = kiln_json_string(kiln_json_at(l->images, i), &n);
+    char where[32];
+    snprintf(where, sizeof(where), "images[%zu]", i);
+    st = kiln_cli_image_add_url(u, n, where, &l->imgs);
+  }
+  if (st || (!l->messages && !l->prompt)) return st;
+  int32_t *ids = NULL, n = 0;
+  st = l->messages ? kiln_cli_chat_ids_json(eng, l->messages, "request", &l->imgs, &ids, &n)
+                   : kiln_cli_chat_ids(eng, NULL, l->prompt, &l->imgs, &ids, &n);
+  if (st) return st;
+  free(l->ids.v);
+  l->ids.v = ids;
+  l->ids.len = l->ids.cap = (size_t)n;
+  l->prompt = NULL;
   return NULL;
 }
 
@@ -1083,7 +1163,9 @@ static kiln_status_t gen_submit(gen_batch_t *b, kiln_engine_t *eng, gen_line_t *
                            .num_prompt_ids = l->prompt ? 0 : (int32_t)l->ids.len,
                            .params = &l->p,
                            .on_output = gen_on_output,
-                           .user = j};
+                           .user = j,
+                           .images = l->imgs.num ? l->imgs.images : NULL,
+                           .num_images = l->imgs.num};
   for (int idle_waits = 0;;) {
     kiln_request_t *req = NULL;
     pthread_mutex_lock(&b->mu);
@@ -1196,7 +1278,11 @@ static int gen_batch(kiln_cli_t *cli, const gen_args_t *a) {
         b.head = j;
       b.tail = j;
       b.pending++;
-      if (!lst) lst = gen_submit(&b, eng, &l, j, info.has_tokenizer, out, &wst);
+      if (!lst) lst = gen_line_prepare(eng, info.has_tokenizer, &l);
+      if (!lst) {
+        lst = gen_submit(&b, eng, &l, j, info.has_tokenizer, out, &wst);
+        if (lst) lst = kiln_cli_images_error(&l.imgs, lst);
+      }
       gen_line_free(&l);
       if (lst) {
         gen_job_fail(j, kiln_status_message(lst));

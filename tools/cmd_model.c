@@ -9,6 +9,7 @@
 #include "base/npy.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
+#include "models/hub/hub.h"
 #include "models/model.h"
 #include "models/mrope.h"
 #include "models/tokenizer/tokenizer.h"
@@ -36,8 +37,9 @@ typedef struct mc_ctx {
 } mc_ctx_t;
 
 static const kiln_opt_t mc_rows[] = {
-    KILN_OPT_STRING("--model", "DIR|FILE.gguf", mc_args_t, model,
-                    "the model (default: [model] path; empty: the embedded default)"),
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf|ORG/NAME", mc_args_t, model,
+                    "the model: a path or a Hub id ORG/NAME[@REV] (default:\n"
+                    "[model] path; empty: the embedded default)"),
     KILN_OPT_STRING("--ids", "1,2,3", mc_args_t, ids, "the token ids to score (required)"),
     KILN_OPT_STRING("--out", "FILE.npy", mc_args_t, out,
                     "where the logits go: float32 [len(ids), vocab] (required)"),
@@ -71,9 +73,14 @@ static kiln_status_t mc_parse(kiln_cli_t *cli, mc_args_t *a, bool *out_help) {
   if (a->images.n > MC_MAX_IMAGES)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: more than %d --image", cmd,
                             MC_MAX_IMAGES);
-  if (!a->model || !a->model[0]) {
-    /* [model] path (relative to its INI file), or the embedded default model. */
-    kiln_status_t pst = kiln_config_model_path(cli->config, a->model_buf, sizeof(a->model_buf));
+  {
+    /* --model, else [model] path (relative to its INI file), else the embedded default model;
+     * a Hub id resolves through the Hub cache. */
+    kiln_model_location_t *loc = malloc(sizeof(*loc));
+    if (!loc) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+    kiln_status_t pst = kiln_model_resolve(cli->config, a->model, loc);
+    memcpy(a->model_buf, loc->path, sizeof(a->model_buf));
+    free(loc);
     if (pst) return kiln_status_annotate(pst, "%s", cmd);
     a->model = a->model_buf;
   }

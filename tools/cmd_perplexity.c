@@ -19,6 +19,7 @@
 #include "base/strbuf.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
+#include "models/hub/hub.h"
 #include "models/model.h"
 #include "models/tokenizer/tokenizer.h"
 
@@ -60,8 +61,8 @@ static const char pp_usage[] =
     "--chunk sets the tokens per forward pass within a window (default min(N, 512)).\n";
 
 static const kiln_opt_t pp_rows[] = {
-    KILN_OPT_STRING("--model", "DIR|FILE.gguf", pp_args_t, model,
-                    "the model (default: [model] path)"),
+    KILN_OPT_STRING("--model", "DIR|FILE.gguf|ORG/NAME", pp_args_t, model,
+                    "the model: a path or a Hub id ORG/NAME[@REV]\n(default: [model] path)"),
     KILN_OPT_STRING("--file", "TEXT", pp_args_t, file, "the text file to score (required)"),
     KILN_OPT_INT("--ctx", "N", pp_args_t, ctx, 2, 1 << 24,
                  "tokens per window (default: the model's context)"),
@@ -85,8 +86,11 @@ static const kiln_opts_t pp_opts = {
  * (relative to the config file; empty = the embedded default model). The one place the path
  * is decided. */
 static kiln_status_t pp_model_path(kiln_cli_t *cli, pp_args_t *a) {
-  if (a->model && a->model[0]) return NULL;
-  kiln_status_t st = kiln_config_model_path(cli->config, a->model_buf, sizeof(a->model_buf));
+  kiln_model_location_t *loc = malloc(sizeof(*loc));
+  if (!loc) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_status_t st = kiln_model_resolve(cli->config, a->model, loc);
+  memcpy(a->model_buf, loc->path, sizeof(a->model_buf));
+  free(loc);
   if (!st) a->model = a->model_buf;
   return st;
 }

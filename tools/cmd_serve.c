@@ -10,16 +10,18 @@
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "kiln/kiln.h"
+#include "models/hub/hub.h"
 #include "server/server.h"
 
 static const char serve_usage[] =
-    "usage: kiln serve [--model DIR|FILE.gguf] [--host ADDR] [--port N] [--api-key KEY]\n"
+    "usage: kiln serve [--model DIR|FILE.gguf|ORG/NAME] [--host ADDR] [--port N] [--api-key KEY]\n"
     "                  [--served-model-name NAME] [--dtype auto|float32|float16|bfloat16]\n"
     "                  [--config FILE] [--set section.key=value]...\n"
     "Serves the configured model over HTTP: POST /v1/completions, /v1/chat/completions,\n"
-    "/tokenize, /detokenize; GET /v1/models, /health, /version, /metrics. [server] in the INI\n"
-    "file holds the address, the API key (or $KILN_API_KEY), limits and timeouts. SIGINT or\n"
-    "SIGTERM drains running requests (up to server.shutdown_timeout) and exits 0.\n";
+    "/tokenize, /detokenize; GET /v1/models, /health, /version, /metrics, and a chat page at /\n"
+    "(open http://HOST:PORT/ in a browser). [server] in the INI file holds the address, the\n"
+    "API key (or $KILN_API_KEY), limits and timeouts. SIGINT or SIGTERM drains running\n"
+    "requests (up to server.shutdown_timeout) and exits 0.\n";
 
 /* The options: each one sets a config key, after the --set overrides (so it wins). */
 enum { SERVE_MODEL, SERVE_HOST, SERVE_PORT, SERVE_API_KEY, SERVE_NAME, SERVE_DTYPE, SERVE_NUM };
@@ -39,8 +41,9 @@ static const char *const serve_keys[SERVE_NUM] = {
 
 #define SERVE_OPT(nm, mv, i, hl) KILN_OPT_STRING(nm, mv, serve_args_t, v[i], hl)
 static const kiln_opt_t serve_rows[] = {
-    SERVE_OPT("--model", "DIR|FILE.gguf", SERVE_MODEL,
-              "the model (model.path; default: [model] path)"),
+    SERVE_OPT("--model", "DIR|FILE.gguf|ORG/NAME", SERVE_MODEL,
+              "the model: a path or a Hugging Face Hub id ORG/NAME[@REV]\n"
+              "(model.path; default: [model] path)"),
     SERVE_OPT("--host", "ADDR", SERVE_HOST, "the address to listen on (server.host)"),
     SERVE_OPT("--port", "N", SERVE_PORT, "the port; 0 = any free one (server.port)"),
     SERVE_OPT("--api-key", "KEY", SERVE_API_KEY,
@@ -48,7 +51,7 @@ static const kiln_opt_t serve_rows[] = {
               "(server.api_key; default: $KILN_API_KEY, else none)"),
     SERVE_OPT("--served-model-name", "NAME", SERVE_NAME,
               "the model's id in the API (server.served_model_name;\n"
-              "default: the model's file or directory name)"),
+              "default: the Hub id, or the model's file or directory name)"),
     SERVE_OPT("--dtype", "NAME", SERVE_DTYPE, "auto, float32, float16 or bfloat16 (model.dtype)"),
 };
 #undef SERVE_OPT
@@ -62,9 +65,11 @@ static const kiln_opts_t serve_opts = {
     .common = &kiln_cli_common_opts,
 };
 
-/* The served name: the configured one, else the model's file or directory name. */
-static char *served_name(const char *configured, const char *model_path) {
+/* The served name: the configured one, else the Hub id, else the model's file or directory
+ * name. */
+static char *served_name(const char *configured, const char *model_path, bool hub) {
   if (configured && configured[0]) return strdup(configured);
+  if (hub) return strdup(model_path);
   const char *p = model_path ? model_path : "model";
   size_t n = strlen(p);
   while (n > 1 && p[n - 1] == '/') n--;
@@ -117,12 +122,22 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
   so.max_image_bytes = (size_t)kiln_config_get_int(cli->config, "server", "max_image_bytes");
   so.allow_remote_images = kiln_config_get_bool(cli->config, "server", "allow_remote_images");
   so.image_fetch_timeout = kiln_config_get_float(cli->config, "server", "image_fetch_timeout");
+  so.tool_parser = kiln_config_get_string(cli->config, "server", "tool_parser");
   so.version = KILN_VERSION_STRING;
+  /* A Hub id is downloaded (or found in the Hub cache) here, before the port opens; the
+   * engine then finds it in the cache. Its served name is the id, as vLLM's is. */
+  kiln_model_location_t *loc = malloc(sizeof(*loc));
+  if (!loc) goto oom;
+  if ((st = kiln_model_resolve(cli->config, NULL, loc))) {
+    free(loc);
+    goto done;
+  }
   char model_path[4096];
-  if ((st = kiln_config_model_path(cli->config, model_path, sizeof(model_path)))) goto done;
-  if (!(name = served_name(kiln_config_get_string(cli->config, "server", "served_model_name"),
-                           model_path)))
-    goto oom;
+  memcpy(model_path, loc->path, sizeof(model_path));
+  name = served_name(kiln_config_get_string(cli->config, "server", "served_model_name"),
+                     loc->hub_repo[0] ? loc->hub_repo : model_path, loc->hub_repo[0] != 0);
+  free(loc);
+  if (!name) goto oom;
   so.model_name = name;
 
   /* Signals are taken by sigwait below: block them before any thread starts. */
@@ -147,6 +162,8 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
       kiln_server_port(server), info.backend, info.device, (long long)info.max_model_len,
       info.num_blocks, info.block_size);
   fflush(stdout);
+  KILN_LOG_I("chat page: http://%s%s%s:%d/", strchr(host, ':') ? "[" : "", host,
+             strchr(host, ':') ? "]" : "", kiln_server_port(server));
   if (key && key[0]) KILN_LOG_I("API key required on /v1 routes");
   int sig = 0;
   sigwait(&sigs, &sig);

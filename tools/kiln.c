@@ -42,6 +42,8 @@ static const kiln_command_t commands[] = {
      "logits of every position to a .npy file (--model DIR --ids 1,2 [--image P] --out F.npy)"},
     {"generate", kiln_cmd_generate,
      "continue a prompt (--prompt TEXT [--image PATH] | --ids | --messages F) or --input FILE"},
+    {"chat", kiln_cmd_chat,
+     "an interactive chat in the terminal (--model DIR; /reset, Ctrl-C stops a reply)"},
     {"perplexity", kiln_cmd_perplexity,
      "perplexity of a text file (--model DIR --file TEXT [--ctx N] [--json])"},
 #ifdef KILN_HTTP
@@ -50,6 +52,8 @@ static const kiln_command_t commands[] = {
 #endif
     {"bench", kiln_cmd_bench,
      "benchmarks: serve (an HTTP server under load), latency, throughput (the engine)"},
+    {"download", kiln_cmd_download,
+     "fetch a Hugging Face Hub model into the Hub cache (ORG/NAME[@REV]), print its path"},
     {"config", cmd_config, "print the effective configuration as an INI file"},
 };
 

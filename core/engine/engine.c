@@ -32,6 +32,7 @@
 #include "base/strbuf.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
+#include "models/hub/hub.h"
 #include "models/loader/gguf.h"
 #include "models/mrope.h"
 #include "models/rope.h"
@@ -1888,8 +1889,13 @@ static const char *engine_config_key(void *ctx, const char *plugin, int32_t inde
 
 /* Opens the backend and loads the model, tokenizer and KV pool named by the config. */
 static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int32_t *num_blocks) {
+  /* [model] path: a local path, or a Hub id resolved through the Hub cache (models/hub). */
+  kiln_model_location_t *loc = malloc(sizeof(*loc));
+  if (!loc) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_status_t st = kiln_model_resolve(cfg, NULL, loc);
   char pathbuf[4096];
-  kiln_status_t st = kiln_config_model_path(cfg, pathbuf, sizeof(pathbuf));
+  memcpy(pathbuf, loc->path, sizeof(pathbuf));
+  free(loc);
   if (st) return st;
   const char *path = pathbuf;
   if (!(e->model_path = strdup(path)))
@@ -2013,6 +2019,7 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
     /* Without the processor's settings, images given as pixel values still work; encoded
      * images are refused with the reason. */
     kiln_status_t pst = kiln_vision_preproc_load(path, &e->preproc);
+    e->preproc.threads = (int32_t)kiln_config_get_int(cfg, "model", "image_threads");
     if (pst) {
       if (kiln_status_code(pst) == KILN_ERR_OUT_OF_MEMORY) return pst;
       KILN_LOG_W("%s: %s", path, kiln_status_message(pst));
@@ -2117,6 +2124,12 @@ kiln_status_t kiln_engine_create(const char *config_path, const char *const *ove
   }
   (*out)->own_config = cfg;
   return NULL;
+}
+
+bool kiln_engine_config_key(int32_t index, const char **section, const char **key,
+                            const char **type, const char **help) {
+  if (index < 0) return false;
+  return kiln_config_row_info((size_t)index, section, key, type, NULL, help);
 }
 
 void kiln_engine_destroy(kiln_engine_t *e) {
@@ -2251,6 +2264,18 @@ static kiln_status_t chat_arg(const char *text, size_t len, const char *what, ki
     return bad("%s must be a JSON %s, not %s", what, kiln_json_type_name(want),
                kiln_json_type_name(kiln_json_type(root)));
   return NULL;
+}
+
+bool kiln_engine_chat_template_source(const kiln_engine_t *e, bool tools, const char **out_src,
+                                      size_t *out_len, bool *out_renders_tools) {
+  *out_src = NULL;
+  if (out_len) *out_len = 0;
+  if (out_renders_tools) *out_renders_tools = false;
+  const kiln_template_t *t = e->chat ? kiln_chat_template_select(e->chat, tools) : NULL;
+  if (!t) return false;
+  *out_src = kiln_template_source(t, out_len);
+  if (out_renders_tools) *out_renders_tools = kiln_template_uses_variable(t, "tools");
+  return true;
 }
 
 kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *e, const kiln_chat_args_t *a,

@@ -92,7 +92,10 @@ typedef struct kiln_sampling_params {
   float presence_penalty;   /* [-2, 2]; output tokens */
   float frequency_penalty;  /* [-2, 2]; output tokens */
   bool has_seed;
-  uint64_t seed;           /* with has_seed: the same tokens whatever else is in the batch */
+  uint64_t seed; /* with has_seed: the same random draws whatever else is in the batch; the same
+                  * tokens too where the logits are the same, which a backend whose kernels sum
+                  * in another order at another batch size may change in the last bits (a
+                  * near-tie between two tokens can then go the other way) */
   bool ignore_eos;         /* keep going past the model's end-of-sequence tokens */
   bool skip_special_tokens; /* in the text (default true) */
   bool detokenize;          /* produce text (default true; needs a tokenizer) */
@@ -242,6 +245,15 @@ kiln_status_t kiln_engine_create(const char *config_path, const char *const *ove
 /* Cancels what is running, delivers every final event, joins the engine thread, frees. */
 void kiln_engine_destroy(kiln_engine_t *eng);
 
+/* The configuration keys kiln_engine_create reads from its INI file and overrides (the table
+ * `kiln --help-config` prints, in its order), for bindings that map their own option names
+ * onto "section.key=value" overrides: for index 0, 1, ... the key's section ("model",
+ * "engine", ...), its name, its type ("string", "int", "float", "bool", "enum" or
+ * "int list") and its help line, as static strings (any out pointer may be NULL). Returns
+ * false, setting nothing, for an index below 0 or past the last key. Thread-safe. */
+bool kiln_engine_config_key(int32_t index, const char **section, const char **key,
+                            const char **type, const char **help);
+
 typedef struct kiln_engine_info {
   const char *model_path;  /* as configured */
   const char *model_name;  /* architecture, e.g. "LlamaForCausalLM" */
@@ -295,6 +307,15 @@ typedef struct kiln_chat_args {
  * must alternate"). Thread-safe. */
 kiln_status_t kiln_engine_apply_chat_template(const kiln_engine_t *eng, const kiln_chat_args_t *args,
                                               char **out_prompt, size_t *out_len);
+
+/* The chat template that kiln_engine_apply_chat_template renders with for a conversation with
+ * tools (tools true: the "tool_use" template when the model has one) or without: its source text
+ * (borrowed, NUL-terminated, valid as long as the engine) and whether it names the `tools`
+ * variable at all (a template that never does cannot show tools to the model). Returns false,
+ * with *out_src NULL, when the model has no usable chat template. out_len and
+ * out_renders_tools may be NULL. Thread-safe. */
+bool kiln_engine_chat_template_source(const kiln_engine_t *eng, bool tools, const char **out_src,
+                                      size_t *out_len, bool *out_renders_tools);
 
 /* ---- metrics ----------------------------------------------------------------------------- */
 

@@ -58,6 +58,14 @@ kiln_status_t kiln_template_compile(const char *source, size_t len, const char *
     st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
     goto fail;
   }
+  tpl->source = malloc(len + 1);
+  if (!tpl->source) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", name);
+    goto fail;
+  }
+  if (len) memcpy(tpl->source, source, len);
+  tpl->source[len] = 0;
+  tpl->source_len = len;
   /* Tokens, the normalised source and literals all live in the template's arena. */
   st = tpl_lex(source ? source : "", source ? len : 0, tpl->name, &tpl->arena, &toks, &ntoks);
   if (st) goto fail;
@@ -72,9 +80,36 @@ fail:
 
 const char *kiln_template_name(const kiln_template_t *tpl) { return tpl->name; }
 
+const char *kiln_template_source(const kiln_template_t *tpl, size_t *out_len) {
+  if (out_len) *out_len = tpl->source_len;
+  return tpl->source;
+}
+
+/* Whether the subtree reads or assigns the variable (macro bodies included). The AST's depth
+ * is bounded by the parser, so the recursion is too. */
+static bool refers_to(const tnode_t *nd, const char *name) {
+  if (!nd) return false;
+  if (nd->kind == N_NAME && nd->name && !strcmp(nd->name, name)) return true;
+  if (refers_to(nd->a, name) || refers_to(nd->b, name) || refers_to(nd->c, name)) return true;
+  for (size_t i = 0; i < nd->n; i++)
+    if (refers_to(nd->items[i], name)) return true;
+  for (size_t i = 0; i < nd->nbody; i++)
+    if (refers_to(nd->body[i], name)) return true;
+  for (size_t i = 0; i < nd->nebody; i++)
+    if (refers_to(nd->ebody[i], name)) return true;
+  return false;
+}
+
+bool kiln_template_uses_variable(const kiln_template_t *tpl, const char *name) {
+  for (size_t i = 0; i < tpl->nbody; i++)
+    if (refers_to(tpl->body[i], name)) return true;
+  return false;
+}
+
 void kiln_template_free(kiln_template_t *tpl) {
   if (!tpl) return;
   kiln_arena_free(&tpl->arena);
+  free(tpl->source);
   free(tpl->name);
   free(tpl);
 }

@@ -76,6 +76,15 @@ kiln_status_t kiln_template_render(const kiln_template_t *tpl, const kiln_templa
 /* The name given at compile time (borrowed). */
 const char *kiln_template_name(const kiln_template_t *tpl);
 
+/* The source text as given to compile (borrowed, NUL-terminated; *out_len its length when
+ * out_len is not NULL). */
+const char *kiln_template_source(const kiln_template_t *tpl, size_t *out_len);
+
+/* Whether the template names the variable anywhere in its code (reads it, tests it, assigns
+ * it, in a macro or not): "tools" tells whether a chat template can show tools to the model.
+ * Text outside {{ }} and {% %} does not count. */
+bool kiln_template_uses_variable(const kiln_template_t *tpl, const char *name);
+
 /* NULL is a no-op. */
 void kiln_template_free(kiln_template_t *tpl);
 

@@ -215,6 +215,8 @@ struct tnode {
 
 struct kiln_template {
   char *name;
+  char *source; /* a copy of the source as given (kiln_template_source) */
+  size_t source_len;
   kiln_arena_t arena;
   tnode_t **body;
   size_t nbody;

@@ -3,11 +3,13 @@
 #include "models/vision/image.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
@@ -205,4 +207,54 @@ void kiln_image_hash(const kiln_image_t *img, uint64_t out[2]) {
   XXH128_hash_t hv = XXH3_128bits_digest(&st);
   out[0] = hv.low64;
   out[1] = hv.high64;
+}
+
+/* ---- threads ------------------------------------------------------------------------------- */
+
+int vimg_threads(int32_t requested, int64_t n, int64_t work) {
+  int64_t t = requested;
+  if (t <= 0) { /* auto: a few cores, and none for a small image (a thread costs ~50 us) */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    t = cpus < 1 ? 1 : cpus < 4 ? cpus : 4;
+    if (t > work) t = work;
+  }
+  if (t > VIMG_MAX_THREADS) t = VIMG_MAX_THREADS;
+  if (t > n) t = n;
+  return t < 1 ? 1 : (int)t;
+}
+
+typedef struct vimg_worker {
+  vimg_task_fn fn;
+  void *ctx;
+  int64_t begin, end;
+  int index;
+} vimg_worker_t;
+
+static void *vimg_worker_main(void *arg) {
+  const vimg_worker_t *w = arg;
+  w->fn(w->ctx, w->begin, w->end, w->index);
+  return NULL;
+}
+
+void vimg_parallel(int nt, int64_t n, vimg_task_fn fn, void *ctx) {
+  if (n <= 0) return;
+  if (nt > VIMG_MAX_THREADS) nt = VIMG_MAX_THREADS;
+  if (nt > n) nt = (int)n;
+  if (nt <= 1) {
+    fn(ctx, 0, n, 0);
+    return;
+  }
+  vimg_worker_t w[VIMG_MAX_THREADS];
+  pthread_t th[VIMG_MAX_THREADS];
+  bool started[VIMG_MAX_THREADS] = {false};
+  for (int t = 0; t < nt; t++) w[t] = (vimg_worker_t){fn, ctx, n * t / nt, n * (t + 1) / nt, t};
+  for (int t = 1; t < nt; t++)
+    started[t] = pthread_create(&th[t], NULL, vimg_worker_main, &w[t]) == 0;
+  fn(ctx, w[0].begin, w[0].end, 0);
+  for (int t = 1; t < nt; t++) {
+    if (started[t])
+      pthread_join(th[t], NULL);
+    else
+      fn(ctx, w[t].begin, w[t].end, t);
+  }
 }

@@ -94,6 +94,11 @@ void kiln_image_free(kiln_image_t *img);
 kiln_status_t kiln_image_resize_bicubic(const kiln_image_t *in, int32_t width, int32_t height,
                                         kiln_image_t *out);
 
+/* The same on up to `threads` threads (0 = auto: min(4, online CPUs); fewer for a small image):
+ * strips of rows of each pass are split between them; the bytes are the same for any count. */
+kiln_status_t kiln_image_resize_bicubic_threads(const kiln_image_t *in, int32_t width,
+                                                int32_t height, int32_t threads, kiln_image_t *out);
+
 /* XXH3-128 of the width, the height and the RGB bytes: the image's identity for the prefix
  * cache. out[0] is the low 64 bits, out[1] the high. The same pixels give the same hash however
  * they were encoded; any pixel or size difference gives another (collisions are as unlikely as

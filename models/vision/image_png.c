@@ -23,7 +23,7 @@ typedef struct png_dec {
   size_t len, pos;
   png_structp png;
   png_infop info;
-  uint8_t *raw;    /* [height, rowbytes] as libpng delivers them */
+  uint8_t *raw;    /* [height, rowbytes] as libpng delivers them (not for 8-bit RGB) */
   png_bytep *rows; /* row pointers into raw */
   uint8_t *rgb;    /* the result, handed to the caller on success */
   png_uint_32 width, height;
@@ -112,19 +112,23 @@ static int png_decode_body(png_dec_t *d) {
                              d->what, d->out_channels, d->out_depth, d->rowbytes);
     return 1;
   }
-  d->raw = malloc(d->rowbytes * d->height);
+  /* 8-bit RGB, what libpng delivers is the result: its rows go straight into it. */
+  const bool direct =
+      d->out_channels == 3 && d->out_depth == 8 && d->rowbytes == (size_t)d->width * 3;
+  if (!direct) d->raw = malloc(d->rowbytes * d->height);
   d->rows = malloc(sizeof *d->rows * d->height);
   d->rgb = malloc((size_t)d->width * d->height * 3);
-  if (!d->raw || !d->rows || !d->rgb) {
+  if ((!direct && !d->raw) || !d->rows || !d->rgb) {
     d->st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: PNG: cannot allocate %u x %u pixels",
                              d->what, (unsigned)d->width, (unsigned)d->height);
     return 1;
   }
-  for (png_uint_32 y = 0; y < d->height; y++) d->rows[y] = d->raw + (size_t)y * d->rowbytes;
+  uint8_t *base = direct ? d->rgb : d->raw;
+  for (png_uint_32 y = 0; y < d->height; y++) d->rows[y] = base + (size_t)y * d->rowbytes;
   png_read_image(d->png, d->rows);
   /* The image is complete; what follows (ancillary chunks, IEND) does not change it, and PIL
    * does not read it either, so a file cut after its last IDAT still decodes. */
-  rgb_from_rows(d);
+  if (!direct) rgb_from_rows(d);
   return 0;
 }
 

@@ -14,6 +14,9 @@
  *      window (merge_size x merge_size patches, row-major inside the window, windows row-major
  *      over the image), and inside a patch the values run channel, time, row, column.
  *
+ * Steps 2 and 5 may run on a few threads (kiln_vision_preproc_t.threads); the values do not
+ * depend on the thread count.
+ *
  * Ownership: kiln_image_patches_t.pixels is malloc'ed and owned by the caller
  * (kiln_image_patches_free). The config is plain data. Thread-safety: no shared state.
  */
@@ -38,6 +41,8 @@ typedef struct kiln_vision_preproc {
   double rescale_factor;          /* 1/255 */
   int32_t resample;               /* PIL's code; only 3 (BICUBIC) is implemented */
   bool do_resize, do_rescale, do_normalize, do_convert_rgb;
+  int32_t threads;  /* not from the file: threads for one image ([model] image_threads); 0 = auto
+                       (min(4, online CPUs), fewer for a small image) */
   char source[512]; /* the file the settings came from ("" for the defaults) */
 } kiln_vision_preproc_t;
 
@@ -82,6 +87,12 @@ kiln_status_t kiln_vision_smart_resize(int64_t height, int64_t width, int32_t fa
  * merge_size), KILN_ERR_OUT_OF_MEMORY. */
 kiln_status_t kiln_image_preprocess(const kiln_vision_preproc_t *pp, const kiln_image_t *img,
                                     kiln_image_patches_t *out);
+
+/* Steps 3-5 alone, on an image already at its final size (what kiln_image_preprocess runs
+ * after the resize; kiln-bench-image times it apart). out->hash is left zero. Errors as
+ * kiln_image_preprocess with do_resize off. */
+kiln_status_t kiln_image_patchify(const kiln_vision_preproc_t *pp, const kiln_image_t *img,
+                                  kiln_image_patches_t *out);
 
 void kiln_image_patches_free(kiln_image_patches_t *p);
 

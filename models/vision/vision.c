@@ -364,6 +364,108 @@ static kiln_status_t grow_dev(kiln_model_t *m, kiln_hal_buffer_t **buf, uint64_t
                               (double)bytes / (1 << 20), what);
 }
 
+kiln_status_t kiln_vision_host_rows(const kiln_vision_image_t *images, int32_t n, int32_t ms,
+                                    int32_t vw, int64_t K, int64_t Dv, double theta, float *pix,
+                                    float *rope, int32_t *order, int64_t *lens) {
+  const int64_t U = (int64_t)ms * ms, q = Dv / 4;
+  if (n < 1 || ms < 1 || vw < 0 || K < 1 || Dv < 4 || Dv % 4 || q > KILN_ROPE_MAX_FREQS)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "vision rows: %d images, merge %d, window %d, patch_dim %lld, head_dim "
+                            "%lld",
+                            n, ms, vw, (long long)K, (long long)Dv);
+  float inv[KILN_ROPE_MAX_FREQS];
+  kiln_rope_config_t rc;
+  memset(&rc, 0, sizeof(rc));
+  rc.kind = KILN_ROPE_DEFAULT;
+  rc.style = KILN_HAL_ROPE_NEOX;
+  rc.rotary_dim = (int32_t)(Dv / 2); /* VisionRotaryEmbedding(head_dim / 2, theta) */
+  rc.theta = theta;
+  rc.factor = 1.0;
+  kiln_status_t st = kiln_rope_inv_freq(&rc, 1, inv, NULL);
+  if (st) return st;
+  /* Unit order (window order for 2.5) and window lengths. */
+  int64_t N = 0;
+  {
+    int64_t u0 = 0, nw = 0, row = 0;
+    for (int32_t i = 0; i < n; i++) {
+      const int64_t gh = images[i].grid_h / ms, gw = images[i].grid_w / ms;
+      if (vw > 0) {
+        for (int64_t wy = 0; wy < gh; wy += vw)
+          for (int64_t wx = 0; wx < gw; wx += vw) {
+            int64_t cnt = 0;
+            for (int64_t y = wy; y < wy + vw && y < gh; y++)
+              for (int64_t x = wx; x < wx + vw && x < gw; x++)
+                order[row / U + cnt++] = (int32_t)(u0 + y * gw + x);
+            lens[n + nw++] = cnt * U;
+            row += cnt * U;
+          }
+      } else {
+        for (int64_t u = 0; u < gh * gw; u++) order[row / U + u] = (int32_t)(u0 + u);
+        row += gh * gw * U;
+      }
+      lens[i] = gh * gw * U;
+      u0 += gh * gw;
+    }
+    N = row;
+  }
+  /* The rotary row of a patch is four pieces of cos/sin(index * f_i) for its row and column
+   * index: computed once per distinct index (the longest grid side) and frequency, the same
+   * float and double operations as per patch. */
+  int64_t maxg = 1;
+  for (int32_t i = 0; i < n; i++) {
+    if (images[i].grid_h > maxg) maxg = images[i].grid_h;
+    if (images[i].grid_w > maxg) maxg = images[i].grid_w;
+  }
+  float *tab = malloc(sizeof(float) * (size_t)(maxg * 2 * q)); /* [index][cos q, sin q] */
+  if (!tab)
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for the vision tower");
+  for (int64_t i = 0; i < maxg; i++)
+    for (int64_t f = 0; f < q; f++) {
+      const float a = (float)i * inv[f];
+      tab[i * 2 * q + f] = (float)cos((double)a);
+      tab[i * 2 * q + q + f] = (float)sin((double)a);
+    }
+  /* Pixels and rotary rows in that order (order[] runs image by image). A run of units that
+   * are consecutive in the source too (all of them without windows) is one copy: large copies
+   * are the fastest (glibc streams those past the caches). */
+  const size_t qb = (size_t)q * sizeof(float), unit = (size_t)(U * K);
+  int64_t img = 0, img_u0 = 0, img_units = (images[0].grid_h / ms) * (images[0].grid_w / ms);
+  int64_t run_r = 0, run_len = 0; /* the pending copy: rows' units run_r .. run_r + run_len - 1 */
+  const float *run_src = NULL;
+  for (int64_t r = 0; r < N / U; r++) {
+    const int64_t src = order[r];
+    while (src >= img_u0 + img_units) {
+      img_u0 += img_units;
+      img++;
+      img_units = (images[img].grid_h / ms) * (images[img].grid_w / ms);
+    }
+    const int64_t gw = images[img].grid_w / ms, ul = src - img_u0;
+    const float *sp = images[img].pixels + (size_t)ul * unit;
+    if (run_len > 0 && sp == run_src + (size_t)run_len * unit) {
+      run_len++;
+    } else {
+      if (run_len > 0)
+        memcpy(pix + (size_t)run_r * unit, run_src, (size_t)run_len * unit * sizeof(float));
+      run_r = r;
+      run_len = 1;
+      run_src = sp;
+    }
+    for (int64_t w = 0; w < U; w++) {
+      /* transformers' rot_pos_emb: the patch's row and column in the image's patch grid */
+      const int64_t hp = (ul / gw) * ms + w / ms, wp = (ul % gw) * ms + w % ms;
+      float *rr = rope + (r * U + w) * Dv;
+      memcpy(rr, tab + hp * 2 * q, qb);             /* cos(hp f) */
+      memcpy(rr + q, tab + wp * 2 * q, qb);         /* cos(wp f) */
+      memcpy(rr + 2 * q, tab + hp * 2 * q + q, qb); /* sin(hp f) */
+      memcpy(rr + 3 * q, tab + wp * 2 * q + q, qb); /* sin(wp f) */
+    }
+  }
+  if (run_len > 0)
+    memcpy(pix + (size_t)run_r * unit, run_src, (size_t)run_len * unit * sizeof(float));
+  free(tab);
+  return NULL;
+}
+
 #define ALIGN_UP(x) (((x) + 255u) & ~(uint64_t)255u)
 
 kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *images, int32_t n,
@@ -436,64 +538,9 @@ kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *ima
     free(order);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for the vision tower");
   }
-  /* Unit order (window order for 2.5), window lengths, and the rotary rows. */
-  float inv[KILN_ROPE_MAX_FREQS];
-  kiln_rope_config_t rc;
-  memset(&rc, 0, sizeof(rc));
-  rc.kind = KILN_ROPE_DEFAULT;
-  rc.style = KILN_HAL_ROPE_NEOX;
-  rc.rotary_dim = (int32_t)(Dv / 2); /* VisionRotaryEmbedding(head_dim / 2, theta) */
-  rc.theta = vc->rope_theta;
-  rc.factor = 1.0;
-  if ((st = kiln_rope_inv_freq(&rc, 1, inv, NULL))) goto done;
-  {
-    int64_t u0 = 0, nw = 0, row = 0;
-    for (int32_t i = 0; i < n; i++) {
-      const int64_t gh = images[i].grid_h / ms, gw = images[i].grid_w / ms;
-      if (vw > 0) {
-        for (int64_t wy = 0; wy < gh; wy += vw)
-          for (int64_t wx = 0; wx < gw; wx += vw) {
-            int64_t cnt = 0;
-            for (int64_t y = wy; y < wy + vw && y < gh; y++)
-              for (int64_t x = wx; x < wx + vw && x < gw; x++)
-                order[row / U + cnt++] = (int32_t)(u0 + y * gw + x);
-            lens[nseq_full + nw++] = cnt * U;
-            row += cnt * U;
-          }
-      } else {
-        for (int64_t u = 0; u < gh * gw; u++) order[row / U + u] = (int32_t)(u0 + u);
-        row += gh * gw * U;
-      }
-      lens[i] = gh * gw * U;
-      u0 += gh * gw;
-    }
-    /* Pixels and rotary rows in that order (order[] runs image by image). */
-    const int64_t q = Dv / 4;
-    int64_t img = 0, img_u0 = 0;
-    for (int64_t r = 0; r < N / U; r++) {
-      const int64_t src = order[r];
-      while (src >= img_u0 + (images[img].grid_h / ms) * (images[img].grid_w / ms)) {
-        img_u0 += (images[img].grid_h / ms) * (images[img].grid_w / ms);
-        img++;
-      }
-      const int64_t gw = images[img].grid_w / ms, ul = src - img_u0;
-      for (int64_t w = 0; w < U; w++) {
-        const int64_t dst_row = r * U + w, src_patch = ul * U + w;
-        memcpy(v->host_pix + dst_row * K, images[img].pixels + src_patch * K,
-               (size_t)K * sizeof(float));
-        /* transformers' rot_pos_emb: the patch's row and column in the image's patch grid */
-        const float hp = (float)((ul / gw) * ms + w / ms), wp = (float)((ul % gw) * ms + w % ms);
-        float *rr = v->host_rope + dst_row * Dv;
-        for (int64_t f = 0; f < q; f++) {
-          const float a = hp * inv[f], b = wp * inv[f];
-          rr[f] = (float)cos((double)a);
-          rr[q + f] = (float)cos((double)b);
-          rr[2 * q + f] = (float)sin((double)a);
-          rr[3 * q + f] = (float)sin((double)b);
-        }
-      }
-    }
-  }
+  if ((st = kiln_vision_host_rows(images, n, (int32_t)ms, (int32_t)vw, K, Dv, vc->rope_theta,
+                                  v->host_pix, v->host_rope, order, lens)))
+    goto done;
   /* Metadata: iota, the full sets, the window sets, the reverse permutation. */
   int64_t mo = 0;
   for (int64_t r = 0; r < N; r++) meta[r] = (int32_t)r;

@@ -48,4 +48,21 @@ int64_t kiln_vision_image_tokens(const kiln_model_t *m, const kiln_vision_image_
 kiln_status_t kiln_vision_encode(kiln_model_t *m, const kiln_vision_image_t *images, int32_t n,
                                  kiln_hal_tensor_t out);
 
+/* The host half of kiln_vision_encode, apart for its tests and kiln-bench-image: n images of
+ * grids whole in ms x ms merge units (checked by the caller), patch_dim K and vision head dim
+ * Dv (a multiple of 4). Rows run merge unit by merge unit; with vw > 0 (Qwen2.5-VL: window_size
+ * / ms / patch_size) in windows of vw x vw units, row-major inside a window, windows row-major
+ * over each image; with vw = 0 in the image's order. Fills, for N = the images' patches:
+ *   order[N / U]    the source merge unit (counted over all images) of each row's unit;
+ *   lens[n + W]     each image's rows, then each window's rows (W windows; none when vw = 0);
+ *   pix[N * K]      each row's patch;
+ *   rope[N * Dv]    each row's 2-D rotary row: cos(h f_i), cos(w f_i), sin(h f_i), sin(w f_i)
+ *                   for the Dv/4 frequencies f_i = 1 / theta^(4i / Dv) (float32, as PyTorch),
+ *                   h and w the patch's row and column in its image, h f_i rounded to float32,
+ *                   its cosine computed in double and rounded to float32.
+ * Errors: KILN_ERR_INVALID_ARGUMENT for a bad geometry or theta. */
+kiln_status_t kiln_vision_host_rows(const kiln_vision_image_t *images, int32_t n, int32_t ms,
+                                    int32_t vw, int64_t K, int64_t Dv, double theta, float *pix,
+                                    float *rope, int32_t *order, int64_t *lens);
+
 #endif /* KILN_MODELS_VISION_VISION_H */

@@ -2,7 +2,10 @@
  * first byte picks the route, the rest is the body. A parsed request is turned into a response
  * (whole, and as stream chunks) holding its own prompt text and stop strings, and every body the
  * writers produce must parse back as JSON; a refused one must have a 4xx/5xx status and an
- * error body that parses.
+ * error body that parses. A chat request with tools is also readied for a Hermes-style template
+ * and answered with its own messages as the model's reply, parsed for tool calls: the response
+ * and every stream chunk (each tool-call delta in its own) must parse, and the arguments of every
+ * call parse as a JSON object (or, for a named function, are the reply itself).
  *
  *   cmake -B build-fuzz -DCMAKE_C_COMPILER=clang -DKILN_FUZZ=ON -DKILN_BACKEND_CUDA=OFF &&
  *   cmake --build build-fuzz --target fuzz_api && build-fuzz/tests/fuzz_api -max_total_time=60
@@ -16,6 +19,7 @@
 
 #include "base/json.h"
 #include "server/api.h"
+#include "server/tools.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -46,6 +50,64 @@ static void check_json(const char *text, size_t len, bool stream) {
     check_json(p, (size_t)(e - p), false);
     p = e + 2;
   }
+}
+
+/* Tool calling: the request readied for a template in the hermes format, its messages' text as
+ * the reply (in pieces), the response and the stream written. */
+static void check_tools(kiln_api_request_t *req) {
+  static const char tpl[] =
+      "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tool_call>{% endif %}";
+  kiln_api_error_t err;
+  if (!kiln_api_tools_prepare(req, tpl, sizeof(tpl) - 1, true, "auto", &err)) {
+    CHECK(err.status >= 400 && err.message[0]);
+    return;
+  }
+  kiln_api_choice_t c;
+  memset(&c, 0, sizeof(c));
+  c.stop_token = -1;
+  CHECK(kiln_api_tool_state_init(&c, req));
+  if (!c.tool) return;
+  kiln_api_response_t r = {req, "chatcmpl-x", "m", 1, {3, 4, 1}};
+  kiln_strbuf_t out = KILN_STRBUF_INIT;
+  kiln_api_write_chunk(&out, &r, &c, false);
+  const char *reply = req->messages_json;
+  size_t len = req->messages_len;
+  for (size_t at = 0; at < len;) {
+    size_t n = 1 + (size_t)(unsigned char)reply[at] % 7;
+    if (n > len - at) n = len - at;
+    CHECK(kiln_api_tool_push(&c, reply + at, n, at + n == len));
+    at += n;
+    do {
+      kiln_api_write_chunk(&out, &r, &c, false);
+    } while (kiln_api_tool_delta_pending(&c));
+  }
+  if (!len) CHECK(kiln_api_tool_push(&c, "", 0, true));
+  c.finish = KILN_FINISH_STOP;
+  kiln_api_write_chunk(&out, &r, &c, false);
+  CHECK(kiln_strbuf_ok(&out));
+  check_json(out.data, out.len, true);
+  kiln_strbuf_reset(&out);
+  kiln_api_write_response(&out, &r, &c, 1);
+  CHECK(kiln_strbuf_ok(&out));
+  check_json(out.data, out.len, false);
+  kiln_json_doc_t *doc = NULL;
+  CHECK(kiln_json_parse(out.data, out.len, "out", &doc) == NULL);
+  const kiln_json_t *calls = kiln_json_get(
+      kiln_json_get(kiln_json_at(kiln_json_get(kiln_json_root(doc), "choices"), 0), "message"),
+      "tool_calls");
+  CHECK(kiln_json_len(calls) == (size_t)kiln_api_tool_num_calls(&c));
+  for (size_t i = 0; i < kiln_json_len(calls) && req->tool_choice != KILN_API_TOOL_NAMED; i++) {
+    size_t al = 0;
+    const char *a = kiln_json_string(
+        kiln_json_get(kiln_json_get(kiln_json_at(calls, i), "function"), "arguments"), &al);
+    kiln_json_doc_t *ad = NULL;
+    CHECK(a && kiln_json_parse(a, al, "arguments", &ad) == NULL);
+    CHECK(kiln_json_is(kiln_json_root(ad), KILN_JSON_OBJECT));
+    kiln_json_doc_free(ad);
+  }
+  kiln_json_doc_free(doc);
+  kiln_strbuf_free(&out);
+  kiln_api_choice_free(&c);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -118,6 +180,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_json(out.data, out.len, true);
     kiln_api_choice_free(&c);
   }
+  if (kind == KILN_API_CHAT) check_tools(req);
   kiln_strbuf_free(&out);
   kiln_api_request_free(req);
   return 0;

@@ -83,6 +83,14 @@ def api_seeds():
             {"role": "tool", "tool_call_id": "call_1", "content": "18C, sunny"}],
             "tools": tools, "add_generation_prompt": True,
             "chat_template_kwargs": {"enable_thinking": False}}),
+        "chat_tool_choice_named": ch + j({"messages": msgs, "tools": tools, "tool_choice": {
+            "type": "function", "function": {"name": "get_weather"}}, "stream": True}),
+        "chat_tool_choice_required": ch + j({"messages": [
+            {"role": "user", "content": "<tool_call>{\"name\": \"get_weather\", \"arguments\": "
+                                        "{\"city\": \"Paris\"}}</tool_call>"}],
+            "tools": tools, "tool_choice": "required", "parallel_tool_calls": False}),
+        "chat_tools_bad": ch + j({"messages": msgs, "tools": [{"type": "function"}, 3],
+                                  "tool_choice": "sometimes"}),
         "chat_logprobs_stream": ch + j({"messages": msgs, "logprobs": True, "top_logprobs": 3,
                                         "stream": True, "n": 3, "stop": ["</s>"],
                                         "stream_options": {"include_usage": True}}),
@@ -376,6 +384,36 @@ roles={{ roles | join(',') }} n={{ messages | length }} users={{ messages | sele
 
 def template_seeds():
     return {k: v.encode() for k, v in TEMPLATES.items()}
+
+
+# ---- tool_parse -----------------------------------------------------------------------------
+
+# Model replies in the tool-call formats (first byte: the format % 4 - hermes, llama3_json,
+# mistral, json - and the split pattern), well-formed and not.
+def tool_parse_seeds():
+    call = '{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5]}}'
+    h, l, m, j = 0, 1, 2, 3
+    seeds = {
+        "hermes_call": (h, "<tool_call>\n" + call + "\n</tool_call>"),
+        "hermes_text_two_calls": (4, "Let me check.\n<tool_call>\n" + call + "\n</tool_call>\n"
+                                     "<tool_call>{\"name\": \"now\"}</tool_call> done"),
+        "hermes_string_args": (8, '<tool_call>{"name": "f", "arguments": "{\\"a\\": \\"}\\"}"}'
+                                  '</tool_call>'),
+        "hermes_unclosed": (h, "<tool_call>\n" + call + "\n"),
+        "hermes_bad_json": (h, "<tool_call>{\"name\": \"f\", </tool_call> <tool_ca"),
+        "hermes_plain": (h, "No tools needed: caf\u00e9 \U0001f600 <b>bold</b>"),
+        "llama_call": (l, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+        "llama_python_tag_two": (5, '<|python_tag|>{"name": "a", "parameters": {}}; '
+                                    '{"name": "b", "parameters": {"x": "\\u00e9"}}'),
+        "llama_not_a_call": (l, '{"answer": 42} and text'),
+        "mistral_array": (m, "[TOOL_CALLS] [" + call + ', {"name": "g", "arguments": {}}]'),
+        "mistral_args_form": (6, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]b'
+                                 '[ARGS]{}'),
+        "mistral_bad": (m, "Hi [TOOL_CALLS] [{\"name\": 1}] [TOOL_CALLS]x[AR"),
+        "json_required": (j, '[{"name": "get_weather", "parameters": {"city": "Rome"}}]'),
+        "json_bad": (7, '[{"name": "f", "parameters": {"a": '),
+    }
+    return {k: bytes([b]) + t.encode() for k, (b, t) in seeds.items()}
 
 
 # ---- tokenizer ------------------------------------------------------------------------------
@@ -834,6 +872,7 @@ def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
     corpora = {"api": api_seeds(), "config": config_seeds(), "guide": guide_seeds(), "json": json_seeds(),
                "template": template_seeds(), "tokenizer": tokenizer_seeds(),
+               "tool_parse": tool_parse_seeds(),
                "weights": weights_seeds()}
     total = 0
     for target, seeds in corpora.items():

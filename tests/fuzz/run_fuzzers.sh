@@ -7,7 +7,7 @@
 #   BUILD_DIR  a build configured with -DCMAKE_C_COMPILER=clang -DKILN_FUZZ=ON, with the
 #              fuzzers built (cmake --build BUILD_DIR --target fuzzers)
 #   SECONDS    fuzzing time per target (default 20); 0 replays the seeds and regressions only
-#   TARGET     api config guide json template tokenizer weights (default: all seven)
+#   TARGET     api config guide json template tokenizer tool_parse weights (default: all eight)
 # Environment: KILN_FUZZ_JOBS (targets run at once, default 1), KILN_FUZZ_RSS_MB (default
 # 2048), KILN_FUZZ_TIMEOUT (seconds for one input, default 10).
 #
@@ -30,7 +30,7 @@ if [ $# -ge 1 ] && [[ $1 =~ ^[0-9]+$ ]]; then
   seconds=$1
   shift
 fi
-all_targets=(api config guide json template tokenizer weights)
+all_targets=(api config guide json template tokenizer tool_parse weights)
 if [ $# -ge 1 ]; then targets=("$@"); else targets=("${all_targets[@]}"); fi
 for t in "${targets[@]}"; do
   [[ " ${all_targets[*]} " == *" $t "* ]] || { echo "run_fuzzers: unknown target '$t' (${all_targets[*]})" >&2; exit 2; }

@@ -2,7 +2,10 @@
 // streamed and not, n > 1, stop strings, seeds, logprobs (completions' integer logprobs with and
 // without echo; chat's logprobs + top_logprobs), several prompts in one request, token-id
 // prompts, usage, finish reasons, /v1/models, /tokenize and /detokenize.
-// Env: KILN_URL (the server), KILN_NPM_DIR (where the openai package is installed).
+// Env: KILN_URL (the server), KILN_NPM_DIR (where the openai package is installed),
+// KILN_WEB_DIR (server/web: the chat page's files, which GET / must serve byte for byte).
+import fs from 'node:fs';
+import path from 'node:path';
 import { assert, client, collect, env, get, MODEL, post, run, test, waitIdle } from './common.mjs';
 
 const URL_ = env('KILN_URL');
@@ -80,6 +83,35 @@ test('/health and /version', async () => {
   const v = await get(URL_, '/version');
   assert.equal(v.status, 200);
   assert.equal(typeof v.json.version, 'string');
+});
+
+test('the chat page: /, /index.html, /chat.js, /chat.css are server/web byte for byte', async () => {
+  const dir = env('KILN_WEB_DIR');
+  for (const [route, file, type] of [
+    ['/', 'index.html', 'text/html; charset=utf-8'],
+    ['/index.html', 'index.html', 'text/html; charset=utf-8'],
+    ['/chat.js', 'chat.js', 'text/javascript; charset=utf-8'],
+    ['/chat.css', 'chat.css', 'text/css; charset=utf-8'],
+  ]) {
+    const r = await fetch(URL_ + route);
+    assert.equal(r.status, 200, route);
+    const want = fs.readFileSync(path.join(dir, file));
+    const got = Buffer.from(await r.arrayBuffer());
+    assert.ok(got.equals(want), `${route}: ${got.length} bytes, ${file} has ${want.length}`);
+    assert.equal(r.headers.get('content-type'), type, route);
+    assert.equal(r.headers.get('x-content-type-options'), 'nosniff', route);
+    assert.match(r.headers.get('content-security-policy') || '', /default-src 'self'/, route);
+    const h = await fetch(URL_ + route, { method: 'HEAD' });
+    assert.equal(h.status, 200);
+    assert.equal(Number(h.headers.get('content-length')), want.length, `HEAD ${route}`);
+    assert.equal((await h.arrayBuffer()).byteLength, 0, `HEAD ${route}: a body`);
+  }
+  // the page refers to nothing outside this server (no CDN)
+  const html = fs.readFileSync(path.join(dir, 'index.html'), 'utf8');
+  const js = fs.readFileSync(path.join(dir, 'chat.js'), 'utf8');
+  const css = fs.readFileSync(path.join(dir, 'chat.css'), 'utf8');
+  for (const [name, text] of [['index.html', html], ['chat.js', js], ['chat.css', css]])
+    assert.doesNotMatch(text, /(https?:)?\/\/[a-z0-9.-]+\.[a-z]{2,}\//i, `${name} loads something from elsewhere`);
 });
 
 test('/tokenize then /detokenize round-trips (text, Unicode, chat messages)', async () => {

@@ -224,7 +224,8 @@ test('prompts longer than the 1024-token context: 400 naming prompt / messages',
 
 test('unknown routes: 404', async () => {
   for (const [method, route] of [
-    ['GET', '/'],
+    ['GET', '/index.htm'],
+    ['GET', '/chat.js/x'],
     ['GET', '/v1/nothing'],
     ['POST', '/v1/engines'],
     ['POST', '/v2/completions'],
@@ -246,6 +247,8 @@ test('wrong methods: 405 with Allow', async () => {
     ['POST', '/v1/models', /GET/],
     ['POST', '/health', /GET/],
     ['DELETE', '/metrics', /GET/],
+    ['POST', '/', /GET/],
+    ['PUT', '/chat.js', /GET/],
   ]) {
     const r =
       method === 'GET' ? await get(URL_, route) : await post(URL_, route, { prompt: 'x' }, { method });
@@ -299,7 +302,8 @@ test('API key: missing or wrong gets 401 on /v1 and /tokenize; /health, /metrics
     }
     assertError(await get(URL_AUTH, '/v1/models', { headers }), 401);
   }
-  for (const route of ['/health', '/metrics', '/version']) {
+  // the chat page is public too: it asks for the key when the API wants one
+  for (const route of ['/health', '/metrics', '/version', '/', '/index.html', '/chat.js', '/chat.css']) {
     const r = await get(URL_AUTH, route);
     assert.equal(r.status, 200, `${route} without a key: ${r.status}`);
   }

@@ -10,7 +10,8 @@
 # (bench/perf_check.py: batch-1 decode, prefill 512, offline 1,000 x (512 + 256) and the card's
 # ceilings on a random Qwen2-7B, compared with the newest bench/results/ file; PERF_COMMIT names
 # the commit, which the copied tree cannot tell) and exits 1 when a figure dropped over 5%.
-# VL=1 runs test_vl_engine (image requests through the engine) on the cuda backend.
+# KILN_EXTRA_CMAKE adds configure arguments (e.g. -DCMAKE_CUDA_FLAGS=-DKILN_CUDA_ATT_EXPERIMENT for
+# the attention tuning variants). VL=1 runs test_vl_engine (image requests through the engine) on the cuda backend.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc; for
 #                       image input libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo
@@ -33,7 +34,7 @@ cd /tmp/src
 echo "== configure + build"
 if ! { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${KILN_DEPS_CMAKE_ARGS[@]}" \
         -DKILN_TOKENIZER_CACHE="$deps/tok" -DKILN_HTTP=OFF \
-        ${KILN_CUDA_ARCHS:+-DKILN_CUDA_ARCHS="$KILN_CUDA_ARCHS"} &&
+        ${KILN_CUDA_ARCHS:+-DKILN_CUDA_ARCHS="$KILN_CUDA_ARCHS"} ${KILN_EXTRA_CMAKE:-} &&
        cmake --build build -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1
 fi
