@@ -108,7 +108,7 @@ lines = [dict(common, prompt="Describe this image.", images=[img]),
              {"type": "text", "text": "Describe this image."}]}]),
          dict(common, prompt="Describe this image."),
          dict(common, prompt_ids=ids, images=["file://" + img]),
-         dict(common, prompt="x", response_format={"type": "json_object"}),
+         dict(common, prompt="x", suffix="!"),
          dict(common, prompt="x", images=[img + ".none"]),
          dict(common, messages=[{"role": "user", "content": "hi"}], prompt="x")]
 with open(out, "w") as f:
@@ -134,7 +134,7 @@ for i in (0, 1, 3):
         sys.exit(f"line {i + 1}: logprobs differ from the one-request run")
 if rows[2]["token_ids"] != txt["token_ids"]:
     sys.exit("the text line differs from its one-request run")
-want = ['unknown field "response_format"', "images[0]", '"messages" holds the whole chat']
+want = ['unknown field "suffix"', "images[0]", '"messages" holds the whole chat']
 for i, w in zip((4, 5, 6), want):
     if w not in rows[i].get("error", ""):
         sys.exit(f"line {i + 1}: error {rows[i].get('error')!r} lacks {w!r}")

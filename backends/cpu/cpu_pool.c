@@ -43,8 +43,26 @@ typedef struct worker_arg {
   int thread;
 } worker_arg_t;
 
-/* Set on pool threads and while a caller runs a loop, so nested loops run inline. */
-static _Thread_local bool tls_in_pool;
+/* Set on pool threads and while a caller runs a loop, so nested loops run inline. A pthread
+ * key, not _Thread_local: a dlopen'ed plugin's _Thread_local lives in glibc's dynamic TLS once
+ * the static TLS surplus is spent (libkiln links libcurl and its TLS libraries), and GCC 12's
+ * LeakSanitizer crashes scanning it at exit ("Tracer caught signal 11", test_model_load under
+ * ASan, 2026-12-02). The key is deleted when the plugin is unloaded. */
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+static bool tls_made;
+static void tls_init(void) { tls_made = pthread_key_create(&tls_key, NULL) == 0; }
+static bool tls_get(void) {
+  (void)pthread_once(&tls_once, tls_init);
+  return tls_made && pthread_getspecific(tls_key) != NULL;
+}
+static void tls_set(bool v) {
+  (void)pthread_once(&tls_once, tls_init);
+  if (tls_made) (void)pthread_setspecific(tls_key, v ? (void *)1 : NULL);
+}
+__attribute__((destructor)) static void tls_fini(void) {
+  if (tls_made) (void)pthread_key_delete(tls_key);
+}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -66,7 +84,7 @@ static void *worker_main(void *argp) {
   int thread = arg->thread;
   uint64_t seen = 0;
   free(arg);
-  tls_in_pool = true;
+  tls_set(true);
   for (;;) {
     uint64_t gen = atomic_load_explicit(&p->generation, memory_order_acquire);
     if (gen == seen && !atomic_load(&p->stop)) {
@@ -145,12 +163,12 @@ int cpu_pool_threads(const cpu_pool_t *p) { return p ? p->started + 1 : 1; }
 
 void cpu_pool_run(cpu_pool_t *p, int64_t ntasks, cpu_pool_fn fn, void *ctx) {
   if (ntasks <= 0) return;
-  if (!p || p->started == 0 || ntasks == 1 || tls_in_pool ||
+  if (!p || p->started == 0 || ntasks == 1 || tls_get() ||
       pthread_mutex_trylock(&p->run_lock) != 0) {
     for (int64_t t = 0; t < ntasks; t++) fn(ctx, t, 0);
     return;
   }
-  tls_in_pool = true;
+  tls_set(true);
   p->fn = fn;
   p->ctx = ctx;
   p->ntasks = ntasks;
@@ -163,6 +181,6 @@ void cpu_pool_run(cpu_pool_t *p, int64_t ntasks, cpu_pool_fn fn, void *ctx) {
   run_tasks(p, 0);
   /* Every worker checks in, even one that found no task, before the loop's fields change. */
   while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0) CPU_RELAX();
-  tls_in_pool = false;
+  tls_set(false);
   pthread_mutex_unlock(&p->run_lock);
 }

@@ -10,9 +10,8 @@
 // Paris.", after Mistral's [/INST] a [TOOL_CALLS] call and after its [/TOOL_RESULTS] that text,
 // after Llama's "<|end_header_id|>\n\n" a {"name", "parameters"} call.
 //
-// tool_choice "required" and a named function need constrained decoding; while the engine has
-// none, those tests check that the server says so (a 400 on tool_choice) and print SKIP
-// (KILN_TEST_GUIDES=1: fail instead).
+// tool_choice "required" and a named function run through constrained decoding (the
+// function's parameter schema).
 // Env: KILN_URL_HERMES, KILN_URL_MISTRAL, KILN_URL_LLAMA, KILN_URL_PLAIN (kiln-tiny: its template
 // renders no tools), KILN_URL_NOPARSE (the hermes model with [server] tool_parser = none),
 // KILN_NPM_DIR.
@@ -126,24 +125,10 @@ async function refused(url, body, param, what) {
   return err;
 }
 
-/* tool_choice required / named: the request, or null (after printing SKIP) while the engine
- * refuses constrained decoding; KILN_TEST_GUIDES=1 makes that refusal a failure (for an engine
- * that has it). */
+/* tool_choice required / named: the request, constrained by the function's parameter schema
+ * (the engine's constrained decoding). */
 async function constrained(body) {
-  try {
-    return await chat(HERMES, body);
-  } catch (e) {
-    if (
-      process.env.KILN_TEST_GUIDES !== '1' &&
-      e.status === 400 &&
-      e.param === 'tool_choice' &&
-      /constrained decoding/.test(e.message)
-    ) {
-      console.log(`     SKIP (the engine has no constrained decoding yet): ${e.message}`);
-      return null;
-    }
-    throw e;
-  }
+  return chat(HERMES, body);
 }
 
 // Guided decoding picks among the tokens the schema allows; the fixture model has no preference
@@ -241,7 +226,6 @@ test('hermes: tool_choice required (constrained)', async () => {
     logit_bias: NO_WS,
     max_tokens: 64,
   });
-  if (!res) return;
   const c = res.choices[0];
   assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
   assert.equal(c.message.tool_calls.length, 1, 'parallel_tool_calls false: one call');
@@ -263,7 +247,6 @@ test('hermes: tool_choice a named function (constrained)', async () => {
     max_tokens: 64,
   };
   const res = await constrained(body);
-  if (!res) return;
   const tc = res.choices[0].message.tool_calls[0];
   assert.equal(res.choices[0].message.tool_calls.length, 1);
   assert.equal(tc.function.name, 'get_weather');
