@@ -50,3 +50,16 @@ bool kiln_base64_decode(const char *s, size_t len, unsigned char **out, size_t *
   *out_len = k;
   return true;
 }
+
+bool kiln_base64_encode(const void *data, size_t n, kiln_strbuf_t *out) {
+  static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const unsigned char *p = data;
+  for (size_t k = 0; k < n; k += 3) {
+    const uint32_t v = (uint32_t)p[k] << 16 | (k + 1 < n ? (uint32_t)p[k + 1] << 8 : 0) |
+                       (k + 2 < n ? (uint32_t)p[k + 2] : 0);
+    const char q[4] = {abc[v >> 18], abc[(v >> 12) & 63], k + 1 < n ? abc[(v >> 6) & 63] : '=',
+                       k + 2 < n ? abc[v & 63] : '='};
+    kiln_strbuf_append(out, q, 4);
+  }
+  return kiln_strbuf_ok(out);
+}

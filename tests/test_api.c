@@ -389,6 +389,26 @@ static void test_base64(void **state) {
   assert_false(kiln_base64_decode("Zm9v=mFy", 8, &out, &len, &at)); /* padding inside */
   assert_int_equal(at, 4);
   assert_null(out);
+  /* Encoding: RFC 4648's vectors, then every byte value round-trips through both directions. */
+  for (int i = 0; i < 7; i++) {
+    kiln_strbuf_t sb = KILN_STRBUF_INIT;
+    assert_true(kiln_base64_encode(plain[i], strlen(plain[i]), &sb));
+    assert_int_equal(sb.len, strlen(enc[i]));
+    if (sb.len) assert_memory_equal(sb.data, enc[i], sb.len);
+    kiln_strbuf_free(&sb);
+  }
+  unsigned char all[256];
+  for (int i = 0; i < 256; i++) all[i] = (unsigned char)(255 - i);
+  for (size_t n = 250; n <= 256; n++) {
+    kiln_strbuf_t sb = KILN_STRBUF_INIT;
+    assert_true(kiln_base64_encode(all, n, &sb));
+    assert_true(kiln_base64_decode(sb.data, sb.len, &out, &len, &at));
+    assert_int_equal(len, n);
+    assert_memory_equal(out, all, n);
+    free(out);
+    out = NULL;
+    kiln_strbuf_free(&sb);
+  }
 }
 
 static kiln_json_doc_t *parse_json(const char *text, size_t len) {

@@ -34,6 +34,7 @@
 
 #include "cli.h"
 #include "cmd_bench.h"
+#include "base/base64.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "base/strbuf.h"
@@ -454,7 +455,6 @@ static const char *bs_image_type(const unsigned char *p, size_t n) {
  * order, base64-encoded once into a data: URL. Other files are skipped; none at all is an
  * error. */
 static kiln_status_t bs_load_images(bs_t *b) {
-  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   const char *dir = b->a->image_dir;
   DIR *d = opendir(dir);
   if (!d)
@@ -503,13 +503,7 @@ static kiln_status_t bs_load_images(bs_t *b) {
     }
     kiln_strbuf_t u = KILN_STRBUF_INIT;
     kiln_strbuf_printf(&u, "data:%s;base64,", type);
-    for (size_t k = 0; k < raw.len; k += 3) {
-      const unsigned v = (unsigned)p[k] << 16 | (k + 1 < raw.len ? (unsigned)p[k + 1] << 8 : 0) |
-                         (k + 2 < raw.len ? p[k + 2] : 0);
-      char q[4] = {b64[v >> 18], b64[(v >> 12) & 63], k + 1 < raw.len ? b64[(v >> 6) & 63] : '=',
-                   k + 2 < raw.len ? b64[v & 63] : '='};
-      kiln_strbuf_append(&u, q, 4);
-    }
+    kiln_base64_encode(raw.data, raw.len, &u);
     kiln_strbuf_free(&raw);
     if (!kiln_strbuf_ok(&u)) {
       kiln_strbuf_free(&u);
