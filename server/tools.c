@@ -91,10 +91,56 @@ static const kiln_json_t *tool_named(const kiln_json_t *tools, const char *name,
   return NULL;
 }
 
-/* A function's parameter schema (an object with no properties when it has none). */
-static void write_params(kiln_strbuf_t *sb, const kiln_json_t *tool) {
+/* v written with every "$ref": "#..." inside rebased under the JSON pointer base: a schema
+ * embedded at base in a larger document keeps its references into itself. */
+static void write_rebased(kiln_strbuf_t *sb, const kiln_json_t *v, const char *base) {
+  if (kiln_json_is(v, KILN_JSON_OBJECT)) {
+    kiln_strbuf_append_char(sb, '{');
+    for (size_t k = 0; k < kiln_json_len(v); k++) {
+      size_t kl;
+      const char *key = kiln_json_key_at(v, k, &kl);
+      const kiln_json_t *x = kiln_json_value_at(v, k);
+      if (k) kiln_strbuf_append_str(sb, ", ");
+      kiln_json_write_string(sb, key, kl, false);
+      kiln_strbuf_append_str(sb, ": ");
+      size_t rl = 0;
+      const char *ref = kl == 4 && !memcmp(key, "$ref", 4) ? kiln_json_string(x, &rl) : NULL;
+      if (ref && rl >= 1 && ref[0] == '#' && (rl == 1 || ref[1] == '/')) {
+        const size_t bl = strlen(base);
+        char *r = malloc(bl + rl + 1);
+        if (r) { /* out of memory: the reference as written (the compile then names it) */
+          r[0] = '#';
+          memcpy(r + 1, base, bl);
+          memcpy(r + 1 + bl, ref + 1, rl - 1);
+          kiln_json_write_string(sb, r, bl + rl, false);
+        } else {
+          kiln_json_write_string(sb, ref, rl, false);
+        }
+        free(r);
+      } else {
+        write_rebased(sb, x, base);
+      }
+    }
+    kiln_strbuf_append_char(sb, '}');
+  } else if (kiln_json_is(v, KILN_JSON_ARRAY)) {
+    kiln_strbuf_append_char(sb, '[');
+    for (size_t i = 0; i < kiln_json_len(v); i++) {
+      if (i) kiln_strbuf_append_str(sb, ", ");
+      write_rebased(sb, kiln_json_at(v, i), base);
+    }
+    kiln_strbuf_append_char(sb, ']');
+  } else {
+    kiln_json_write(sb, v, false, false);
+  }
+}
+
+/* A function's parameter schema (an object with no properties when it has none), its "$ref"s
+ * rebased under base (NULL: the schema is the document). */
+static void write_params(kiln_strbuf_t *sb, const kiln_json_t *tool, const char *base) {
   const kiln_json_t *p = kiln_json_get(kiln_json_get(tool, "function"), "parameters");
-  if (kiln_json_is(p, KILN_JSON_OBJECT))
+  if (kiln_json_is(p, KILN_JSON_OBJECT) && base)
+    write_rebased(sb, p, base);
+  else if (kiln_json_is(p, KILN_JSON_OBJECT))
     kiln_json_write(sb, p, false, false);
   else
     kiln_strbuf_append_str(sb, "{\"type\": \"object\", \"properties\": {}}");
@@ -117,7 +163,9 @@ static void write_required_schema(kiln_strbuf_t *sb, const kiln_json_t *tools, b
                            "\"string\", \"enum\": [");
     kiln_json_write_string(sb, name, nl, false);
     kiln_strbuf_append_str(sb, "]}, \"parameters\": ");
-    write_params(sb, t);
+    char base[64];
+    snprintf(base, sizeof(base), "/items/anyOf/%zu/properties/parameters", i);
+    write_params(sb, t, base);
     kiln_strbuf_append_str(sb, "}, \"required\": [\"name\", \"parameters\"]}");
   }
   kiln_strbuf_append_str(sb, "]}}");
@@ -201,7 +249,7 @@ bool kiln_api_parse_tools(const kiln_json_t *root, kiln_api_request_t *r, kiln_a
                  "cannot be combined with another constraint (response_format, guided_*)");
     kiln_strbuf_t sb = KILN_STRBUF_INIT;
     if (r->tool_choice == KILN_API_TOOL_NAMED)
-      write_params(&sb, tool_named(tools, r->tool_name, strlen(r->tool_name)));
+      write_params(&sb, tool_named(tools, r->tool_name, strlen(r->tool_name)), NULL);
     else
       write_required_schema(&sb, tools, r->parallel_tool_calls);
     size_t len = 0;

@@ -16,6 +16,7 @@
 #include "base/base64.h"
 #include "base/json.h"
 #include "models/template/tool_parse.h"
+#include "core/guide/guide.h"
 #include "server/api.h"
 #include "server/tools.h"
 
@@ -633,6 +634,48 @@ static void test_tools_parse(void **state) {
     assert_string_equal(kiln_json_string(path(g, "items.anyOf.1.required.1"), NULL), "parameters");
     kiln_json_doc_free(doc);
     kiln_api_request_free(r);
+  }
+  /* a tool schema's own $refs still resolve once it is embedded in the required wrapper (they
+   * are rebased under its place there), and as the named function's whole document */
+  {
+#define TOOL_REF                                                                                 \
+  "{\"type\": \"function\", \"function\": {\"name\": \"get_city\", \"parameters\": {\"$defs\": " \
+  "{\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Rome\"]}}, \"type\": \"object\", "  \
+  "\"properties\": {\"city\": {\"$ref\": \"#/$defs/city\"}}, \"required\": [\"city\"]}}}"
+    static const char *const choices[] = {"\"required\"",
+                                          "{\"type\": \"function\", \"function\": {\"name\": "
+                                          "\"get_city\"}}"};
+    static const char *const good[] = {
+        "[{\"name\": \"get_city\", \"parameters\": {\"city\": \"Rome\"}}]",
+        "{\"city\": \"Paris\"}"};
+    static const char *const bad[] = {
+        "[{\"name\": \"get_city\", \"parameters\": {\"city\": \"Lyon\"}}]", "{\"city\": \"Lyon\"}"};
+    for (int i = 0; i < 2; i++) {
+      char body[2048];
+      snprintf(body, sizeof body,
+               "{" MSGS ", \"tools\": [" TOOL_F ", " TOOL_REF "], \"tool_choice\": %s}",
+               choices[i]);
+      r = parse_ok(H, body);
+      if (i == 0)
+        assert_non_null(
+            strstr(r->sp.guide_spec, "#/items/anyOf/1/properties/parameters/$defs/city"));
+      kiln_guide_t *g = NULL;
+      kiln_status_t st = kiln_guide_compile(NULL, KILN_GUIDE_JSON_SCHEMA, r->sp.guide_spec,
+                                            r->sp.guide_spec_len, &g);
+      if (st) fail_msg("%s", kiln_status_message(st));
+      kiln_guide_matcher_t *m = NULL, *m2 = NULL;
+      assert_null(kiln_guide_matcher_create(g, &m));
+      assert_null(kiln_guide_matcher_create(g, &m2));
+      assert_true(kiln_guide_matcher_accept_bytes(m, good[i], strlen(good[i])));
+      assert_true(kiln_guide_matcher_accepting(m));
+      assert_false(kiln_guide_matcher_accept_bytes(m2, bad[i], strlen(bad[i])) &&
+                   kiln_guide_matcher_accepting(m2));
+      kiln_guide_matcher_free(m);
+      kiln_guide_matcher_free(m2);
+      kiln_guide_release(g);
+      kiln_api_request_free(r);
+    }
+#undef TOOL_REF
   }
   /* strict is fine where the arguments are constrained */
   r = parse_ok(H, "{" MSGS
