@@ -203,7 +203,9 @@ test('loading: a clear message until the model is in, then ready by itself', asy
   assert.equal(await page.$eval('#send', (e) => e.disabled), true);
   await page.screenshot({ path: path.join(ARTIFACTS, 'chat-page-loading.png') });
   // let the model load: write its config.json into the FIFO as often as it is read
-  const feed = spawn('bash', ['-c', 'for i in $(seq 20); do cat "$1" > "$2" || exit 1; done', 'feed',
+  // one write per read: back-to-back writers can land in one read (two documents in one
+  // config.json), so each write waits for the reader to have seen its end
+  const feed = spawn('bash', ['-c', 'for i in $(seq 100); do cat "$1" > "$2" || exit 1; sleep 0.3; done', 'feed',
     env('KILN_LOADING_CONFIG'), env('KILN_LOADING_FIFO')], { detached: true, stdio: 'ignore' });
   try {
     await waitText(page, '#status', /^ready$/, 60000);
@@ -222,17 +224,26 @@ test('loading: a clear message until the model is in, then ready by itself', asy
 });
 
 test('busy: a full queue is told as such, and the message can be sent again', async () => {
-  // one running and one waiting request fill the server (max_num_seqs 1, max_queued_requests 1)
-  const ac = new AbortController();
+  // one running and one waiting request fill the server (max_num_seqs 1, max_queued_requests 1);
+  // the first may finish before the second is queued on a slow machine: then both go again
   const long = { messages: [{ role: 'user', content: 'x' }], max_tokens: 1000, ignore_eos: true, stream: true };
-  const running = [sse(URL_BUSY, '/v1/chat/completions', long, { signal: ac.signal }),
-    sse(URL_BUSY, '/v1/chat/completions', long, { signal: ac.signal })];
-  for (let i = 0; ; i++) {
-    const m = await metrics(URL_BUSY);
-    if (m['kiln:num_requests_running'] === 1 && m['kiln:num_requests_waiting'] === 1) break;
-    assert.ok(i < 200, 'the busy server did not fill up');
-    await sleep(20);
+  let ac, running, full = false;
+  for (let attempt = 0; attempt < 5 && !full; attempt++) {
+    ac = new AbortController();
+    running = [sse(URL_BUSY, '/v1/chat/completions', long, { signal: ac.signal }).catch(() => null),
+      sse(URL_BUSY, '/v1/chat/completions', long, { signal: ac.signal }).catch(() => null)];
+    for (let i = 0; i < 200 && !full; i++) {
+      const m = await metrics(URL_BUSY);
+      full = m['kiln:num_requests_running'] === 1 && m['kiln:num_requests_waiting'] === 1;
+      if (!full) await sleep(20);
+    }
+    if (!full) {
+      ac.abort();
+      await Promise.all(running);
+      await waitIdle(URL_BUSY, 10000);
+    }
   }
+  assert.ok(full, 'the busy server did not fill up (5 attempts)');
   const page = await open(URL_BUSY);
   await waitText(page, '#status', /^ready$/);
   await say(page, 'Hello there');
