@@ -513,6 +513,19 @@ static void test_load_errors(void **state) {
       "{\"post_processor\":{\"type\":\"BertProcessing\",\"cls\":[\"[CLS]\",0],\"sep\":[\"[SEP]\"]}"
       "," MODEL_OK "}",
       KILN_ERR_INVALID_ARGUMENT, "post_processor: sep must be [token, id]");
+  /* A post-processor id past the vocabulary (found by fuzz_tokenizer: it reached encode's
+   * output), in BertProcessing and in a TemplateProcessing nested in a Sequence. */
+  expect_error(
+      "{\"post_processor\":{\"type\":\"BertProcessing\",\"cls\":[\"[CLS]\",446],"
+      "\"sep\":[\"[SEP]\",0]}," MODEL_OK "}",
+      KILN_ERR_INVALID_ARGUMENT,
+      "post_processor: token id 446 is out of range (vocabulary size");
+  expect_error(
+      "{\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":"
+      "\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+      "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<s>\":"
+      "{\"id\":\"<s>\",\"ids\":[0,99999],\"tokens\":[\"<s>\"]}}}]}," MODEL_OK "}",
+      KILN_ERR_INVALID_ARGUMENT, "token id 99999 is out of range");
   expect_error(
       "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":"
       "\"Isolated\","

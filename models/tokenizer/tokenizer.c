@@ -114,6 +114,26 @@ static kiln_status_t parse_template(kiln_arena_t *a, const kiln_json_t *v, const
   return NULL;
 }
 
+/* Every id a post-processor adds must be in the vocabulary (an out-of-range one would reach the
+ * model's embedding): checked once the vocabulary size is known. */
+static kiln_status_t post_check_ids(const ktok_post_t *p, size_t vocab_size) {
+  if (!p) return NULL;
+  for (size_t i = 0; i < p->n_items; i++) {
+    for (size_t j = 0; j < p->items[i].n_ids; j++) {
+      int32_t id = p->items[i].ids[j];
+      if (id < 0 || (size_t)id >= vocab_size) {
+        return ktok_err(KILN_ERR_INVALID_ARGUMENT, "post_processor",
+                        "token id %d is out of range (vocabulary size %zu)", (int)id, vocab_size);
+      }
+    }
+  }
+  for (size_t i = 0; i < p->n_children; i++) {
+    kiln_status_t st = post_check_ids(p->children[i], vocab_size);
+    if (st) return st;
+  }
+  return NULL;
+}
+
 static kiln_status_t post_parse(kiln_arena_t *a, const kiln_json_t *v, const char *path,
                                 ktok_post_t **out) {
   *out = NULL;
@@ -299,6 +319,7 @@ static kiln_status_t build(kiln_tokenizer_t *tok, const kiln_json_t *root) {
     if ((size_t)tok->added[i].id + 1 > vs) vs = (size_t)tok->added[i].id + 1;
   }
   tok->vocab_size = vs;
+  if ((st = post_check_ids(tok->post, vs))) return st;
   tok->added_by_id = malloc((vs ? vs : 1) * sizeof(*tok->added_by_id));
   if (!tok->added_by_id) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   for (size_t i = 0; i < vs; i++) tok->added_by_id[i] = -1;
