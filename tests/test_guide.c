@@ -544,7 +544,10 @@ static kiln_guide_vocab_t *synthetic_vocab(int32_t *nspecial, int32_t *specials)
       "tr",    "12",     "345",      "-0",    "0.",   ".5",       "e+1",      "name",
       " name", "age\"",  "\"name\"", "a@b",   ".com", "é",        "中文",     "\xc3",
       "\xa9",  "\xa9\"", "\xe4\xb8", "\xad",  "😀",    "\xf0\x9f", "\x98\x80", "ab",
-      "abc",   " the",   "the\"",    "x\"}",  "yes",  "no",       "n/a",      " ✓"};
+      "abc",   " the",   "the\"",    "x\"}",  "yes",  "no",       "n/a",      " ✓",
+      /* longer than the counts of the bounded repetitions below */
+      "aaaaaaaa", "abababab", "hello world, this is", "cccccccccccccccc\"", "ab-ab-", "a-b-c-",
+      "abcd\"}", "xxxxxxxxxxxxxxxxxxxxxxxx", "cabcabcabc", "abcabcabcabcabcd", "     "};
   const int32_t nm = (int32_t)(sizeof(multi) / sizeof(multi[0]));
   const int32_t V = 256 + nm + 3;
   const char **tok = calloc((size_t)V, sizeof(char *));
@@ -596,6 +599,14 @@ static const char *const walk_specs[][2] = {
     {"5",
      "root ::= obj\nobj ::= \"{\" (pair (\",\" pair)*)? \"}\"\npair ::= [a-z]+ \":\" (obj | [0-9]+ "
      "| \"\\\"\" [^\"]* \"\\\"\")"},
+    /* bounded repetitions whose links are classified from the unbounded rule (guide.c) */
+    {"2", "{\"type\":\"string\",\"minLength\":3,\"maxLength\":20}"},
+    {"2",
+     "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":9},\"maxItems\":4}"},
+    {"3", "(ab|c){2,9}d"},
+    {"3", "([a-c]{1,3}-){0,4}[a-c]{0,12}"},
+    {"3", "[a-z ,]{0,30}!"},
+    {"5", "root ::= (\"x\"{0,5} \"ab\"?){1,6} \"\\\"\""},
 };
 
 static void test_masks_synthetic(void **state) {
@@ -632,9 +643,14 @@ static void test_masks_synthetic(void **state) {
   kiln_strbuf_free(&out);
   kiln_guide_stats_t st;
   kiln_guide_vocab_stats(v, &st);
-  printf("test_guide: synthetic vocabulary: %llu chains classified, %llu found in the cache\n",
-         (unsigned long long)st.classified, (unsigned long long)st.class_hits);
+  printf("test_guide: synthetic vocabulary: %llu chains classified (%llu derived), %llu found in "
+         "the cache (%llu links as their unbounded rule)\n",
+         (unsigned long long)st.classified, (unsigned long long)st.derived,
+         (unsigned long long)st.class_hits, (unsigned long long)st.derived_same);
   assert_true(st.class_hits > 0);
+  /* the bounded repetitions' links took both paths against brute force */
+  assert_true(st.derived > 0);
+  assert_true(st.derived_same > 0);
   kiln_guide_vocab_free(v);
 }
 
@@ -657,6 +673,15 @@ static void test_caches(void **state) {
   assert_int_equal(st.compile_hits, 1);
   kiln_strbuf_t out = KILN_STRBUF_INIT;
   walk(v, a, 40, false, &out, NULL, 0);
+  { /* the inside of a's string, classified whatever the random walk did */
+    kiln_guide_matcher_t *ma;
+    assert_null(kiln_guide_matcher_create(a, &ma));
+    assert_true(kiln_guide_matcher_accept_bytes(ma, "{\"x\":\"", 6));
+    uint32_t *mk = malloc((size_t)kiln_guide_mask_words(v) * 4);
+    assert_null(kiln_guide_matcher_fill_mask(ma, mk));
+    free(mk);
+    kiln_guide_matcher_free(ma);
+  }
   kiln_guide_t *c =
       compile_ok(v, KILN_GUIDE_JSON_SCHEMA,
                  "{\"type\":\"object\",\"properties\":{\"yy\":{\"type\":\"string\"}}}");
@@ -733,6 +758,15 @@ static void test_masks_qwen3(void **state) {
   clock_gettime(CLOCK_MONOTONIC, &b);
   printf("test_guide: qwen3: %d walks of up to 80 tokens in %.1f ms\n", walks,
          (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) * 1e-6);
+  kiln_guide_release(g);
+  /* a long bounded string: links near the bound walk most tokens, far from it only the long
+   * ones (derived from the unbounded string's classification), all against brute force */
+  g = compile_ok(v, KILN_GUIDE_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":2,\"maxLength\":40}");
+  kiln_guide_stats_t gs0, gs1;
+  kiln_guide_vocab_stats(v, &gs0);
+  for (int i = 0; i < (slow_host() ? 1 : 3); i++) walk(v, g, slow_host() ? 3 : 8, true, &out, never, nn);
+  kiln_guide_vocab_stats(v, &gs1);
+  assert_true(gs1.derived + gs1.derived_same > gs0.derived + gs0.derived_same);
   kiln_guide_release(g);
   /* tokens that span several JSON structural characters are used where they fit */
   int32_t id = kiln_tokenizer_token_to_id(tok, "\":\"", 3);

@@ -21,6 +21,8 @@ typedef struct grule {
   int32_t n, cap;
   bool defined;
   int32_t line, col; /* of the first use or the definition, for messages */
+  int32_t rep_star;  /* an optional chain link of x{m,n}: the rule x* over the same x, else -1 */
+  int32_t rep_count; /* ... and how many more x it allows */
 } grule_t;
 
 typedef struct gb {
@@ -198,6 +200,7 @@ static int32_t rule_get(gb_t *b, const char *name, size_t n, const char *at) {
   }
   grule_t *r2 = &b->rules[b->n];
   memset(r2, 0, sizeof(*r2));
+  r2->rep_star = -1;
   if (!(r2->name = malloc(n + 1))) {
     b->oom = true;
     return 0;
@@ -608,7 +611,11 @@ static int32_t star_rule(gb_t *b, int32_t rule, kiln_gel_t x) {
   return r;
 }
 
-/* Repeats the atom v[from..] between lo and hi times (hi < 0: unbounded). */
+/* Repeats the atom v[from..] between lo and hi times (hi < 0: unbounded). The optional part
+ * of a bounded repetition is a chain of rules, each link recording the x* rule over the same
+ * x and its count (rep_star, rep_count), so that the matcher can classify tokens in a link
+ * from the unbounded rule's classification (guide.c: only tokens longer than the count can
+ * tell them apart). */
 static void apply_repeat(gb_t *b, int32_t rule, gvec_t *v, int32_t from, int64_t lo, int64_t hi) {
   if (!gb_ok(b)) return;
   kiln_gel_t x = atom_of(b, rule, v, from);
@@ -618,6 +625,7 @@ static void apply_repeat(gb_t *b, int32_t rule, gvec_t *v, int32_t from, int64_t
     return;
   }
   if (hi == lo) return;
+  const int32_t star = star_rule(b, rule, x);
   /* opt_k ::= x opt_{k-1} | "" ; opt_1 ::= x | "" */
   int32_t prev = -1;
   for (int64_t k = 1; k <= hi - lo && gb_ok(b); k++) {
@@ -627,6 +635,10 @@ static void apply_repeat(gb_t *b, int32_t rule, gvec_t *v, int32_t from, int64_t
     if (prev >= 0) vec_push(b, &a, KILN_GEL_RULE, prev);
     rule_add_alt(b, r, &a);
     rule_add_alt(b, r, &e);
+    if (gb_ok(b)) {
+      b->rules[r].rep_star = star;
+      b->rules[r].rep_count = (int32_t)k;
+    }
     prev = r;
   }
   if (gb_ok(b)) vec_push(b, v, KILN_GEL_RULE, prev);
@@ -1000,8 +1012,10 @@ static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
   g->sets = calloc((size_t)b->nsets + 1, 32);
   g->names = calloc((size_t)R, sizeof(char *));
   g->nullable = calloc((size_t)R, 1);
+  g->rep_pos = malloc((size_t)R * sizeof(int32_t));
+  g->rep_count = calloc((size_t)R, sizeof(int32_t));
   if (!g->rule_alt || !g->alt_start || !g->el || !g->el_rule || !g->sets || !g->names ||
-      !g->nullable) {
+      !g->nullable || !g->rep_pos || !g->rep_count) {
     kiln_grammar_free(g);
     b->oom = true;
     goto done;
@@ -1036,6 +1050,22 @@ static kiln_status_t finish(gb_t *b, const char *start, kiln_grammar_t **out) {
   g->rule_alt[R] = na;
   g->num_alts = na;
   g->num_el = ne;
+  /* links of bounded repetitions: where their x* rule refers to itself ("x S", x not nullable) */
+  for (int32_t r = 0; r < R; r++) {
+    g->rep_pos[r] = -1;
+    const int32_t S = b->rules[r].rep_star;
+    if (S < 0) continue;
+    for (int32_t a = g->rule_alt[S]; a < g->rule_alt[S + 1]; a++) {
+      const int32_t p = g->alt_start[a];
+      const kiln_gel_t x = g->el[p];
+      if (x.kind == KILN_GEL_END || g->el[p + 1].kind != KILN_GEL_RULE ||
+          g->el[p + 1].arg != S || g->el[p + 2].kind != KILN_GEL_END)
+        continue;
+      if (x.kind == KILN_GEL_RULE && nul[x.arg]) continue;
+      g->rep_pos[r] = p + 1;
+      g->rep_count[r] = b->rules[r].rep_count;
+    }
+  }
   *out = g;
 done:
   free(prod);
@@ -1074,5 +1104,7 @@ void kiln_grammar_free(kiln_grammar_t *g) {
   free(g->el_rule);
   free(g->sets);
   free(g->nullable);
+  free(g->rep_pos);
+  free(g->rep_count);
   free(g);
 }

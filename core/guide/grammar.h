@@ -57,6 +57,11 @@ typedef struct kiln_grammar {
   uint64_t (*sets)[4]; /* [num_sets] 256-bit byte sets */
   char **names;        /* [num_rules] */
   bool *nullable;      /* [num_rules] */
+  /* [num_rules] links of a bounded repetition x{m,n} (opt_k ::= x opt_{k-1} | ""): rep_pos is
+   * the element "S" of the x* rule's alternative "x S" (S ::= x S | "", same x, x not
+   * nullable), rep_count = k, the number of x the link still allows; -1 and 0 elsewhere. */
+  int32_t *rep_pos;
+  int32_t *rep_count;
   int32_t root;
 } kiln_grammar_t;
 

@@ -32,6 +32,7 @@
 #define DFA_TRANS_CAP 8192 /* DFA states with a transition table while classifying */
 #define GUIDE_CACHE 64     /* compiled constraints a vocabulary keeps */
 #define CLASS_CACHE_BYTES (512ull << 20)
+#define LENMASK_MAX 256    /* token-length bitsets a vocabulary keeps (lengths 1 .. this) */
 
 /* ============================================================================================
  * Stack nodes and states
@@ -272,6 +273,8 @@ struct kiln_guide_vocab {
   int32_t *n_tok0; /* [nn + 1] */
   int32_t *toks;   /* allowed ids in byte order */
   int32_t ntoks;
+  uint16_t *n_maxlen; /* [nn] the longest token in node i's subtree (bytes, capped at 65535) */
+  uint32_t **lenmask; /* [LENMASK_MAX + 1], lazily, under mu: the tokens of at most c bytes */
   /* caches, under mu */
   pthread_mutex_t mu;
   cls_t **cht; /* classification hash table */
@@ -408,6 +411,17 @@ static kiln_status_t vocab_finish(kiln_guide_vocab_t *v) {
   v->n_depth = t.depth;
   v->n_end = t.end;
   v->n_tok0 = t.tok0;
+  v->n_maxlen = malloc((size_t)(t.nn ? t.nn : 1) * sizeof(uint16_t));
+  v->lenmask = calloc(LENMASK_MAX + 1, sizeof(uint32_t *));
+  if (!v->n_maxlen || !v->lenmask)
+    return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "guide vocabulary: out of memory");
+  /* subtree maxima, children before parents (preorder backwards) */
+  for (int32_t i = t.nn - 1; i >= 0; i--) {
+    uint16_t mx = t.depth[i];
+    for (int32_t j = i + 1; j < t.end[i]; j = t.end[j])
+      if (v->n_maxlen[j] > mx) mx = v->n_maxlen[j];
+    v->n_maxlen[i] = mx;
+  }
   pthread_mutex_init(&v->mu, NULL);
   return NULL;
 }
@@ -525,7 +539,7 @@ void kiln_guide_vocab_free(kiln_guide_vocab_t *v) {
     cls_free(c);
   }
   free(v->cht);
-  if (v->n_byte) pthread_mutex_destroy(&v->mu);
+  if (v->n_maxlen && v->lenmask) pthread_mutex_destroy(&v->mu);
   free(v->off);
   free(v->bytes);
   free(v->ok);
@@ -533,6 +547,10 @@ void kiln_guide_vocab_free(kiln_guide_vocab_t *v) {
   free(v->n_depth);
   free(v->n_end);
   free(v->n_tok0);
+  free(v->n_maxlen);
+  if (v->lenmask)
+    for (int32_t c = 0; c <= LENMASK_MAX; c++) free(v->lenmask[c]);
+  free(v->lenmask);
   free(v->toks);
   free(v);
 }
@@ -786,10 +804,96 @@ static const uint8_t *ustr(void *ctx, int32_t i, uint32_t *len) {
   return u->v->bytes + u->v->off[e->tok] + e->k;
 }
 
+static inline int32_t tok_len(const kiln_guide_vocab_t *v, int32_t id) {
+  return (int32_t)(v->off[id + 1] - v->off[id]);
+}
+
+/* Finishes classification c: the accepted tokens acc (its array is taken) or'ed with bits
+ * (may be NULL), as a bitset when that is smaller than a list; the uncertain entries un[0..nun)
+ * (freed here) as a trie. NULL, with c freed, when oom or out of memory now. */
+static cls_t *cls_build(const kiln_guide_vocab_t *v, cls_t *c, i32vec_t *acc, const uint32_t *bits,
+                        uent_t *un, int64_t nun, bool oom) {
+  if (!oom && (bits || acc->n > v->W)) {
+    c->acc_bits = malloc((size_t)v->W * sizeof(uint32_t));
+    if (!c->acc_bits) oom = true;
+    for (int32_t w = 0; !oom && w < v->W; w++) c->acc_bits[w] = bits ? bits[w] : 0;
+    for (int64_t j = 0; !oom && j < acc->n; j++)
+      c->acc_bits[acc->v[j] >> 5] |= 1u << (acc->v[j] & 31);
+    int64_t n = 0;
+    for (int32_t w = 0; !oom && w < v->W; w++) n += __builtin_popcount(c->acc_bits[w]);
+    c->nacc = (int32_t)n;
+    c->bytes += (size_t)v->W * 4;
+  } else if (!oom) {
+    c->nacc = (int32_t)acc->n;
+    c->acc_ids = acc->v;
+    c->bytes += (size_t)acc->n * 4;
+    acc->v = NULL;
+  }
+  if (!oom && nun) {
+    pthread_mutex_lock(&sort_mu);
+    usort_v = v;
+    qsort(un, (size_t)nun, sizeof(*un), uent_cmp);
+    usort_v = NULL;
+    pthread_mutex_unlock(&sort_mu);
+    ustr_ctx_t ctx = {v, un};
+    trie_out_t t;
+    if (!trie_build((int32_t)nun, ustr, &ctx, &t)) {
+      free(t.byte);
+      free(t.depth);
+      free(t.end);
+      free(t.tok0);
+      oom = true;
+    } else {
+      c->un = t.nn;
+      c->u_byte = t.byte;
+      c->u_depth = t.depth;
+      c->u_end = t.end;
+      c->u_tok0 = t.tok0;
+      c->u_toks = malloc((size_t)nun * sizeof(int32_t));
+      if (!c->u_toks) oom = true;
+      for (int64_t j = 0; !oom && j < nun; j++) c->u_toks[j] = un[j].tok;
+      c->bytes += (size_t)t.nn * 11 + (size_t)nun * 4;
+    }
+  }
+  free(un);
+  free(acc->v);
+  acc->v = NULL;
+  if (oom) {
+    cls_free(c);
+    return NULL;
+  }
+  c->bytes += sizeof(*c);
+  return c;
+}
+
+/* The tokens of at most c bytes (1 <= c <= LENMASK_MAX), made on first use; NULL when out of
+ * memory. */
+static const uint32_t *lenmask_get(kiln_guide_vocab_t *v, int32_t c) {
+  pthread_mutex_lock(&v->mu);
+  uint32_t *m = v->lenmask[c];
+  if (!m && (m = calloc((size_t)v->W, sizeof(uint32_t)))) {
+    for (int32_t j = 0; j < v->ntoks; j++) {
+      const int32_t id = v->toks[j];
+      if (tok_len(v, id) <= c) m[id >> 5] |= 1u << (id & 31);
+    }
+    v->lenmask[c] = m;
+    v->cbytes += (size_t)v->W * 4;
+  }
+  pthread_mutex_unlock(&v->mu);
+  return m;
+}
+
 /* Classifies every token of the vocabulary for the chain pos[0..L) (top first); endroot:
- * the chain's bottom is the end of the text (else the unknown rest of a stack). */
-static cls_t *classify(const kiln_grammar_t *g, const kiln_guide_vocab_t *v, const int32_t *pos,
-                       int32_t L, bool endroot) {
+ * the chain's bottom is the end of the text (else the unknown rest of a stack).
+ *
+ * With base (cut > 0), the tokens of at most cut bytes take base's classification and only
+ * the longer ones are walked: the chain is a link of a bounded repetition with cut - 1 more
+ * x to go and base the same chain with x* in its place (get_cls), where a token of at most
+ * cut bytes cannot tell the two apart (it finishes the current x and starts at most cut - 1
+ * more, each at least one byte long). The walk skips every trie subtree without a longer
+ * token, so a link far from its bound costs a small fraction of a whole walk. */
+static cls_t *classify(kiln_guide_vocab_t *v, const kiln_grammar_t *g, const int32_t *pos,
+                       int32_t L, bool endroot, const cls_t *base, int32_t cut) {
   dfa_t d;
   memset(&d, 0, sizeof(d));
   d.g = g;
@@ -826,15 +930,22 @@ static cls_t *classify(const kiln_grammar_t *g, const kiln_guide_vocab_t *v, con
     }                                                       \
     un[nun++] = (uent_t){(tok_), (kk_)};                    \
   } while (0)
+  if (!base) cut = 0;
   for (int32_t i = 0; !oom && i < v->nn;) {
     const int32_t dp = v->n_depth[i];
+    if (v->n_maxlen[i] <= cut) { /* all of it is base's */
+      i = v->n_end[i];
+      continue;
+    }
     const int32_t t = dfa_step(&d, st[dp - 1], v->n_byte[i]);
     const int32_t s2 = t >> 2;
     bot[dp] = (t & 2) != 0;
     nb[dp] = nb[dp - 1] + bot[dp];
     st[dp] = s2;
     const bool alive = s2 != 0, fin = alive || (t & 3);
-    if (fin) {
+    if (dp <= cut) {
+      /* the tokens ending here are base's */
+    } else if (fin) {
       for (int32_t j = v->n_tok0[i]; j < v->n_tok0[i + 1]; j++) iv_push(&acc, v->toks[j]);
     } else if (nb[dp] > 0) {
       for (int32_t j = v->n_tok0[i]; j < v->n_tok0[i + 1]; j++)
@@ -843,65 +954,54 @@ static cls_t *classify(const kiln_grammar_t *g, const kiln_guide_vocab_t *v, con
     }
     if (!alive) {
       if (nb[dp] > 0) /* the whole subtree is uncertain at the same offsets */
-        for (int32_t j = v->n_tok0[i + 1]; j < v->n_tok0[v->n_end[i]]; j++)
+        for (int32_t j = v->n_tok0[i + 1]; j < v->n_tok0[v->n_end[i]]; j++) {
+          if (tok_len(v, v->toks[j]) <= cut) continue;
           for (int32_t k = 1; k <= dp; k++)
             if (bot[k]) ADD_UN(v->toks[j], k);
+        }
       i = v->n_end[i];
     } else {
       i++;
     }
     oom |= d.oom || acc.oom;
   }
+  /* base's uncertain tokens of at most cut bytes, at their offsets */
+  for (int32_t i = 0; !oom && cut && i < base->un; i++)
+    for (int32_t j = base->u_tok0[i]; j < base->u_tok0[i + 1]; j++) {
+      const int32_t id = base->u_toks[j], len = tok_len(v, id);
+      if (len <= cut) ADD_UN(id, len - base->u_depth[i]);
+    }
 #undef ADD_UN
   free(st);
   free(nb);
   free(bot);
   dfa_free(&d);
-  if (!oom) {
-    /* accepted tokens: a bitset when that is smaller than the list */
-    c->nacc = (int32_t)acc.n;
-    if (acc.n > v->W) {
-      c->acc_bits = calloc((size_t)v->W, sizeof(uint32_t));
-      if (!c->acc_bits) oom = true;
-      for (int64_t j = 0; !oom && j < acc.n; j++)
-        c->acc_bits[acc.v[j] >> 5] |= 1u << (acc.v[j] & 31);
-      c->bytes += (size_t)v->W * 4;
-      free(acc.v);
-    } else {
-      c->acc_ids = acc.v;
-      c->bytes += (size_t)acc.n * 4;
+  /* base's accepted tokens of at most cut bytes: as bits (base's bits under the length mask)
+   * or into the list */
+  uint32_t *bits = NULL;
+  if (!oom && cut && base->acc_bits) {
+    const uint32_t *short_bits = NULL;
+    if (cut <= LENMASK_MAX && !(short_bits = lenmask_get(v, cut))) oom = true;
+    if (!oom && !(bits = malloc((size_t)v->W * sizeof(uint32_t)))) oom = true;
+    for (int32_t w = 0; !oom && w < v->W; w++) {
+      uint32_t x = base->acc_bits[w];
+      if (short_bits) {
+        x &= short_bits[w];
+      } else { /* a cut beyond the kept length masks: token by token */
+        for (uint32_t y = x; y; y &= y - 1) {
+          const int32_t id = w * 32 + __builtin_ctz(y);
+          if (tok_len(v, id) > cut) x &= ~(1u << (id & 31));
+        }
+      }
+      bits[w] = x;
     }
-    acc.v = NULL;
+  } else if (!oom && cut) {
+    for (int32_t j = 0; j < base->nacc; j++)
+      if (tok_len(v, base->acc_ids[j]) <= cut) iv_push(&acc, base->acc_ids[j]);
+    oom = acc.oom;
   }
-  if (!oom && nun) {
-    pthread_mutex_lock(&sort_mu);
-    usort_v = v;
-    qsort(un, (size_t)nun, sizeof(*un), uent_cmp);
-    usort_v = NULL;
-    pthread_mutex_unlock(&sort_mu);
-    ustr_ctx_t ctx = {v, un};
-    trie_out_t t;
-    if (!trie_build((int32_t)nun, ustr, &ctx, &t)) {
-      oom = true;
-    } else {
-      c->un = t.nn;
-      c->u_byte = t.byte;
-      c->u_depth = t.depth;
-      c->u_end = t.end;
-      c->u_tok0 = t.tok0;
-      c->u_toks = malloc((size_t)nun * sizeof(int32_t));
-      if (!c->u_toks) oom = true;
-      for (int64_t j = 0; !oom && j < nun; j++) c->u_toks[j] = un[j].tok;
-      c->bytes += (size_t)t.nn * 11 + (size_t)nun * 4;
-    }
-  }
-  free(un);
-  free(acc.v);
-  if (oom) {
-    cls_free(c);
-    return NULL;
-  }
-  c->bytes += sizeof(*c);
+  c = cls_build(v, c, &acc, bits, un, nun, oom);
+  free(bits);
   return c;
 }
 
@@ -987,8 +1087,53 @@ static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endr
     v->stats.class_hits++;
   }
   pthread_mutex_unlock(&v->mu);
+  /* A chain through a link of a bounded repetition x{m,n} (opt_k ::= x opt_{k-1} | "") is
+   * classified from the same chain with the unbounded x* (S ::= x S | "") in the link's place
+   * (see classify), in either of two shapes:
+   *   - the top is x itself, a byte set at the start of the link's first alternative: S's x
+   *     instead, k more x allowed from here (cut k);
+   *   - a node below the top resumes with "opt_m" ending its alternative (the top is inside
+   *     the current x): S's "S" instead, the current x and m more (cut m + 1).
+   * Of several, the one with the largest cut (the cheapest walk); the base chain may itself
+   * be derived from another link. */
+  const cls_t *base = NULL;
+  int32_t cut = 0, at = -1, sub = -1;
+  for (int32_t i = 0; !c && i < L; i++) {
+    const kiln_gel_t e = g->el[pos[i]];
+    if (i == 0) {
+      const int32_t r = g->el_rule[pos[0]];
+      const int32_t sp = g->rep_pos[r];
+      if (sp >= 1 && pos[0] == g->alt_start[g->rule_alt[r]] && g->el[sp - 1].kind == e.kind &&
+          g->el[sp - 1].arg == e.arg && g->rep_count[r] > cut) {
+        cut = g->rep_count[r];
+        at = 0;
+        sub = sp - 1;
+      }
+    } else if (e.kind == KILN_GEL_RULE && g->rep_pos[e.arg] >= 0 &&
+               g->el[pos[i] + 1].kind == KILN_GEL_END && g->rep_count[e.arg] + 1 > cut) {
+      cut = g->rep_count[e.arg] + 1;
+      at = i;
+      sub = g->rep_pos[e.arg];
+    }
+  }
+  if (at >= 0) {
+    int32_t bpos[CHAIN_K];
+    memcpy(bpos, pos, (size_t)L * sizeof(int32_t));
+    bpos[at] = sub;
+    cls_t *b = get_cls(gd, bpos, L, endroot);
+    if (!b) return NULL;
+    base = b;
+    if (cut >= v->max_len) { /* no token can tell them apart: base itself */
+      pthread_mutex_lock(&v->mu);
+      b->refs++;
+      v->stats.class_hits++;
+      v->stats.derived_same++;
+      pthread_mutex_unlock(&v->mu);
+      c = b;
+    }
+  }
   if (!c) {
-    cls_t *nc = classify(g, v, pos, L, endroot);
+    cls_t *nc = classify(v, g, pos, L, endroot, base, cut);
     if (!nc) return NULL;
     nc->key[0] = h[0];
     nc->key[1] = h[1];
@@ -1000,6 +1145,7 @@ static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endr
     } else if (cls_insert(v, nc)) {
       c = nc;
       v->stats.classified++;
+      if (base) v->stats.derived++;
     } else {
       cls_free(nc);
     }

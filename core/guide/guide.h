@@ -67,11 +67,14 @@ void kiln_guide_release(kiln_guide_t *g);
 const kiln_grammar_t *kiln_guide_grammar(const kiln_guide_t *g);
 
 /* Cache statistics of a vocabulary: constraints compiled and found in the cache, context
- * chains classified and found in the cache. */
+ * chains classified and found in the cache; of the classified, those derived from a bounded
+ * repetition's unbounded rule (walking only the tokens longer than the link's count), and the
+ * links taken as their unbounded rule's classification (no token is long enough to tell). */
 typedef struct kiln_guide_stats {
   uint64_t compiles, compile_hits;
   uint64_t classified, class_hits;
   uint64_t class_bytes;
+  uint64_t derived, derived_same;
 } kiln_guide_stats_t;
 void kiln_guide_vocab_stats(kiln_guide_vocab_t *v, kiln_guide_stats_t *out);
 
