@@ -214,7 +214,7 @@ static kiln_status_t model_upload(kiln_model_t *m, const plan_t *p) {
       if (!stage) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for staging");
     }
   }
-  const int64_t chunk = (int64_t)(STAGING_BYTES / m->es) & ~(int64_t)31;
+  const int64_t chunk = (int64_t)(STAGING_BYTES / m->es) & ~(int64_t)255; /* whole blocks */
   for (size_t i = 0; i < p->n && !st; i++) {
     const kiln_weight_t *w = p->ups[i].w;
     if (direct) {

@@ -80,7 +80,7 @@ enum {
   GT_I64 = 11,
   GT_F64 = 12,
 };
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_BF16 = 30 };
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q4_K = 12, GGML_BF16 = 30 };
 
 #define GG_AUTO UINT64_MAX
 
@@ -764,10 +764,14 @@ static void write_llama_with(void (*edit)(gg_t *g), const char *skip) {
   gg_free(&g);
 }
 
-static void add_q4k(gg_t *g) {
-  uint8_t zeros[144] = {0};
-  gg_tensor(g, "blk.0.ffn_extra.weight", GGML_Q4_K, 2, (const uint64_t[]){256, 1}, zeros,
+static void add_q2k(gg_t *g) {
+  uint8_t zeros[84] = {0};
+  gg_tensor(g, "blk.0.ffn_extra.weight", GGML_Q2_K, 2, (const uint64_t[]){256, 1}, zeros,
             sizeof(zeros));
+}
+static void add_q4k_bad_row(gg_t *g) {
+  uint8_t zeros[288] = {0};
+  gg_tensor(g, "blk.0.odd.weight", GGML_Q4_K, 2, (const uint64_t[]){128, 4}, zeros, sizeof(zeros));
 }
 static void add_misaligned(gg_t *g) {
   gg_tensor_at(g, "blk.0.misaligned.weight", GGML_F32, 1, (const uint64_t[]){4}, NULL, 0, 16);
@@ -885,8 +889,11 @@ static void test_errors(void **state) {
   expect_open_error(KILN_ERR_INVALID_ARGUMENT, "truncated", (const char *)NULL);
 
   /* Tensors Kiln does not run, or whose data cannot be where they say. */
-  write_llama_with(add_q4k, NULL);
-  expect_open_error(KILN_ERR_UNSUPPORTED, "blk.0.ffn_extra.weight", "12", "q4_K",
+  write_llama_with(add_q2k, NULL);
+  expect_open_error(KILN_ERR_UNSUPPORTED, "blk.0.ffn_extra.weight", "10", "q2_K",
+                    (const char *)NULL);
+  write_llama_with(add_q4k_bad_row, NULL);
+  expect_open_error(KILN_ERR_INVALID_ARGUMENT, "blk.0.odd.weight", "q4_K", "128", "256",
                     (const char *)NULL);
   write_llama_with(add_misaligned, NULL);
   expect_open_error(KILN_ERR_INVALID_ARGUMENT, "blk.0.misaligned.weight", "16", "alignment",

@@ -26,6 +26,7 @@
  *   plugin's table, which the host reads as "not implemented"), and KILN_HAL_ACT_QUICK_GELU.
  *   1.3 appended kiln_hal_backend_t.mask_logits, constrained decoding's token masks (optional:
  *   the host falls back to logit biases without it).
+ *   1.4 appended the quantized weight formats (kiln_hal_qfmt_t, defined in kiln/hal_quant.h).
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -92,7 +93,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 3
+#define KILN_HAL_ABI_MINOR 4
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -137,6 +138,20 @@ typedef enum kiln_hal_dtype {
   KILN_HAL_U8 = 5,
   KILN_HAL_DTYPE_COUNT = 6,
 } kiln_hal_dtype_t;
+
+/* Quantized weight formats (ABI 1.4; kiln_hal_gemm_quant_args_t). The GGUF block types are
+ * defined byte for byte, with their exact dequantization, in kiln/hal_quant.h. Values 16 and
+ * up are reserved for group-quantized integer formats with separate scale/zero tensors
+ * (GPTQ, AWQ int4/int8), which will use kiln_hal_qweight_t's group_size, scales and zeros. */
+typedef enum kiln_hal_qfmt {
+  KILN_HAL_QFMT_NONE = 0,
+  KILN_HAL_QFMT_Q4_0 = 1, /* 32 weights per 18-byte block: f16 d, 16 bytes of nibbles */
+  KILN_HAL_QFMT_Q8_0 = 2, /* 32 weights per 34-byte block: f16 d, 32 int8 */
+  KILN_HAL_QFMT_Q4_K = 3, /* 256 weights per 144-byte super-block, 8 sub-blocks, 6-bit sc/min */
+  KILN_HAL_QFMT_Q5_K = 4, /* 256 weights per 176-byte super-block: Q4_K + 32 bytes of high bits */
+  KILN_HAL_QFMT_Q6_K = 5, /* 256 weights per 210-byte super-block, 16 int8 sub-block scales */
+  KILN_HAL_QFMT_COUNT = 6,
+} kiln_hal_qfmt_t;
 
 /* Opaque handles; each plugin defines the structs. */
 typedef struct kiln_hal_device kiln_hal_device_t;
