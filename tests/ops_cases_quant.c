@@ -37,16 +37,15 @@ typedef struct gq_case {
 } gq_case_t;
 
 static const gq_case_t gq_cases[] = {
-    {1, 1, 0, false, false, 0, 0, 0, 0},      /* K = one block */
-    {1, 64, 0, true, false, 0, 0, 0, 3},      /* decode: one row */
-    {1, 129, 0, false, true, 3, 0, 5, 0},     /* N not a multiple of any vector width */
-    {2, 33, 0, true, true, 0, 2, 0, 7},
-    {4, 200, 0, false, false, 1, 0, 0, 0},
-    {8, 31, 0, true, false, 0, 0, 11, 1},     /* the last "small M" row count */
-    {9, 17, 0, false, true, 0, 0, 0, 0},      /* the first above it */
-    {33, 70, 0, true, false, 2, 1, 0, 2},     /* prefill-sized */
-    {0, 5, 0, false, false, 0, 0, 0, 0},      /* M = 0: a no-op */
-    {3, 0, 0, false, false, 0, 0, 0, 0},      /* N = 0 */
+    {1, 1, 0, false, false, 0, 0, 0, 0},  /* K = one block */
+    {1, 64, 0, true, false, 0, 0, 0, 3},  /* decode: one row */
+    {1, 129, 0, false, true, 3, 0, 5, 0}, /* N not a multiple of any vector width */
+    {2, 33, 0, true, true, 0, 2, 0, 7},   {4, 200, 0, false, false, 1, 0, 0, 0},
+    {8, 31, 0, true, false, 0, 0, 11, 1}, /* the last "small M" row count */
+    {9, 17, 0, false, true, 0, 0, 0, 0},  /* the first above it */
+    {33, 70, 0, true, false, 2, 1, 0, 2}, /* prefill-sized */
+    {0, 5, 0, false, false, 0, 0, 0, 0},  /* M = 0: a no-op */
+    {3, 0, 0, false, false, 0, 0, 0, 0},  /* N = 0 */
 };
 
 /* A random finite f16 of magnitude in [2^-12, 2^-4], negative when neg. */

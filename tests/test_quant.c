@@ -124,18 +124,18 @@ static void test_q6_k_hand(void **state) {
   int8_t *sc = (int8_t *)(b + 192);
   for (int i = 0; i < 16; i++) sc[i] = (int8_t)(i - 8);
   sc[0] = -3, sc[2] = 5, sc[4] = 7, sc[6] = -128, sc[8] = 1, sc[12] = 2;
-  b[0] = 0x21;       /* ql[0] */
-  b[32] = 0xf0;      /* ql[32] */
-  b[128] = 0xe4;     /* qh[0] */
-  b[64] = 0x0f;      /* ql[64]: second half, l = 0 */
+  b[0] = 0x21;        /* ql[0] */
+  b[32] = 0xf0;       /* ql[32] */
+  b[128] = 0xe4;      /* qh[0] */
+  b[64] = 0x0f;       /* ql[64]: second half, l = 0 */
   b[128 + 32] = 0x03; /* qh[32] */
   float y[256];
   assert_int_equal(kiln_hal_quant_dequant(KILN_HAL_QFMT_Q6_K, b, y), 0);
-  assert_true(y[0] == 23.25f);  /* low 1, high 0: q = -31; (0.25 * -3) * -31 */
-  assert_true(y[32] == -20.0f); /* low 0, high 1: q = -16; (0.25 * 5) * -16 */
-  assert_true(y[64] == 3.5f);   /* low 2, high 2: q = 2; (0.25 * 7) * 2 */
+  assert_true(y[0] == 23.25f);   /* low 1, high 0: q = -31; (0.25 * -3) * -31 */
+  assert_true(y[32] == -20.0f);  /* low 0, high 1: q = -16; (0.25 * 5) * -16 */
+  assert_true(y[64] == 3.5f);    /* low 2, high 2: q = 2; (0.25 * 7) * 2 */
   assert_true(y[96] == -992.0f); /* low 15, high 3: q = 31; (0.25 * -128) * 31 */
-  assert_true(y[128] == 7.75f); /* low 15, high 3: q = 31; 0.25 * 1 * 31 */
+  assert_true(y[128] == 7.75f);  /* low 15, high 3: q = 31; 0.25 * 1 * 31 */
   assert_true(y[192] == -16.0f); /* low 0, high 0: q = -32; 0.25 * 2 * -32 */
   /* Everything else has all-zero bits: q = -32. */
   for (int i = 0; i < 256; i++) {
@@ -209,10 +209,10 @@ static void test_pack_row(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_geometry),       cmocka_unit_test(test_q4_0_hand),
-      cmocka_unit_test(test_q8_0_hand),      cmocka_unit_test(test_k_scale_min_hand),
-      cmocka_unit_test(test_q4_k_hand),      cmocka_unit_test(test_q5_k_hand),
-      cmocka_unit_test(test_q6_k_hand),      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_geometry),  cmocka_unit_test(test_q4_0_hand),
+      cmocka_unit_test(test_q8_0_hand), cmocka_unit_test(test_k_scale_min_hand),
+      cmocka_unit_test(test_q4_k_hand), cmocka_unit_test(test_q5_k_hand),
+      cmocka_unit_test(test_q6_k_hand), cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_pack_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,9 +25,9 @@
 #define QG_X86 0
 #endif
 
-#define QG_SMALL_M 8  /* rows of x up to which the direct kernel runs */
-#define QG_ROWS 16    /* weight rows per task of the direct kernel */
-#define QG_PANEL 64   /* weight rows dequantized per sgemm of the prefill path */
+#define QG_SMALL_M 8 /* rows of x up to which the direct kernel runs */
+#define QG_ROWS 16   /* weight rows per task of the direct kernel */
+#define QG_PANEL 64  /* weight rows dequantized per sgemm of the prefill path */
 
 /* ---- block dequantization ----------------------------------------------------------------- */
 
@@ -44,7 +44,8 @@ QG_AVX2_INLINE void qg_store32(__m256i b, __m256 mul, __m256 sub, float *out) {
   _mm256_storeu_ps(out, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(lo), mul), sub));
   _mm256_storeu_ps(out + 8, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(_mm_srli_si128(lo, 8)), mul), sub));
   _mm256_storeu_ps(out + 16, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(hi), mul), sub));
-  _mm256_storeu_ps(out + 24, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(_mm_srli_si128(hi, 8)), mul), sub));
+  _mm256_storeu_ps(out + 24,
+                   _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(_mm_srli_si128(hi, 8)), mul), sub));
 }
 
 QG_AVX2 static void qg_dequant_avx2(int32_t fmt, const uint8_t *blk, float *out) {
