@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "hal/loader.h"
+#include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
 #include "models/loader/gguf.h"
 #include "models/loader/weights.h"
@@ -38,7 +39,12 @@ uint64_t model_plan_reserve(plan_t *p, int64_t numel) {
   return off;
 }
 
+static kiln_status_t plan_push_raw(plan_t *p, const kiln_weight_t *w, uint64_t dst, bool raw);
 static kiln_status_t plan_push(plan_t *p, const kiln_weight_t *w, uint64_t dst) {
+  return plan_push_raw(p, w, dst, false);
+}
+
+static kiln_status_t plan_push_raw(plan_t *p, const kiln_weight_t *w, uint64_t dst, bool raw) {
   if (p->n == p->cap) {
     size_t cap = p->cap ? 2 * p->cap : 64;
     upload_t *u = realloc(p->ups, cap * sizeof(*u));
@@ -48,6 +54,7 @@ static kiln_status_t plan_push(plan_t *p, const kiln_weight_t *w, uint64_t dst) 
   }
   p->ups[p->n].w = w;
   p->ups[p->n].dst = dst;
+  p->ups[p->n].raw = raw;
   p->n++;
   return NULL;
 }
@@ -121,6 +128,42 @@ kiln_status_t model_plan_fused(plan_t *p, int n, char names[][160], const int64_
   return NULL;
 }
 
+kiln_status_t model_plan_linear(plan_t *p, int n, char names[][160], const int64_t *rows,
+                                int64_t cols, uint64_t *out_off, int32_t *out_fmt) {
+  *out_fmt = KILN_HAL_QFMT_NONE;
+  int32_t fmt = KILN_HAL_QFMT_NONE;
+  for (int i = 0; i < n; i++) {
+    const kiln_weight_t *w = kiln_weights_find(p->src, names[i]);
+    int32_t f = w ? kiln_wtype_qfmt(w->type) : KILN_HAL_QFMT_NONE;
+    if (f == KILN_HAL_QFMT_NONE || (i > 0 && f != fmt)) {
+      fmt = KILN_HAL_QFMT_NONE;
+      break;
+    }
+    fmt = f;
+  }
+  if (fmt == KILN_HAL_QFMT_NONE || !(p->qcaps & KILN_HAL_CAP_QUANT(fmt)) ||
+      cols % kiln_hal_qfmt_block_elems(fmt))
+    return model_plan_fused(p, n, names, rows, cols, false, out_off);
+  /* Kept as blocks: rows of cols / E blocks, the parts' rows stacked. */
+  const uint64_t row_bytes =
+      (uint64_t)(cols / kiln_hal_qfmt_block_elems(fmt)) * (uint64_t)kiln_hal_qfmt_block_bytes(fmt);
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += rows[i];
+  uint64_t off = p->size;
+  p->size = align_up(p->size + (uint64_t)total * row_bytes);
+  *out_off = off;
+  for (int i = 0; i < n; i++) {
+    const kiln_weight_t *w = kiln_weights_find(p->src, names[i]);
+    const int64_t shape[2] = {rows[i], cols};
+    kiln_status_t st = kiln_weight_expect_shape(w, 2, shape);
+    if (!st) st = plan_push_raw(p, w, off, true);
+    if (st) return st;
+    off += (uint64_t)rows[i] * row_bytes;
+  }
+  *out_fmt = fmt;
+  return NULL;
+}
+
 static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   const kiln_model_config_t *c = &m->cfg;
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
@@ -154,7 +197,13 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     NAME(0, "self_attn.q_proj.weight");
     NAME(1, "self_attn.k_proj.weight");
     NAME(2, "self_attn.v_proj.weight");
-    if ((st = model_plan_fused(p, 3, nm, qkv_rows, H, false, &L->qkv_w))) return st;
+    /* Qwen3's q/k norms split the QKV GEMM (llama.c): those layers stay dense. */
+    if (c->qk_norm) {
+      L->qkv_fmt = KILN_HAL_QFMT_NONE;
+      if ((st = model_plan_fused(p, 3, nm, qkv_rows, H, false, &L->qkv_w))) return st;
+    } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt))) {
+      return st;
+    }
     NAME(0, "self_attn.q_proj.bias");
     NAME(1, "self_attn.k_proj.bias");
     NAME(2, "self_attn.v_proj.bias");
@@ -168,7 +217,8 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
       if ((st = model_plan_one(p, nm[0], c->head_dim, 0, &L->k_norm))) return st;
     }
     NAME(0, "self_attn.o_proj.weight");
-    if ((st = model_plan_one(p, nm[0], H, QD, &L->o_w))) return st;
+    const int64_t o_rows[1] = {H}, down_rows[1] = {H};
+    if ((st = model_plan_linear(p, 1, nm, o_rows, QD, &L->o_w, &L->o_fmt))) return st;
     L->o_b = MODEL_NO_TENSOR;
     if (c->o_bias) {
       NAME(0, "self_attn.o_proj.bias");
@@ -177,7 +227,7 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     const int64_t gu_rows[2] = {I, I};
     NAME(0, "mlp.gate_proj.weight");
     NAME(1, "mlp.up_proj.weight");
-    if ((st = model_plan_fused(p, 2, nm, gu_rows, H, false, &L->gu_w))) return st;
+    if ((st = model_plan_linear(p, 2, nm, gu_rows, H, &L->gu_w, &L->gu_fmt))) return st;
     L->gu_b = L->down_b = MODEL_NO_TENSOR;
     if (c->mlp_bias) {
       NAME(0, "mlp.gate_proj.bias");
@@ -187,7 +237,7 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
       if ((st = model_plan_one(p, nm[0], H, 0, &L->down_b))) return st;
     }
     NAME(0, "mlp.down_proj.weight");
-    if ((st = model_plan_one(p, nm[0], H, I, &L->down_w))) return st;
+    if ((st = model_plan_linear(p, 1, nm, down_rows, I, &L->down_w, &L->down_fmt))) return st;
 #undef NAME
     L->window = c->layer_sliding[l] ? c->sliding_window : 0;
   }
@@ -214,9 +264,23 @@ static kiln_status_t model_upload(kiln_model_t *m, const plan_t *p) {
       if (!stage) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory for staging");
     }
   }
-  const int64_t chunk = (int64_t)(STAGING_BYTES / m->es) & ~(int64_t)31;
+  const int64_t chunk = (int64_t)(STAGING_BYTES / m->es) & ~(int64_t)255; /* whole blocks */
   for (size_t i = 0; i < p->n && !st; i++) {
     const kiln_weight_t *w = p->ups[i].w;
+    if (p->ups[i].raw) { /* quantized blocks, as they are in the file */
+      if (direct) {
+        memcpy(direct + p->ups[i].dst, w->data, (size_t)w->nbytes);
+        continue;
+      }
+      for (uint64_t done = 0; done < w->nbytes && !st; done += STAGING_BYTES) {
+        uint64_t n = w->nbytes - done < STAGING_BYTES ? w->nbytes - done : STAGING_BYTES;
+        memcpy(stage, w->data + done, (size_t)n);
+        st = hal_st(m->be->copy_h2d(m->stream, m->weights, p->ups[i].dst + done, stage, n),
+                    "uploading weights");
+        if (!st) st = hal_st(m->be->stream_sync(m->stream), "uploading weights");
+      }
+      continue;
+    }
     if (direct) {
       st = kiln_weight_convert(w, 0, w->numel, m->dtype, direct + p->ups[i].dst);
       continue;
@@ -365,7 +429,7 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   kiln_hal_device_info_t di;
   memset(&di, 0, sizeof(di));
   di.struct_size = sizeof(di);
-  if (cap_for(m->dtype) || options->graphs) {
+  {
     kiln_hal_error_t *e = backend->device_info(options->device_index, &di);
     if (e) {
       st = kiln_hal_status_from_error(e, "device_info");
@@ -403,6 +467,10 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   plan.src = src;
   plan.dtype = m->dtype;
   plan.es = m->es;
+  /* Quantized GGUF weights stay quantized where the backend multiplies them (gemm_quant and
+   * the format's capability); elsewhere they are widened to the serving dtype at load. */
+  if (KILN_HAL_HAS(backend, gemm_quant) && backend->gemm_quant)
+    plan.qcaps = di.caps & ~(uint64_t)0xffffffffu;
   if ((st = model_plan(m, &plan))) goto fail;
   m->weight_bytes = plan.size;
   if ((st = alloc_buf(m, plan.size, 0, "the weights", &m->weights))) goto fail;

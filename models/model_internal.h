@@ -27,6 +27,9 @@ typedef struct model_layer {
   uint64_t down_w;    /* [H, I] down_proj */
   uint64_t down_b;    /* [H] or MODEL_NO_TENSOR */
   int32_t window;     /* sliding window of this layer, 0 = full attention */
+  /* kiln_hal_qfmt_t of qkv_w, o_w, gu_w, down_w: KILN_HAL_QFMT_NONE = the serving dtype;
+   * else the GGUF blocks as they are in the file ([rows, K / E blocks], see gemm_quant). */
+  int32_t qkv_fmt, o_fmt, gu_fmt, down_fmt;
 } model_layer_t;
 
 struct kiln_model {
@@ -98,6 +101,7 @@ struct kiln_kv_cache {
 typedef struct model_upload {
   const kiln_weight_t *w;
   uint64_t dst; /* byte offset in the weight buffer */
+  bool raw;     /* copy the tensor's bytes as they are (a quantized weight kept quantized) */
 } model_upload_t;
 
 typedef struct model_plan {
@@ -105,7 +109,8 @@ typedef struct model_plan {
   const kiln_weights_t *src;
   int32_t dtype;
   size_t es;
-  uint64_t size; /* bytes so far */
+  uint64_t size;  /* bytes so far */
+  uint64_t qcaps; /* the device's KILN_HAL_CAP_QUANT bits when the backend has gemm_quant */
   model_upload_t *ups;
   size_t n, cap;
 } model_plan_t;
@@ -126,6 +131,13 @@ kiln_status_t model_plan_one(model_plan_t *p, const char *name, int64_t d0, int6
  * MODEL_NO_TENSOR when none do. */
 kiln_status_t model_plan_fused(model_plan_t *p, int n, char names[][160], const int64_t *rows,
                                int64_t cols, bool optional, uint64_t *out_off);
+
+/* A linear weight made of n stacked [rows_i, cols] parts (as model_plan_fused, required):
+ * kept quantized when every part has the same GGUF block type and the device runs gemm_quant
+ * on it (*out_fmt = its kiln_hal_qfmt_t), else converted to the serving dtype
+ * (*out_fmt = KILN_HAL_QFMT_NONE). */
+kiln_status_t model_plan_linear(model_plan_t *p, int n, char names[][160], const int64_t *rows,
+                                int64_t cols, uint64_t *out_off, int32_t *out_fmt);
 
 /* The vision tower (models/vision/vision.c): plans its weights after the decoder's, and frees
  * what it allocated (its scratch buffers) with the model. */

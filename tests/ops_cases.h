@@ -30,6 +30,9 @@ void test_ops_activation(void **state);
 void test_ops_vision_bad_args(void **state);
 void test_ops_vision_graphs(void **state);
 
+/* ops_cases_quant.c (ABI 1.4) */
+void test_ops_gemm_quant(void **state);
+
 /* ops_cases_misc.c */
 void test_ops_graphs(void **state);
 void test_ops_bad_args(void **state);

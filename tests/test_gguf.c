@@ -18,8 +18,10 @@
 #include <unistd.h>
 
 #include "base/strbuf.h"
+#include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/loader/gguf.h"
+#include "models/model.h"
 #include "models/loader/weights.h"
 
 /* ---- a temporary directory per test ---------------------------------------------------------- */
@@ -80,7 +82,7 @@ enum {
   GT_I64 = 11,
   GT_F64 = 12,
 };
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_BF16 = 30 };
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q4_K = 12, GGML_BF16 = 30 };
 
 #define GG_AUTO UINT64_MAX
 
@@ -213,8 +215,25 @@ static void gg_write(gg_t *g) {
 
 /* ---- tensor data -------------------------------------------------------------------------- */
 
+/* When set, Q8_0 tensors are written as F32 holding their dequantized values (the same random
+ * stream): the widened twin of a quantized file. */
+static bool g_widen_q8;
+/* When set, build_llama leaves out what kiln_model_load would refuse. */
+static bool g_loadable;
+
 /* n random values stored as type; *out_f32 gets them as f32 (exactly what the bytes hold). */
 static void *make_data(uint32_t type, size_t n, float *out_f32, size_t *out_nbytes) {
+  if (type == GGML_Q8_0 && g_widen_q8) {
+    float *f = malloc(n * sizeof(float));
+    assert_non_null(f);
+    g_widen_q8 = false;
+    size_t nb;
+    free(make_data(GGML_Q8_0, n, f, &nb));
+    g_widen_q8 = true;
+    if (out_f32) memcpy(out_f32, f, n * sizeof(float));
+    *out_nbytes = n * sizeof(float);
+    return f;
+  }
   if (type == GGML_Q8_0) {
     assert_int_equal(n % 32, 0);
     uint8_t *q = malloc(n / 32 * 34);
@@ -257,7 +276,7 @@ static float *add_random(gg_t *g, const char *name, uint32_t type, uint32_t n_di
   for (uint32_t i = 0; i < n_dims; i++) n *= ne[i];
   float *vals = want_values ? malloc(n * sizeof(float)) : NULL;
   void *bytes = make_data(type, n, vals, &nbytes);
-  gg_tensor(g, name, type, n_dims, ne, bytes, nbytes);
+  gg_tensor(g, name, type == GGML_Q8_0 && g_widen_q8 ? GGML_F32 : type, n_dims, ne, bytes, nbytes);
   free(bytes);
   return vals;
 }
@@ -317,7 +336,8 @@ static void build_llama(gg_t *g, llama_values_t *vals) {
     if (l == 1) vals->ffn_down = down;
 #undef LAYER
   }
-  free(add_random(g, "blk.0.attn_q.bias", GGML_F32, 1, (const uint64_t[]){64}, false));
+  /* A lone q bias (the loader's business, not a model's: kiln_model_load wants all three). */
+  if (!g_loadable) free(add_random(g, "blk.0.attn_q.bias", GGML_F32, 1, (const uint64_t[]){64}, false));
   free(add_random(g, "some.unknown.tensor", GGML_F32, 1, (const uint64_t[]){3}, false));
   if (!keep) {
     free(dummy.embd);
@@ -764,10 +784,14 @@ static void write_llama_with(void (*edit)(gg_t *g), const char *skip) {
   gg_free(&g);
 }
 
-static void add_q4k(gg_t *g) {
-  uint8_t zeros[144] = {0};
-  gg_tensor(g, "blk.0.ffn_extra.weight", GGML_Q4_K, 2, (const uint64_t[]){256, 1}, zeros,
+static void add_q2k(gg_t *g) {
+  uint8_t zeros[84] = {0};
+  gg_tensor(g, "blk.0.ffn_extra.weight", GGML_Q2_K, 2, (const uint64_t[]){256, 1}, zeros,
             sizeof(zeros));
+}
+static void add_q4k_bad_row(gg_t *g) {
+  uint8_t zeros[288] = {0};
+  gg_tensor(g, "blk.0.odd.weight", GGML_Q4_K, 2, (const uint64_t[]){128, 4}, zeros, sizeof(zeros));
 }
 static void add_misaligned(gg_t *g) {
   gg_tensor_at(g, "blk.0.misaligned.weight", GGML_F32, 1, (const uint64_t[]){4}, NULL, 0, 16);
@@ -885,8 +909,11 @@ static void test_errors(void **state) {
   expect_open_error(KILN_ERR_INVALID_ARGUMENT, "truncated", (const char *)NULL);
 
   /* Tensors Kiln does not run, or whose data cannot be where they say. */
-  write_llama_with(add_q4k, NULL);
-  expect_open_error(KILN_ERR_UNSUPPORTED, "blk.0.ffn_extra.weight", "12", "q4_K",
+  write_llama_with(add_q2k, NULL);
+  expect_open_error(KILN_ERR_UNSUPPORTED, "blk.0.ffn_extra.weight", "10", "q2_K",
+                    (const char *)NULL);
+  write_llama_with(add_q4k_bad_row, NULL);
+  expect_open_error(KILN_ERR_INVALID_ARGUMENT, "blk.0.odd.weight", "q4_K", "128", "256",
                     (const char *)NULL);
   write_llama_with(add_misaligned, NULL);
   expect_open_error(KILN_ERR_INVALID_ARGUMENT, "blk.0.misaligned.weight", "16", "alignment",
@@ -964,6 +991,70 @@ static void test_errors(void **state) {
   }
 }
 
+/* End to end through the CPU backend: the llama file's Q8_0 gate/up and down weights stay
+ * quantized (gemm_quant, decode and prefill paths), and its logits match those of the same
+ * file with every Q8_0 tensor written as F32 holding the dequantized values. Both run in f32;
+ * they differ only in the order of f32 sums (gemm_quant vs sgemm), so 1e-4 relative to the
+ * logits' scale is ample (the logits are O(1), K <= 128). */
+static void score_file(const char *path, const kiln_hal_backend_t *be, kiln_hal_device_t *dev,
+                       kiln_hal_stream_t *stream, int32_t chunk, float *out) {
+  kiln_model_options_t o = {
+      .dtype = KILN_HAL_F32, .max_tokens = 12, .max_seqs = 1, .max_blocks_per_seq = 8};
+  kiln_model_t *m = NULL;
+  kiln_status_t st = kiln_model_load(path, be, dev, stream, &o, &m);
+  if (st) fprintf(stderr, "%s\n", kiln_status_message(st));
+  assert_null(st);
+  static const int32_t ids[12] = {3, 7, 1, 30, 12, 5, 9, 17, 22, 4, 0, 31};
+  assert_null(kiln_model_score(m, ids, 12, chunk, 16, out));
+  kiln_model_free(m);
+}
+
+static void test_quantized_model(void **state) {
+  (void)state;
+  kiln_hal_registry_options_t ro = {0};
+  kiln_hal_registry_t *reg = NULL;
+  const kiln_hal_plugin_t *pl = NULL;
+  kiln_status_t st = kiln_hal_registry_create(&ro, &reg);
+  if (!st) st = kiln_hal_registry_open(reg, "cpu", &pl);
+  if (st) fprintf(stderr, "%s\n", kiln_status_message(st));
+  assert_null(st);
+  kiln_hal_device_t *dev = NULL;
+  kiln_hal_stream_t *stream = NULL;
+  assert_null(pl->table.device_open(0, &dev));
+  assert_null(pl->table.stream_create(dev, &stream));
+  char wide[200];
+  snprintf(wide, sizeof(wide), "%s/wide.gguf", g_dir);
+  const uint64_t seed = g_rng;
+  g_loadable = true;
+  for (int pass = 0; pass < 2; pass++) {
+    gg_t g;
+    g_rng = seed; /* the same random stream for both files */
+    gg_init(&g);
+    g_widen_q8 = pass == 0; /* the widened twin first, renamed to wide.gguf */
+    build_llama(&g, NULL);
+    gg_write(&g);
+    gg_free(&g);
+    g_widen_q8 = false;
+    if (pass == 0) assert_int_equal(rename(g_path, wide), 0);
+  }
+  g_loadable = false;
+  float q[12 * 32], w[12 * 32], q1[12 * 32];
+  score_file(g_path, &pl->table, dev, stream, 0, q);  /* prefill: M = 12 rows */
+  score_file(g_path, &pl->table, dev, stream, 1, q1); /* decode: M = 1 */
+  score_file(wide, &pl->table, dev, stream, 0, w);
+  double scale = 0;
+  for (int i = 0; i < 12 * 32; i++) scale = fmax(scale, fabs(w[i]));
+  assert_true(scale > 0.1);
+  for (int i = 0; i < 12 * 32; i++) {
+    assert_true(fabs(q[i] - w[i]) <= 1e-4 * scale);
+    assert_true(fabs(q1[i] - w[i]) <= 1e-4 * scale);
+  }
+  unlink(wide);
+  pl->table.stream_destroy(stream);
+  pl->table.device_close(dev);
+  kiln_hal_registry_free(reg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_llama, make_dir, remove_dir),
@@ -972,6 +1063,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_truncated, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_corrupt_bytes, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_errors, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_quantized_model, make_dir, remove_dir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

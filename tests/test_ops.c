@@ -41,6 +41,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ops_backends),
       cmocka_unit_test(test_ops_gemm),
+      cmocka_unit_test(test_ops_gemm_quant),
       cmocka_unit_test(test_ops_embedding),
       cmocka_unit_test(test_ops_rmsnorm),
       cmocka_unit_test(test_ops_rope),

@@ -151,6 +151,8 @@ static kiln_hal_error_t *be_device_info(int32_t index, kiln_hal_device_info_t *o
   info.caps = KILN_HAL_CAP_F16 | KILN_HAL_CAP_BF16 | KILN_HAL_CAP_GRAPHS |
               KILN_HAL_CAP_HOST_MEMORY | KILN_HAL_CAP_DEVICE_SAMPLING |
               KILN_HAL_CAP_MIXED_BATCH_GRAPHS;
+  for (int32_t f = KILN_HAL_QFMT_Q4_0; f < KILN_HAL_QFMT_COUNT; f++)
+    info.caps |= KILN_HAL_CAP_QUANT(f);
   info.warp_size = 1;
   info.compute_units = threads;
   info.pci_bus_id = 0;
@@ -335,6 +337,7 @@ static kiln_hal_error_t *run_op(kiln_hal_stream_t *s, const cpu_op_t *op, bool d
     case CPU_OP_LAYERNORM: return cpu_layernorm(s, &op->u.layernorm, dry_run);
     case CPU_OP_ACTIVATION: return cpu_activation(s, &op->u.activation, dry_run);
     case CPU_OP_MASK_LOGITS: return cpu_mask_logits(s, &op->u.mask_logits, dry_run);
+    case CPU_OP_GEMM_QUANT: return cpu_gemm_quant(s, &op->u.gemm_quant, dry_run);
   }
   return kiln_hal_error_new(KILN_HAL_ERR_INTERNAL, "cpu: unknown recorded op %d", (int)op->kind);
 }
@@ -408,6 +411,7 @@ CPU_OP_ENTRY(sample, CPU_OP_SAMPLE, kiln_hal_sample_args_t)
 CPU_OP_ENTRY(layernorm, CPU_OP_LAYERNORM, kiln_hal_layernorm_args_t)
 CPU_OP_ENTRY(activation, CPU_OP_ACTIVATION, kiln_hal_activation_args_t)
 CPU_OP_ENTRY(mask_logits, CPU_OP_MASK_LOGITS, kiln_hal_mask_args_t)
+CPU_OP_ENTRY(gemm_quant, CPU_OP_GEMM_QUANT, kiln_hal_gemm_quant_args_t)
 
 static kiln_hal_error_t *be_graph_begin(kiln_hal_stream_t *s) {
   if (!s) return cpu_err("graph_begin: stream is NULL");
@@ -515,6 +519,7 @@ static const kiln_hal_backend_t g_table = {
     .layernorm = be_layernorm,
     .activation = be_activation,
     .mask_logits = be_mask_logits,
+    .gemm_quant = be_gemm_quant,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

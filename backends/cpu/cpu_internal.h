@@ -50,6 +50,7 @@ typedef enum cpu_op_kind {
   CPU_OP_LAYERNORM,
   CPU_OP_ACTIVATION,
   CPU_OP_MASK_LOGITS,
+  CPU_OP_GEMM_QUANT,
 } cpu_op_kind_t;
 
 typedef struct cpu_raw_copy {
@@ -78,6 +79,7 @@ typedef struct cpu_op {
     kiln_hal_layernorm_args_t layernorm;
     kiln_hal_activation_args_t activation;
     kiln_hal_mask_args_t mask_logits;
+    kiln_hal_gemm_quant_args_t gemm_quant;
   } u;
 } cpu_op_t;
 
@@ -158,6 +160,10 @@ kiln_hal_error_t *cpu_sample(kiln_hal_stream_t *s, const kiln_hal_sample_args_t 
 kiln_hal_error_t *cpu_mask_logits(kiln_hal_stream_t *s, const kiln_hal_mask_args_t *a,
                                   bool dry_run);
 
+/* gemm_quant (cpu_qgemm.c): the GGUF block formats, every one of them (KILN_HAL_CAP_QUANT). */
+kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant_args_t *a,
+                                 bool dry_run);
+
 /* OpenBLAS configuration (cpu_gemm.c): called by init with the pool's thread count. */
 void cpu_gemm_init(int threads);
 const char *cpu_gemm_blas_name(void);
@@ -169,6 +175,8 @@ const char *cpu_gemm_blas_name(void);
 void cpu_vec_init(void);
 /* Space-separated ISA features the kernels use ("avx2 fma f16c"), for device_info. */
 const char *cpu_vec_features(void);
+/* Whether the AVX2/FMA/F16C kernels were selected (other files' kernels follow it). */
+bool cpu_vec_avx2(void);
 
 /* dst[i] = (float)src[i] for a contiguous run of a float dtype. */
 void cpu_vec_to_f32(int32_t dtype, const void *src, float *dst, int64_t n);

@@ -740,6 +740,8 @@ void cpu_vec_init(void) {
 
 const char *cpu_vec_features(void) { return g_features; }
 
+bool cpu_vec_avx2(void) { return g_avx2; }
+
 void cpu_vec_to_f32(int32_t dtype, const void *src, float *dst, int64_t n) {
   if (dtype == KILN_HAL_F32) {
     if ((const void *)dst != src) memmove(dst, src, (size_t)n * sizeof(float));

@@ -56,6 +56,97 @@ void ops_ref_gemm(int64_t M, int64_t N, int64_t K, const double *a, const double
   }
 }
 
+/* An f16 (little endian at p) as a double. */
+static double ref_f16(const uint8_t *p) {
+  unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8;
+  int e = (int)(h >> 10) & 31;
+  double man = (double)(h & 1023);
+  double v = e == 0 ? ldexp(man, -24) : e == 31 ? (man ? NAN : INFINITY) : ldexp(1024 + man, e - 25);
+  return h & 0x8000 ? -v : v;
+}
+
+int ops_ref_dequant_block(int32_t fmt, const uint8_t *blk, double *out) {
+  switch (fmt) {
+    case 1: /* Q4_0: 32 weights, f16 d, nibbles: low = weights 0..15, high = 16..31 */
+      for (int j = 0; j < 32; j++) {
+        int q = j < 16 ? blk[2 + j] % 16 : blk[2 + j - 16] / 16;
+        out[j] = (double)(float)((q - 8) * ref_f16(blk));
+      }
+      return 32;
+    case 2: /* Q8_0: f16 d, 32 int8 */
+      for (int j = 0; j < 32; j++) {
+        int q = blk[2 + j] < 128 ? blk[2 + j] : blk[2 + j] - 256;
+        out[j] = (double)(float)(q * ref_f16(blk));
+      }
+      return 32;
+    case 3:   /* Q4_K */
+    case 4: { /* Q5_K */
+      double d = ref_f16(blk), dmin = ref_f16(blk + 2);
+      const uint8_t *sc = blk + 4, *qh = blk + 16, *qs = blk + (fmt == 4 ? 48 : 16);
+      for (int i = 0; i < 256; i++) {
+        int s = i / 32, l = i % 32, scale, min;
+        if (s < 4) {
+          scale = sc[s] % 64;
+          min = sc[s + 4] % 64;
+        } else { /* low 4 bits in bytes 8..11, top 2 bits in the top of bytes 0..7 */
+          scale = sc[s + 4] % 16 + sc[s - 4] / 64 * 16;
+          min = sc[s + 4] / 16 + sc[s] / 64 * 16;
+        }
+        int byte = qs[32 * (s / 2) + l], q = s % 2 ? byte / 16 : byte % 16;
+        if (fmt == 4) q += (qh[l] >> s) % 2 * 16;
+        double ds = (double)(float)(d * scale), ms = (double)(float)(dmin * min);
+        out[i] = (double)(float)(ds * q - ms);
+      }
+      return 256;
+    }
+    case 5: { /* Q6_K: ql[128], qh[64], int8 scales[16], f16 d */
+      double d = ref_f16(blk + 208);
+      for (int i = 0; i < 256; i++) {
+        int h = i / 128, r = i % 128, quarter = r / 32, l = r % 32;
+        int low_byte = blk[64 * h + l + (quarter % 2) * 32];
+        int low = quarter < 2 ? low_byte % 16 : low_byte / 16;
+        int high = (blk[128 + 32 * h + l] >> (2 * quarter)) % 4;
+        int sc = blk[192 + i / 16] < 128 ? blk[192 + i / 16] : blk[192 + i / 16] - 256;
+        double dsc = (double)(float)(d * sc);
+        out[i] = (double)(float)(dsc * (low + 16 * high - 32));
+      }
+      return 256;
+    }
+    default: return 0;
+  }
+}
+
+void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
+                        const uint8_t *w, int64_t row_stride, const double *bias, double *y_out,
+                        double *out_mag) {
+  double blk[256];
+  double *row = malloc(sizeof(double) * (size_t)(K > 0 ? K : 1));
+  if (!row) abort(); /* tests only */
+  int64_t bytes = fmt == 1 ? 18 : fmt == 2 ? 34 : fmt == 3 ? 144 : fmt == 4 ? 176 : 210;
+  for (int64_t n = 0; n < N; n++) {
+    for (int64_t k = 0; k < K;) {
+      int e = ops_ref_dequant_block(fmt, w + n * row_stride + (k / (fmt <= 2 ? 32 : 256)) * bytes,
+                                    blk);
+      for (int j = 0; j < e && k < K; j++) row[k++] = blk[j];
+      if (!e) break;
+    }
+    for (int64_t m = 0; m < M; m++) {
+      double acc = 0.0, mag = 0.0;
+      for (int64_t k = 0; k < K; k++) {
+        acc += x[m * K + k] * row[k];
+        mag += fabs(x[m * K + k] * row[k]);
+      }
+      if (bias) {
+        acc += bias[n];
+        mag += fabs(bias[n]);
+      }
+      y_out[m * N + n] = acc;
+      if (out_mag) out_mag[m * N + n] = mag;
+    }
+  }
+  free(row);
+}
+
 void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
                        double *out) {
   for (int64_t t = 0; t < T; t++) {

@@ -26,6 +26,19 @@ void ops_ref_gemm(int64_t M, int64_t N, int64_t K, const double *a, const double
                   const double *bias, double alpha, double beta, const double *c_in, double *c_out,
                   double *out_mag);
 
+/* The weights of one block of quantized format fmt (kiln_hal_qfmt_t) at blk, written here from
+ * the format's definition (kiln/hal_quant.h) independently of that header's code: integer
+ * fields decoded with plain shifts, f16 scales with ldexp, products in double, rounded to f32
+ * where the definition computes in f32. Returns the block's weight count (32 or 256), or 0 for
+ * an unknown format. */
+int ops_ref_dequant_block(int32_t fmt, const uint8_t *blk, double *out);
+
+/* y_out[M,N] = x[M,K] @ W^T + bias[N] for a quantized W [N, K] whose row n is the blocks at
+ * w + n * row_stride (bytes). bias may be NULL. out_mag as ops_ref_gemm's. */
+void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
+                        const uint8_t *w, int64_t row_stride, const double *bias, double *y_out,
+                        double *out_mag);
+
 /* out[T,H] = table[ids[t], :], or zeros for an id outside [0, V). */
 void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
                        double *out);

@@ -440,7 +440,7 @@ static kiln_status_t gguf_config(gguf_t *g, const kiln_weights_t *w, const kiln_
   switch (embed->type) {
     case KILN_WTYPE_F32: c->dtype = KILN_HAL_F32; break;
     case KILN_WTYPE_F16: c->dtype = KILN_HAL_F16; break;
-    default: c->dtype = KILN_HAL_BF16; break; /* BF16, and Q8_0 dequantized */
+    default: c->dtype = KILN_HAL_BF16; break; /* BF16, and the block types dequantized */
   }
 
   if ((st = arch_int(g, "attention.sliding_window", false, 0, &v)) ||
@@ -650,12 +650,16 @@ kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
     switch (ti->type) {
       case 0: type = KILN_WTYPE_F32; break;
       case 1: type = KILN_WTYPE_F16; break;
+      case 2: type = KILN_WTYPE_Q4_0; break;
       case 8: type = KILN_WTYPE_Q8_0; break;
+      case 12: type = KILN_WTYPE_Q4_K; break;
+      case 13: type = KILN_WTYPE_Q5_K; break;
+      case 14: type = KILN_WTYPE_Q6_K; break;
       case 30: type = KILN_WTYPE_BF16; break;
       default:
         st = kiln_status_make(KILN_ERR_UNSUPPORTED,
                               "%s: tensor %s has ggml type %u (%s), which Kiln does not run "
-                              "(only f32, f16, bf16 and q8_0)",
+                              "(only f32, f16, bf16, q8_0, q4_0, q4_K, q5_K and q6_K)",
                               g.file, name, ti->type, ggml_type_name(ti->type));
         goto done;
     }
@@ -665,11 +669,13 @@ kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
       shape[d] = ti->ne[ti->n_dims - 1 - d]; /* ne[0] is innermost: Kiln's last dim */
       numel *= ti->ne[d];
     }
-    if (type == KILN_WTYPE_Q8_0 && (ti->n_dims == 0 || ti->ne[0] % 32)) {
+    const int64_t be = kiln_wtype_block_elems(type);
+    if (be > 1 && (ti->n_dims == 0 || ti->ne[0] % be)) {
       st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %s is q8_0, but its innermost dimension %lld is not a "
-                            "multiple of 32",
-                            g.file, name, (long long)(ti->n_dims ? ti->ne[0] : 1));
+                            "%s: tensor %s is %s, but its innermost dimension %lld is not a "
+                            "multiple of %lld",
+                            g.file, name, kiln_wtype_name(type),
+                            (long long)(ti->n_dims ? ti->ne[0] : 1), (long long)be);
       goto done;
     }
     uint64_t nbytes = weights_type_nbytes(type, numel);

@@ -3,8 +3,9 @@
  * kiln_gguf_open() maps the file, reads its metadata and tensor directory, translates
  * general.architecture "llama" / "qwen2" / "qwen3" (Mistral files say "llama") and the
  * <arch>.* keys into a kiln_model_config_t, and the tensor names into Hugging Face's, so the
- * same architecture code runs on both. Tensor types F32, F16, BF16 and Q8_0 are accepted;
- * any other (Q4_K...) is refused naming the tensor and type.
+ * same architecture code runs on both. Tensor types F32, F16, BF16 and the block types Q8_0,
+ * Q4_0, Q4_K, Q5_K, Q6_K (kiln/hal_quant.h) are accepted;
+ * any other (Q2_K, IQ4_XS...) is refused naming the tensor and type.
  *
  * llama.cpp's converter permutes the rows of attn_q/attn_k for the "llama" architecture so
  * that its adjacent-pair ("normal") rope applies; Kiln keeps the weights as stored and sets

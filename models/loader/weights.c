@@ -5,6 +5,7 @@
 
 #include "base/arena.h"
 #include "base/strbuf.h"
+#include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
 #include "models/loader/weights_internal.h"
 
@@ -144,9 +145,29 @@ uint64_t weights_type_nbytes(int32_t type, int64_t numel) {
     case KILN_WTYPE_F32: return n > UINT64_MAX / 4 ? UINT64_MAX : n * 4;
     case KILN_WTYPE_F16:
     case KILN_WTYPE_BF16: return n > UINT64_MAX / 2 ? UINT64_MAX : n * 2;
-    case KILN_WTYPE_Q8_0: return n % 32 ? UINT64_MAX : n / 32 * 34;
-    default: return UINT64_MAX;
+    default: {
+      int32_t fmt = kiln_wtype_qfmt(type);
+      uint64_t be = (uint64_t)kiln_hal_qfmt_block_elems(fmt);
+      if (!be || n % be) return UINT64_MAX;
+      return n / be * (uint64_t)kiln_hal_qfmt_block_bytes(fmt);
+    }
   }
+}
+
+int32_t kiln_wtype_qfmt(int32_t type) {
+  switch (type) {
+    case KILN_WTYPE_Q8_0: return KILN_HAL_QFMT_Q8_0;
+    case KILN_WTYPE_Q4_0: return KILN_HAL_QFMT_Q4_0;
+    case KILN_WTYPE_Q4_K: return KILN_HAL_QFMT_Q4_K;
+    case KILN_WTYPE_Q5_K: return KILN_HAL_QFMT_Q5_K;
+    case KILN_WTYPE_Q6_K: return KILN_HAL_QFMT_Q6_K;
+    default: return KILN_HAL_QFMT_NONE;
+  }
+}
+
+int64_t kiln_wtype_block_elems(int32_t type) {
+  int32_t fmt = kiln_wtype_qfmt(type);
+  return fmt == KILN_HAL_QFMT_NONE ? 1 : kiln_hal_qfmt_block_elems(fmt);
 }
 
 /* Rebuilds the index with n_slots slots (a power of two > 2 * n_tensors). */
@@ -228,7 +249,11 @@ const char *kiln_wtype_name(int32_t type) {
     case KILN_WTYPE_F32: return "f32";
     case KILN_WTYPE_F16: return "f16";
     case KILN_WTYPE_BF16: return "bf16";
-    case KILN_WTYPE_Q8_0: return "q8_0";
+    case KILN_WTYPE_Q8_0:
+    case KILN_WTYPE_Q4_0:
+    case KILN_WTYPE_Q4_K:
+    case KILN_WTYPE_Q5_K:
+    case KILN_WTYPE_Q6_K: return kiln_hal_qfmt_name(kiln_wtype_qfmt(type));
     default: return "unknown";
   }
 }
@@ -251,9 +276,10 @@ static inline float load_f32(const uint8_t *p) {
   return v;
 }
 
-/* Decodes n elements of src (the first one at src; for Q8_0 n is whole blocks and src a block
- * start) into f32, exactly: every f16/bf16 value and every Q8_0 product is an f32. Q8_0 value j
- * of a block = f16 scale * int8 q[j], as llama.cpp's dequantize_row_q8_0 computes it. */
+/* Decodes n elements of src (the first one at src; for a block type n is whole blocks and src
+ * a block start) into f32, exactly: every f16/bf16 value is an f32, and the block types decode
+ * as kiln/hal_quant.h defines them (Q8_0 value j of a block = f16 scale * int8 q[j], as
+ * llama.cpp's dequantize_row_q8_0 computes it). */
 static void decode_f32(const uint8_t *src, int32_t type, int64_t n, float *out) {
   switch (type) {
     case KILN_WTYPE_F32:
@@ -265,13 +291,12 @@ static void decode_f32(const uint8_t *src, int32_t type, int64_t n, float *out) 
     case KILN_WTYPE_BF16:
       for (int64_t i = 0; i < n; i++) out[i] = kiln_hal_bf16_to_f32(load_u16(src + i * 2));
       break;
-    default: /* KILN_WTYPE_Q8_0 */
-      for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t *blk = src + b * 34;
-        float d = kiln_hal_f16_to_f32(load_u16(blk));
-        for (int j = 0; j < 32; j++) out[b * 32 + j] = d * (float)(int8_t)blk[2 + j];
-      }
+    default: { /* a block type */
+      const int32_t fmt = kiln_wtype_qfmt(type);
+      const int64_t be = kiln_hal_qfmt_block_elems(fmt), bb = kiln_hal_qfmt_block_bytes(fmt);
+      for (int64_t b = 0; b < n / be; b++) kiln_hal_quant_dequant(fmt, src + b * bb, out + b * be);
       break;
+    }
   }
 }
 
@@ -299,20 +324,25 @@ kiln_status_t kiln_weight_convert(const kiln_weight_t *w, int64_t first, int64_t
   if (w->type < 0 || w->type >= KILN_WTYPE_COUNT)
     return kiln_status_make(KILN_ERR_INTERNAL, "%s: tensor %s has unknown type %d", w->file,
                             w->name, (int)w->type);
-  if (w->type == KILN_WTYPE_Q8_0 && (first % 32 || n % 32))
+  const int64_t be = kiln_wtype_block_elems(w->type);
+  if (first % be || n % be)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %s is q8_0: %lld elements from element %lld are not whole "
-                            "blocks of 32",
-                            w->file, w->name, (long long)n, (long long)first);
+                            "%s: tensor %s is %s: %lld elements from element %lld are not whole "
+                            "blocks of %lld",
+                            w->file, w->name, kiln_wtype_name(w->type), (long long)n,
+                            (long long)first, (long long)be);
   if (n == 0) return NULL;
   /* kiln_wtype_t and the HAL's float dtypes share their numbering for F32/F16/BF16. */
   _Static_assert((int)KILN_WTYPE_F32 == (int)KILN_HAL_F32 &&
                      (int)KILN_WTYPE_F16 == (int)KILN_HAL_F16 &&
                      (int)KILN_WTYPE_BF16 == (int)KILN_HAL_BF16,
                  "wtype and HAL dtype numbering differ");
-  const bool q8 = w->type == KILN_WTYPE_Q8_0;
-  const int64_t es = w->type == KILN_WTYPE_F32 ? 4 : 2; /* not used for Q8_0 */
-  const uint8_t *src = q8 ? w->data + first / 32 * 34 : w->data + first * es;
+  const bool blocks = be > 1;
+  /* es: bytes per element (float types) or per block (block types) */
+  const int64_t es = w->type == KILN_WTYPE_F32
+                         ? 4
+                         : blocks ? kiln_hal_qfmt_block_bytes(kiln_wtype_qfmt(w->type)) : 2;
+  const uint8_t *src = w->data + first / be * es;
   if (w->type == dst_dtype) { /* the same type: the bytes as they are */
     memcpy(dst, src, (size_t)(n * es));
     return NULL;
@@ -322,12 +352,12 @@ kiln_status_t kiln_weight_convert(const kiln_weight_t *w, int64_t first, int64_t
     return NULL;
   }
   /* To f16/bf16: decode a chunk to f32 on the stack, then round it. */
-  enum { CHUNK = 512 }; /* a multiple of 32, so Q8_0 chunks are whole blocks */
+  enum { CHUNK = 512 }; /* a multiple of 256, so block-type chunks are whole blocks */
   float tmp[CHUNK];
   uint16_t *out = dst;
   for (int64_t done = 0; done < n; done += CHUNK) {
     int64_t k = n - done < CHUNK ? n - done : CHUNK;
-    decode_f32(q8 ? src + done / 32 * 34 : src + done * es, w->type, k, tmp);
+    decode_f32(src + done / be * es, w->type, k, tmp);
     encode_16(tmp, k, dst_dtype, out + done);
   }
   return NULL;

@@ -11,8 +11,10 @@
  * weight); GGUF's reversed ne[] is turned around at load.
  *
  * Conversion: kiln_weight_convert() turns any range of elements into a HAL float dtype
- * (F32, F16, BF16), dequantizing Q8_0 on the way. Callers convert in chunks into a staging
- * buffer and upload; the mapped file is never copied whole.
+ * (F32, F16, BF16), dequantizing the GGUF block types (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) on the
+ * way, exactly as kiln/hal_quant.h defines them. Callers convert in chunks into a staging
+ * buffer and upload; the mapped file is never copied whole. A block-quantized tensor can also
+ * be uploaded as it is (its bytes) for a backend with a quantized GEMM (kiln_wtype_qfmt).
  *
  * Errors name the file and the tensor: "model-00002-of-00003.safetensors: tensor
  * model.layers.7.mlp.up_proj.weight: data [1048576, 2097152) lies beyond the end of the file
@@ -35,7 +37,11 @@ typedef enum kiln_wtype {
   KILN_WTYPE_F16 = 1,
   KILN_WTYPE_BF16 = 2,
   KILN_WTYPE_Q8_0 = 3, /* GGUF: blocks of 32 values, an f16 scale then 32 int8 (34 bytes) */
-  KILN_WTYPE_COUNT = 4,
+  KILN_WTYPE_Q4_0 = 4, /* GGUF block types, defined in kiln/hal_quant.h: 32 values, 18 bytes */
+  KILN_WTYPE_Q4_K = 5, /* 256 values, 144 bytes */
+  KILN_WTYPE_Q5_K = 6, /* 256 values, 176 bytes */
+  KILN_WTYPE_Q6_K = 7, /* 256 values, 210 bytes */
+  KILN_WTYPE_COUNT = 8,
 } kiln_wtype_t;
 
 #define KILN_WEIGHT_MAX_DIMS 5 /* Conv3d weights (a vision tower's patch embedding) */
@@ -74,14 +80,22 @@ int64_t kiln_weights_count(const kiln_weights_t *w);
 const kiln_weight_t *kiln_weights_at(const kiln_weights_t *w, int64_t i);
 
 /* Converts elements [first, first + n) of w (row-major element index) to dst_dtype
- * (KILN_HAL_F32/F16/BF16) at dst, rounding to nearest even. For Q8_0, first and n must be
- * multiples of 32. Errors: KILN_ERR_INVALID_ARGUMENT for a range outside the tensor, a
- * misaligned Q8_0 range or a non-float dst_dtype. */
+ * (KILN_HAL_F32/F16/BF16) at dst, rounding to nearest even. For a block type, first and n must
+ * be multiples of its block (32 for Q8_0/Q4_0, 256 for the K-quants). Errors:
+ * KILN_ERR_INVALID_ARGUMENT for a range outside the tensor, a range that is not whole blocks
+ * or a non-float dst_dtype. */
 kiln_status_t kiln_weight_convert(const kiln_weight_t *w, int64_t first, int64_t n,
                                   int32_t dst_dtype, void *dst);
 
-/* "f32", "f16", "bf16", "q8_0". */
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K". */
 const char *kiln_wtype_name(int32_t type);
+
+/* The HAL quantized format (KILN_HAL_QFMT_*) of a block type, KILN_HAL_QFMT_NONE for a float
+ * type. */
+int32_t kiln_wtype_qfmt(int32_t type);
+
+/* Weights per block of type: 1 for the float types, 32 or 256 for the block types. */
+int64_t kiln_wtype_block_elems(int32_t type);
 
 /* Checks that w has exactly this shape; else an error naming the tensor, its file, the shape
  * found and the one expected ("... has shape [896, 4864], want [4864, 896]"). */

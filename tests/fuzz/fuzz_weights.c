@@ -19,7 +19,7 @@ static void convert_all(const kiln_weights_t *w) {
   for (int64_t i = 0; i < kiln_weights_count(w); i++) {
     const kiln_weight_t *t = kiln_weights_at(w, i);
     int64_t n = t->numel < (1 << 20) ? t->numel : (1 << 20);
-    if (t->type == KILN_WTYPE_Q8_0) n &= ~(int64_t)31;
+    n -= n % kiln_wtype_block_elems(t->type);
     kiln_status_free(kiln_weight_convert(t, 0, n, KILN_HAL_F32, buf));
   }
   free(buf);

@@ -26,6 +26,10 @@
  *   plugin's table, which the host reads as "not implemented"), and KILN_HAL_ACT_QUICK_GELU.
  *   1.3 appended kiln_hal_backend_t.mask_logits, constrained decoding's token masks (optional:
  *   the host falls back to logit biases without it).
+ *   1.4 appended the quantized-weight GEMM: kiln_hal_backend_t.gemm_quant, its args
+ *   (kiln_hal_gemm_quant_args_t, kiln_hal_qweight_t), the formats (kiln_hal_qfmt_t, defined
+ *   byte for byte in kiln/hal_quant.h) and the capability bits KILN_HAL_CAP_QUANT(fmt)
+ *   (optional: a 1.3 plugin has neither, and the host widens quantized weights at load).
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -92,7 +96,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 3
+#define KILN_HAL_ABI_MINOR 4
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -138,6 +142,20 @@ typedef enum kiln_hal_dtype {
   KILN_HAL_DTYPE_COUNT = 6,
 } kiln_hal_dtype_t;
 
+/* Quantized weight formats (ABI 1.4; kiln_hal_gemm_quant_args_t). The GGUF block types are
+ * defined byte for byte, with their exact dequantization, in kiln/hal_quant.h. Values 16 and
+ * up are reserved for group-quantized integer formats with separate scale/zero tensors
+ * (GPTQ, AWQ int4/int8), which will use kiln_hal_qweight_t's group_size, scales and zeros. */
+typedef enum kiln_hal_qfmt {
+  KILN_HAL_QFMT_NONE = 0,
+  KILN_HAL_QFMT_Q4_0 = 1, /* 32 weights per 18-byte block: f16 d, 16 bytes of nibbles */
+  KILN_HAL_QFMT_Q8_0 = 2, /* 32 weights per 34-byte block: f16 d, 32 int8 */
+  KILN_HAL_QFMT_Q4_K = 3, /* 256 weights per 144-byte super-block, 8 sub-blocks, 6-bit sc/min */
+  KILN_HAL_QFMT_Q5_K = 4, /* 256 weights per 176-byte super-block: Q4_K + 32 bytes of high bits */
+  KILN_HAL_QFMT_Q6_K = 5, /* 256 weights per 210-byte super-block, 16 int8 sub-block scales */
+  KILN_HAL_QFMT_COUNT = 6,
+} kiln_hal_qfmt_t;
+
 /* Opaque handles; each plugin defines the structs. */
 typedef struct kiln_hal_device kiln_hal_device_t;
 typedef struct kiln_hal_buffer kiln_hal_buffer_t;
@@ -178,6 +196,9 @@ enum {
   KILN_HAL_CAP_DEVICE_SAMPLING = 1u << 5,   /* penalize/sample/topk run on the device */
   KILN_HAL_CAP_TF32 = 1u << 6,              /* gemm may use TF32 when allow_tf32 is set */
 };
+/* ABI 1.4: gemm_quant takes weights of format fmt (kiln_hal_qfmt_t) on this device. Bits 32..63
+ * of caps are these, one per format; a backend sets them only with a non-NULL gemm_quant. */
+#define KILN_HAL_CAP_QUANT(fmt) ((uint64_t)1 << (32 + (fmt)))
 
 typedef enum kiln_hal_device_kind {
   KILN_HAL_DEVICE_CPU = 0,
@@ -263,6 +284,45 @@ typedef struct kiln_hal_gemm_args {
   float alpha, beta;
   bool allow_tf32; /* F32 inputs may use reduced-precision matrix units (see CAP_TF32) */
 } kiln_hal_gemm_args_t;
+
+/* A quantized weight matrix W of N rows (outputs) by K columns (inputs) (ABI 1.4): row n is
+ * K / E consecutive blocks of `format` (E = its weights per block, B its bytes per block, as
+ * kiln/hal_quant.h defines them) starting at byte offset + n * row_stride of buffer, so weight
+ * (n, k) is element k % E of block k / E of row n. K must be a positive multiple of E;
+ * row_stride >= (K / E) * B (padded rows are fine); no alignment is required (Q4_0 blocks are
+ * 18 bytes). The GGUF formats carry their scales inside the blocks: group_size is 0 and
+ * scales, zeros and g_idx are absent. The members are there for the group-quantized formats to
+ * come (GPTQ, AWQ: int4/int8 codes with per-group scales [K / group_size, N] and zero points,
+ * and act-order's g_idx [K]), which will give them their meaning; a backend refuses a present
+ * one today with INVALID_ARGUMENT. */
+typedef struct kiln_hal_qweight {
+  kiln_hal_buffer_t *buffer;
+  uint64_t offset;    /* bytes from the start of the buffer to row 0's first block */
+  int32_t format;     /* kiln_hal_qfmt_t */
+  int32_t group_size; /* 0 for the GGUF block formats */
+  int64_t n, k;       /* W is [N, K] */
+  int64_t row_stride; /* bytes between the starts of rows n and n + 1 */
+  kiln_hal_tensor_t scales, zeros, g_idx; /* absent for the GGUF formats (reserved) */
+} kiln_hal_qweight_t;
+
+/* y = x @ dequant(W)^T + bias, with W quantized (ABI 1.4: gemm_quant):
+ *   x: [M, K] float (F32, F16 or BF16), last dimension contiguous, any row stride
+ *   w: [N, K] kiln_hal_qweight_t (w.k == K)
+ *   y: [M, N] in x's dtype or F32, last dimension contiguous, any row stride; must not overlap
+ *      x or w
+ *   bias: absent, or [N] in y's dtype
+ * For every (m, n): y[m, n] = round_y(sum_k x[m, k] * W[n, k] + bias[n]), where W[n, k] is the
+ * f32 value kiln/hal_quant.h's dequantization gives weight (n, k) (exactly: the format's
+ * definition), x[m, k] is used as stored (widened to f32, never re-quantized), products and
+ * their sum are accumulated in F32 or wider, in any order, and round_y is one rounding to y's
+ * dtype at the end. M == 0 is a no-op. A backend takes a format only when its device has
+ * KILN_HAL_CAP_QUANT(format); others are KILN_HAL_ERR_UNSUPPORTED. */
+typedef struct kiln_hal_gemm_quant_args {
+  uint32_t struct_size;
+  kiln_hal_tensor_t x;
+  kiln_hal_qweight_t w;
+  kiln_hal_tensor_t y, bias;
+} kiln_hal_gemm_quant_args_t;
 
 /* out[t, :] = table[ids[t], :].   table: [V, H] float   ids: [T] I32   out: [T, H] (table's
  * dtype). An id outside [0, V) yields a row of zeros (never an out-of-bounds read); the host
@@ -588,6 +648,13 @@ typedef struct kiln_hal_backend {
   /* Token masks (kiln_hal_mask_args_t). Optional: NULL (a 1.2 plugin's table ends at
    * activation) makes the host express masks as logit biases through penalize. */
   kiln_hal_error_t *(*mask_logits)(kiln_hal_stream_t *stream, const kiln_hal_mask_args_t *args);
+
+  /* ---- 1.4 ---- */
+  /* The quantized-weight GEMM (kiln_hal_gemm_quant_args_t). Optional: NULL (a 1.3 plugin's
+   * table ends at mask_logits) or a device without KILN_HAL_CAP_QUANT(format) makes the host
+   * dequantize such weights to the serving dtype at load and use gemm. */
+  kiln_hal_error_t *(*gemm_quant)(kiln_hal_stream_t *stream,
+                                  const kiln_hal_gemm_quant_args_t *args);
 } kiln_hal_backend_t;
 
 typedef const kiln_hal_backend_t *(*kiln_hal_query_fn)(uint32_t host_major, uint32_t host_minor);
@@ -652,7 +719,13 @@ KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, activation) == 312,
                        "backend table 1.2 changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_mask_args_t, rows) == 184, "mask args 1.3 changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, mask_logits) == 320, "backend table 1.3 changed");
-KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 328, "backend table 1.3 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_qweight_t, scales) == 48, "qweight 1.4 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_qweight_t) == 312, "qweight 1.4 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_quant_args_t, w) == 96, "gemm_quant args 1.4 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_quant_args_t, bias) == 496,
+                       "gemm_quant args 1.4 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, gemm_quant) == 328, "backend table 1.4 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 336, "backend table 1.4 changed");
 #endif
 
 #ifdef __cplusplus

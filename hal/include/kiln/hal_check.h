@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kiln/hal.h"
+#include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
 
 #ifdef __cplusplus
@@ -677,6 +678,65 @@ static inline kiln_hal_error_t *kiln_hal_check_mask_logits(const kiln_hal_check_
     return kiln_hal_check_fail("mask_logits: without rows, mask must have S = %lld rows, not %lld",
                                (long long)S, (long long)a->mask.shape[0]);
   return kiln_hal_check_vec(env, op, "rows", &a->rows, KILN_HAL_I32, S, true);
+}
+
+/* gemm_quant (ABI 1.4): x [M, K] float, w a kiln_hal_qweight_t [N, K] whose rows lie inside
+ * its buffer, y [M, N] in x's dtype or F32 not overlapping x or w, bias absent or [N] in y's
+ * dtype. Whether the backend takes the format (KILN_HAL_CAP_QUANT) is the backend's check. */
+static inline kiln_hal_error_t *kiln_hal_check_gemm_quant(const kiln_hal_check_env_t *env,
+                                                          const kiln_hal_gemm_quant_args_t *a) {
+  const char *op = "gemm_quant";
+  kiln_hal_error_t *e;
+  if ((e = kiln_hal_check_tensor(env, op, "x", &a->x, KILN_HAL_DT_FLOAT, 2, true))) return e;
+  const uint32_t ydt = KILN_HAL_DT(a->x.dtype) | KILN_HAL_DT(KILN_HAL_F32);
+  if ((e = kiln_hal_check_tensor(env, op, "y", &a->y, ydt, 2, true))) return e;
+  const kiln_hal_qweight_t *w = &a->w;
+  const int64_t E = kiln_hal_qfmt_block_elems(w->format), B = kiln_hal_qfmt_block_bytes(w->format);
+  if (!w->buffer) return kiln_hal_check_fail("gemm_quant: w is absent");
+  if (E == 0)
+    return kiln_hal_check_fail("gemm_quant: w has unknown format %d", (int)w->format);
+  const char *fmt = kiln_hal_qfmt_name(w->format);
+  if (w->group_size != 0 || w->scales.buffer || w->zeros.buffer || w->g_idx.buffer)
+    return kiln_hal_check_fail(
+        "gemm_quant: w is %s, whose blocks hold their scales: group_size must be 0 (is %d) and "
+        "scales, zeros, g_idx absent",
+        fmt, (int)w->group_size);
+  if (w->n < 0 || w->n > KILN_HAL_CHECK_MAX_DIM || w->k <= 0 || w->k > KILN_HAL_CHECK_MAX_DIM ||
+      w->k % E)
+    return kiln_hal_check_fail(
+        "gemm_quant: w is %s [%lld, %lld]: K must be a positive multiple of its %lld-weight "
+        "block",
+        fmt, (long long)w->n, (long long)w->k, (long long)E);
+  const int64_t M = a->x.shape[0], K = a->x.shape[1], N = w->n;
+  if (K != w->k)
+    return kiln_hal_check_fail("gemm_quant: x has K = %lld columns but w has K = %lld",
+                               (long long)K, (long long)w->k);
+  if (a->y.shape[0] != M || a->y.shape[1] != N)
+    return kiln_hal_check_fail("gemm_quant: y has shape [%lld, %lld], want [M, N] = [%lld, %lld]",
+                               (long long)a->y.shape[0], (long long)a->y.shape[1], (long long)M,
+                               (long long)N);
+  const uint64_t row_bytes = (uint64_t)(K / E) * (uint64_t)B;
+  if (w->row_stride < 0 || (uint64_t)w->row_stride < row_bytes || w->row_stride > ((int64_t)1 << 40))
+    return kiln_hal_check_fail(
+        "gemm_quant: w row_stride %lld bytes is below a row of %lld %s blocks (%llu bytes)",
+        (long long)w->row_stride, (long long)(K / E), fmt, (unsigned long long)row_bytes);
+  if (env->check_buffer && (e = env->check_buffer(env->ctx, op, "w", w->buffer))) return e;
+  const uint64_t size = env->buffer_size(env->ctx, w->buffer);
+  const uint64_t wend = N ? (uint64_t)(N - 1) * (uint64_t)w->row_stride + row_bytes : 0;
+  if (w->offset > size || wend > size - w->offset)
+    return kiln_hal_check_fail(
+        "gemm_quant: w (%lld rows of %llu bytes, stride %lld, offset %llu) runs past the end of "
+        "its buffer of %llu bytes",
+        (long long)N, (unsigned long long)row_bytes, (long long)w->row_stride,
+        (unsigned long long)w->offset, (unsigned long long)size);
+  if (kiln_hal_tensor_overlap(&a->y, &a->x))
+    return kiln_hal_check_fail("gemm_quant: y overlaps x");
+  if (a->y.buffer == w->buffer && N > 0) {
+    uint64_t yend = kiln_hal_tensor_extent(&a->y);
+    if (yend && a->y.offset < w->offset + wend && w->offset < yend)
+      return kiln_hal_check_fail("gemm_quant: y overlaps w");
+  }
+  return kiln_hal_check_vec(env, op, "bias", &a->bias, a->y.dtype, N, true);
 }
 
 #ifdef __cplusplus

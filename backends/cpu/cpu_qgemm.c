@@ -1,0 +1,281 @@
+/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats (ABI 1.4).
+ *
+ * W is never widened as a whole. Paths:
+ *   M <= 8   decode: the pool runs chunks of weight rows; each row is walked block by block,
+ *            a block dequantized (AVX2, or kiln/hal_quant.h's portable code) into a 1 KiB
+ *            buffer that stays in L1 and FMA'd straight into the M rows' accumulators. The
+ *            bound is reading W once, at its quantized size.
+ *   M > 8    prefill: each task dequantizes a panel of 64 weight rows into per-thread F32
+ *            scratch (K * 64 floats: 1 MiB at K = 4096, L2-sized) and runs one single-threaded
+ *            cblas_sgemm of x against it, so every dequantized weight is used M times.
+ * The dequantized values are the format's exact f32 values in both paths (the AVX2 code does
+ * the same f32 operations as hal_quant.h: integer -> float, then the multiplies and subtract
+ * the format defines, never fused); sums are F32, bias added and y rounded once at the end. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "kiln/hal_quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define QG_X86 1
+#include <immintrin.h>
+#else
+#define QG_X86 0
+#endif
+
+#define QG_SMALL_M 8 /* rows of x up to which the direct kernel runs */
+#define QG_ROWS 16   /* weight rows per task of the direct kernel */
+#define QG_PANEL 64  /* weight rows dequantized per sgemm of the prefill path */
+
+/* ---- block dequantization ----------------------------------------------------------------- */
+
+#if QG_X86
+#define QG_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define QG_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+/* The 8 signed bytes in the low half of v as f32. */
+QG_AVX2_INLINE __m256 qg_i8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+/* out[0..32) = (float)b[i] * mul - sub for 32 signed bytes (sub 0: a plain product). */
+QG_AVX2_INLINE void qg_store32(__m256i b, __m256 mul, __m256 sub, float *out) {
+  __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+  _mm256_storeu_ps(out, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(lo), mul), sub));
+  _mm256_storeu_ps(out + 8, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(_mm_srli_si128(lo, 8)), mul), sub));
+  _mm256_storeu_ps(out + 16, _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(hi), mul), sub));
+  _mm256_storeu_ps(out + 24,
+                   _mm256_sub_ps(_mm256_mul_ps(qg_i8x8(_mm_srli_si128(hi, 8)), mul), sub));
+}
+
+QG_AVX2 static void qg_dequant_avx2(int32_t fmt, const uint8_t *blk, float *out) {
+  const __m256i m4 = _mm256_set1_epi8(15), zero = _mm256_setzero_si256();
+  const __m256 fz = _mm256_setzero_ps();
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q8_0: {
+      __m256 d = _mm256_set1_ps(kiln_hal_quant_f16(blk));
+      qg_store32(_mm256_loadu_si256((const __m256i *)(blk + 2)), d, fz, out);
+      return;
+    }
+    case KILN_HAL_QFMT_Q4_0: {
+      __m256 d = _mm256_set1_ps(kiln_hal_quant_f16(blk));
+      __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+      __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15));
+      __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+      __m256i b = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+      qg_store32(b, d, fz, out);
+      return;
+    }
+    case KILN_HAL_QFMT_Q4_K:
+    case KILN_HAL_QFMT_Q5_K: {
+      const bool five = fmt == KILN_HAL_QFMT_Q5_K;
+      const float d = kiln_hal_quant_f16(blk), dmin = kiln_hal_quant_f16(blk + 2);
+      const uint8_t *qs = blk + (five ? 48 : 16);
+      const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : zero;
+      for (int c = 0; c < 4; c++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i nib[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+        for (int h = 0; h < 2; h++) {
+          const int s = 2 * c + h;
+          int sc, m;
+          kiln_hal_quant_k_scale_min(blk + 4, s, &sc, &m);
+          __m256i v = nib[h];
+          if (five) {
+            __m256i bit = _mm256_set1_epi8((char)(1 << s));
+            __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+            v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+          }
+          qg_store32(v, _mm256_set1_ps(d * (float)sc), _mm256_set1_ps(dmin * (float)m),
+                     out + 32 * s);
+        }
+      }
+      return;
+    }
+    case KILN_HAL_QFMT_Q6_K: {
+      const float d = kiln_hal_quant_f16(blk + 208);
+      const int8_t *sc = (const int8_t *)(blk + 192);
+      const __m256i m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+      for (int h = 0; h < 2; h++) {
+        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        __m256i lows[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                           _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        for (int r = 0; r < 4; r++) {
+          __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * r), m2);
+          __m256i q = _mm256_sub_epi8(_mm256_or_si256(lows[r], _mm256_slli_epi16(high, 4)), off);
+          float *o = out + 128 * h + 32 * r;
+          const int is = 8 * h + 2 * r; /* sub-blocks of 16: two per run of 32 */
+          __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+          __m256 s0 = _mm256_set1_ps(d * (float)sc[is]), s1 = _mm256_set1_ps(d * (float)sc[is + 1]);
+          _mm256_storeu_ps(o, _mm256_mul_ps(s0, qg_i8x8(lo)));
+          _mm256_storeu_ps(o + 8, _mm256_mul_ps(s0, qg_i8x8(_mm_srli_si128(lo, 8))));
+          _mm256_storeu_ps(o + 16, _mm256_mul_ps(s1, qg_i8x8(hi)));
+          _mm256_storeu_ps(o + 24, _mm256_mul_ps(s1, qg_i8x8(_mm_srli_si128(hi, 8))));
+        }
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+/* acc[m] += sum_j x[m * ldx + j] * w[j], j < E (a multiple of 32), for m < M <= 8. */
+QG_AVX2_INLINE void qg_fma_rows(int64_t M, const float *x, int64_t ldx, const float *w, int E,
+                                __m256 *acc) {
+  for (int j = 0; j < E; j += 8) {
+    __m256 wv = _mm256_loadu_ps(w + j);
+    for (int64_t m = 0; m < M; m++)
+      acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + j), wv, acc[m]);
+  }
+}
+
+/* out[m] = sum_k x[m, k] * W[row, k] for one weight row. */
+QG_AVX2 static void qg_row_avx2(int32_t fmt, int64_t M, int64_t K, const float *x, int64_t ldx,
+                                const uint8_t *wrow, float *out) {
+  const int E = kiln_hal_qfmt_block_elems(fmt), B = kiln_hal_qfmt_block_bytes(fmt);
+  float w[256] __attribute__((aligned(32)));
+  __m256 acc[QG_SMALL_M];
+  for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < K / E; b++) {
+    qg_dequant_avx2(fmt, wrow + b * B, w);
+    qg_fma_rows(M, x + b * E, ldx, w, E, acc);
+  }
+  for (int64_t m = 0; m < M; m++) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[m] = _mm_cvtss_f32(s);
+  }
+}
+#endif /* QG_X86 */
+
+static void qg_dequant(int32_t fmt, const uint8_t *blk, float *out) {
+#if QG_X86
+  if (cpu_vec_avx2()) {
+    qg_dequant_avx2(fmt, blk, out);
+    return;
+  }
+#endif
+  kiln_hal_quant_dequant(fmt, blk, out);
+}
+
+static void qg_row_scalar(int32_t fmt, int64_t M, int64_t K, const float *x, int64_t ldx,
+                          const uint8_t *wrow, float *out) {
+  const int E = kiln_hal_qfmt_block_elems(fmt), B = kiln_hal_qfmt_block_bytes(fmt);
+  float w[256], acc[QG_SMALL_M] = {0};
+  for (int64_t b = 0; b < K / E; b++) {
+    kiln_hal_quant_dequant(fmt, wrow + b * B, w);
+    for (int64_t m = 0; m < M; m++) {
+      const float *xm = x + m * ldx + b * E;
+      float s = 0.0f;
+      for (int j = 0; j < E; j++) s += xm[j] * w[j];
+      acc[m] += s;
+    }
+  }
+  for (int64_t m = 0; m < M; m++) out[m] = acc[m];
+}
+
+/* ---- the op --------------------------------------------------------------------------------- */
+
+typedef struct qg_ctx {
+  int32_t fmt;
+  int64_t M, N, K;
+  const float *x; /* [M, K] F32, row stride ldx */
+  int64_t ldx;
+  const uint8_t *w;
+  int64_t row_stride;
+  const kiln_hal_tensor_t *y, *bias;
+  float *tmp; /* prefill: per thread, K * QG_PANEL dequantized weights + M * QG_PANEL sums */
+  int64_t tmp_floats;
+} qg_ctx_t;
+
+/* y[m, n] = round(acc + bias[n]). */
+static void qg_store(const qg_ctx_t *c, int64_t m, int64_t n, float acc) {
+  const kiln_hal_tensor_t *y = c->y;
+  if (c->bias->buffer) acc += kiln_hal_load_f32(cpu_tensor_ptr(c->bias), c->bias->dtype, n);
+  kiln_hal_store_f32(cpu_tensor_ptr(y), y->dtype, m * y->stride[0] + n, acc);
+}
+
+static void qg_small_task(void *vctx, int64_t task, int thread) {
+  (void)thread;
+  const qg_ctx_t *c = vctx;
+  int64_t n0 = task * QG_ROWS, n1 = n0 + QG_ROWS < c->N ? n0 + QG_ROWS : c->N;
+  float out[QG_SMALL_M];
+  for (int64_t n = n0; n < n1; n++) {
+    const uint8_t *wrow = c->w + n * c->row_stride;
+#if QG_X86
+    if (cpu_vec_avx2())
+      qg_row_avx2(c->fmt, c->M, c->K, c->x, c->ldx, wrow, out);
+    else
+#endif
+      qg_row_scalar(c->fmt, c->M, c->K, c->x, c->ldx, wrow, out);
+    for (int64_t m = 0; m < c->M; m++) qg_store(c, m, n, out[m]);
+  }
+}
+
+static void qg_panel_task(void *vctx, int64_t task, int thread) {
+  const qg_ctx_t *c = vctx;
+  const int E = kiln_hal_qfmt_block_elems(c->fmt), B = kiln_hal_qfmt_block_bytes(c->fmt);
+  int64_t n0 = task * QG_PANEL, nr = c->N - n0 < QG_PANEL ? c->N - n0 : QG_PANEL;
+  float *wp = c->tmp + (int64_t)thread * c->tmp_floats, *yp = wp + c->K * QG_PANEL;
+  for (int64_t r = 0; r < nr; r++) {
+    const uint8_t *wrow = c->w + (n0 + r) * c->row_stride;
+    for (int64_t b = 0; b < c->K / E; b++) qg_dequant(c->fmt, wrow + b * B, wp + r * c->K + b * E);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->M, (int)nr, (int)c->K, 1.0f, c->x,
+              (int)c->ldx, wp, (int)c->K, 0.0f, yp, (int)nr);
+  for (int64_t m = 0; m < c->M; m++)
+    for (int64_t r = 0; r < nr; r++) qg_store(c, m, n0 + r, yp[m * nr + r]);
+}
+
+kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant_args_t *a,
+                                 bool dry_run) {
+  kiln_hal_error_t *e = kiln_hal_check_gemm_quant(&cpu_check_env, a);
+  if (e) return e;
+  const int64_t M = a->x.shape[0], K = a->x.shape[1], N = a->w.n;
+  /* sgemm takes int dimensions and leading dimensions. */
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX / QG_PANEL || a->x.stride[0] > INT32_MAX)
+    return kiln_hal_error_new(KILN_HAL_ERR_UNSUPPORTED,
+                              "gemm_quant: M = %lld, N = %lld, K = %lld is beyond the CPU "
+                              "backend's int32 limits",
+                              (long long)M, (long long)N, (long long)K);
+  if (dry_run || M == 0 || N == 0) return NULL;
+  qg_ctx_t c;
+  memset(&c, 0, sizeof(c));
+  c.fmt = a->w.format;
+  c.M = M, c.N = N, c.K = K;
+  c.w = (const uint8_t *)a->w.buffer->data + a->w.offset;
+  c.row_stride = a->w.row_stride;
+  c.y = &a->y;
+  c.bias = &a->bias;
+  const bool small = M <= QG_SMALL_M;
+  const int threads = cpu_num_threads();
+  const bool x_direct = a->x.dtype == KILN_HAL_F32;
+  size_t xbytes = x_direct ? 0 : ((size_t)(M * K) * sizeof(float) + 63) & ~(size_t)63;
+  if (!small) c.tmp_floats = (K * QG_PANEL + M * QG_PANEL + 15) & ~(int64_t)15;
+  size_t tbytes = (size_t)(c.tmp_floats * threads) * sizeof(float);
+  char *scratch = (xbytes + tbytes) ? cpu_scratch(s, xbytes + tbytes + 64) : NULL;
+  if ((xbytes + tbytes) && !scratch)
+    return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY,
+                              "gemm_quant: cannot allocate %zu bytes of scratch", xbytes + tbytes);
+  const char *xp = cpu_tensor_ptr(&a->x);
+  if (x_direct) {
+    c.x = (const float *)xp;
+    c.ldx = a->x.stride[0];
+  } else { /* widen x once: [M, K] dense F32 */
+    const size_t es = kiln_hal_dtype_size(a->x.dtype);
+    float *xf = (float *)scratch;
+    for (int64_t m = 0; m < M; m++)
+      cpu_vec_to_f32(a->x.dtype, xp + (size_t)(m * a->x.stride[0]) * es, xf + m * K, K);
+    c.x = xf;
+    c.ldx = K;
+  }
+  c.tmp = (float *)(scratch + xbytes);
+  if (small)
+    cpu_pool_run(cpu_g_pool, (N + QG_ROWS - 1) / QG_ROWS, qg_small_task, &c);
+  else
+    cpu_pool_run(cpu_g_pool, (N + QG_PANEL - 1) / QG_PANEL, qg_panel_task, &c);
+  return NULL;
+}

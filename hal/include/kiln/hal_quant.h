@@ -1,0 +1,166 @@
+/* hal_quant.h - header-only definitions of the quantized weight formats (the GGUF block types
+ * Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): block geometry and exact dequantization to f32, for hosts and
+ * backends alike. Everything is static inline (like hal_util.h); installed with the SDK.
+ *
+ * The formats, as GGUF/ggml define them (little endian, f16 = IEEE binary16; a row of K
+ * weights is K / elems consecutive blocks, K a multiple of the block's elems):
+ *
+ *   Q4_0  32 weights, 18 bytes: f16 d; u8 qs[16].
+ *         w[j] = ((qs[j] & 15) - 8) * d,  w[j + 16] = ((qs[j] >> 4) - 8) * d      (j < 16)
+ *   Q8_0  32 weights, 34 bytes: f16 d; i8 qs[32].      w[j] = qs[j] * d
+ *   Q4_K  256 weights (8 sub-blocks of 32), 144 bytes: f16 d; f16 dmin; u8 scales[12];
+ *         u8 qs[128]. Sub-block s has a 6-bit scale sc[s] and a 6-bit min m[s], packed:
+ *           s < 4:  sc[s] = scales[s] & 63           m[s] = scales[s + 4] & 63
+ *           s >= 4: sc[s] = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4
+ *                   m[s]  = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4
+ *         (bytes 0..7 hold sub-blocks 0..3's values in their low 6 bits and the top 2 bits of
+ *         sub-blocks 4..7's; bytes 8..11 hold the low 4 bits of sub-blocks 4..7's, scale in
+ *         the low nibble, min in the high one). The 4-bit quant q of weight 64c + l (c < 4,
+ *         l < 32) is qs[32c + l] & 15 (sub-block 2c); of weight 64c + 32 + l it is
+ *         qs[32c + l] >> 4 (sub-block 2c + 1). Then, in f32 and in this order:
+ *           w = (d * sc[s]) * q - (dmin * m[s])
+ *   Q5_K  256 weights, 176 bytes: f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128].
+ *         As Q4_K, with a fifth bit: q of a weight with index 32s + l in sub-block s gets
+ *         16 * ((qh[l] >> s) & 1) added (q in 0..31).
+ *   Q6_K  256 weights (16 sub-blocks of 16), 210 bytes: u8 ql[128]; u8 qh[64]; i8 scales[16];
+ *         f16 d. In half h (weights 128h .. 128h + 127; ql += 64h, qh += 32h) and for l < 32:
+ *           weight 128h + l      low = ql[l] & 15        high = qh[l] & 3
+ *           weight 128h + 32 + l low = ql[l + 32] & 15   high = (qh[l] >> 2) & 3
+ *           weight 128h + 64 + l low = ql[l] >> 4        high = (qh[l] >> 4) & 3
+ *           weight 128h + 96 + l low = ql[l + 32] >> 4   high = (qh[l] >> 6) & 3
+ *         q = (low | high << 4) - 32 (in -32..31), and w = (d * scales[i / 16]) * q for the
+ *         weight of index i in the block.
+ * kiln_hal_quant_dequant() computes exactly these f32 values (every product of an f16 and a
+ * small integer is exact in f32; the K-quants' two roundings are the ones written above).
+ */
+#ifndef KILN_HAL_QUANT_H
+#define KILN_HAL_QUANT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kiln/hal.h"
+#include "kiln/hal_util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weights per block of fmt (32 or 256); 0 for an unknown format. */
+static inline int32_t kiln_hal_qfmt_block_elems(int32_t fmt) {
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q4_0:
+    case KILN_HAL_QFMT_Q8_0: return 32;
+    case KILN_HAL_QFMT_Q4_K:
+    case KILN_HAL_QFMT_Q5_K:
+    case KILN_HAL_QFMT_Q6_K: return 256;
+    default: return 0;
+  }
+}
+
+/* Bytes per block of fmt; 0 for an unknown format. */
+static inline int32_t kiln_hal_qfmt_block_bytes(int32_t fmt) {
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q4_0: return 18;
+    case KILN_HAL_QFMT_Q8_0: return 34;
+    case KILN_HAL_QFMT_Q4_K: return 144;
+    case KILN_HAL_QFMT_Q5_K: return 176;
+    case KILN_HAL_QFMT_Q6_K: return 210;
+    default: return 0;
+  }
+}
+
+static inline const char *kiln_hal_qfmt_name(int32_t fmt) {
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q4_0: return "q4_0";
+    case KILN_HAL_QFMT_Q8_0: return "q8_0";
+    case KILN_HAL_QFMT_Q4_K: return "q4_K";
+    case KILN_HAL_QFMT_Q5_K: return "q5_K";
+    case KILN_HAL_QFMT_Q6_K: return "q6_K";
+    default: return "invalid";
+  }
+}
+
+static inline float kiln_hal_quant_f16(const uint8_t *p) {
+  return kiln_hal_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* The 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block's 12 scale bytes. */
+static inline void kiln_hal_quant_k_scale_min(const uint8_t *scales, int s, int *out_sc,
+                                              int *out_m) {
+  if (s < 4) {
+    *out_sc = scales[s] & 63;
+    *out_m = scales[s + 4] & 63;
+  } else {
+    *out_sc = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4;
+    *out_m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4;
+  }
+}
+
+/* Dequantizes one block of fmt at blk into out[0 .. block_elems). blk needs no alignment.
+ * Returns 0, or -1 for an unknown format (out untouched). */
+static inline int kiln_hal_quant_dequant(int32_t fmt, const uint8_t *blk, float *out) {
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q4_0: {
+      const float d = kiln_hal_quant_f16(blk);
+      const uint8_t *qs = blk + 2;
+      for (int j = 0; j < 16; j++) {
+        out[j] = (float)((qs[j] & 15) - 8) * d;
+        out[j + 16] = (float)((qs[j] >> 4) - 8) * d;
+      }
+      return 0;
+    }
+    case KILN_HAL_QFMT_Q8_0: {
+      const float d = kiln_hal_quant_f16(blk);
+      for (int j = 0; j < 32; j++) out[j] = (float)(int8_t)blk[2 + j] * d;
+      return 0;
+    }
+    case KILN_HAL_QFMT_Q4_K:
+    case KILN_HAL_QFMT_Q5_K: {
+      const int five = fmt == KILN_HAL_QFMT_Q5_K;
+      const float d = kiln_hal_quant_f16(blk), dmin = kiln_hal_quant_f16(blk + 2);
+      const uint8_t *scales = blk + 4, *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+      for (int s = 0; s < 8; s++) {
+        int sc, m;
+        kiln_hal_quant_k_scale_min(scales, s, &sc, &m);
+        const float ds = d * (float)sc, ms = dmin * (float)m;
+        const uint8_t *q = qs + 32 * (s / 2);
+        const int shift = (s & 1) * 4;
+        for (int l = 0; l < 32; l++) {
+          int v = (q[l] >> shift) & 15;
+          if (five) v |= ((qh[l] >> s) & 1) << 4;
+          out[32 * s + l] = ds * (float)v - ms;
+        }
+      }
+      return 0;
+    }
+    case KILN_HAL_QFMT_Q6_K: {
+      const float d = kiln_hal_quant_f16(blk + 208);
+      const int8_t *scales = (const int8_t *)(blk + 192);
+      for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+        float *y = out + 128 * h;
+        const int8_t *sc = scales + 8 * h;
+        for (int l = 0; l < 32; l++) {
+          const int q1 = ((ql[l] & 15) | (qh[l] & 3) << 4) - 32;
+          const int q2 = ((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32;
+          const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+          const int is = l / 16;
+          y[l] = (d * (float)sc[is]) * (float)q1;
+          y[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
+          y[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
+          y[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
+        }
+      }
+      return 0;
+    }
+    default: return -1;
+  }
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_HAL_QUANT_H */

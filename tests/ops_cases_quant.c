@@ -1,0 +1,210 @@
+/* ops_cases_quant.c - conformance cases for gemm_quant (ABI 1.4), the quantized-weight GEMM,
+ * against the fp64 reference (hal/ref/ops_ref.c, which decodes the blocks on its own), on every
+ * backend whose device claims KILN_HAL_CAP_QUANT(format), for every format it claims.
+ *
+ * Weights are random bytes: every bit pattern of the quants, 6-bit scales and mins and Q6_K's
+ * int8 scales is a valid block, so random blocks reach them all; only the f16 super-block
+ * scales are set to random finite values in [2^-12, 2^-4] (either sign for d; dmin >= 0 as
+ * quantizers write it), which keeps the products in range.
+ *
+ * Tolerance: hal.h defines W exactly (the f32 values of kiln/hal_quant.h) and x as stored, so
+ * the only freedom is the order of an f32 accumulation: oh_tol_gemm's mtol (2e-5 of
+ * sum |x * w|) as for gemm, plus the half-ulp rounding of y to its dtype. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "hal/ref/ops_ref.h"
+#include "kiln/hal_check.h"
+#include "kiln/hal_quant.h"
+#include "ops_cases.h"
+#include "ops_harness.h"
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+typedef struct gq_case {
+  int64_t M, N, K;
+  bool bias, y_f32;
+  int64_t x_pad, y_pad, w_pad; /* extra elements per row of x and y; extra bytes per row of w */
+  uint64_t w_off;              /* bytes before row 0 (unaligned on purpose) */
+} gq_case_t;
+
+static const gq_case_t gq_cases[] = {
+    {1, 1, 0, false, false, 0, 0, 0, 0},  /* K = one block */
+    {1, 64, 0, true, false, 0, 0, 0, 3},  /* decode: one row */
+    {1, 129, 0, false, true, 3, 0, 5, 0}, /* N not a multiple of any vector width */
+    {2, 33, 0, true, true, 0, 2, 0, 7},   {4, 200, 0, false, false, 1, 0, 0, 0},
+    {8, 31, 0, true, false, 0, 0, 11, 1}, /* the last "small M" row count */
+    {9, 17, 0, false, true, 0, 0, 0, 0},  /* the first above it */
+    {33, 70, 0, true, false, 2, 1, 0, 2}, /* prefill-sized */
+    {0, 5, 0, false, false, 0, 0, 0, 0},  /* M = 0: a no-op */
+    {3, 0, 0, false, false, 0, 0, 0, 0},  /* N = 0 */
+};
+
+/* A random finite f16 of magnitude in [2^-12, 2^-4], negative when neg. */
+static void put_scale(uint8_t *p, bool neg) {
+  double v = ldexp(1.0 + oh_rand_uniform(0, 1), (int)oh_rand_int(-12, -5));
+  uint16_t h = kiln_hal_f32_to_f16((float)(neg ? -v : v));
+  p[0] = (uint8_t)h;
+  p[1] = (uint8_t)(h >> 8);
+}
+
+static void random_block(int32_t fmt, uint8_t *blk) {
+  const int B = kiln_hal_qfmt_block_bytes(fmt);
+  for (int i = 0; i < B; i++) blk[i] = (uint8_t)oh_rand_u64();
+  bool neg = oh_rand_int(0, 3) == 0;
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q6_K: put_scale(blk + 208, neg); break;
+    case KILN_HAL_QFMT_Q4_K:
+    case KILN_HAL_QFMT_Q5_K:
+      put_scale(blk, neg);
+      put_scale(blk + 2, false);
+      break;
+    default: put_scale(blk, neg); break;
+  }
+}
+
+static void gq_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gq_case_t *g) {
+  const int64_t E = kiln_hal_qfmt_block_elems(fmt), B = kiln_hal_qfmt_block_bytes(fmt);
+  const int64_t M = g->M, N = g->N;
+  const int64_t K = g->K ? g->K : E * (1 + oh_rand_int(0, 3)); /* 1..4 blocks */
+  const int32_t ydt = g->y_f32 ? KILN_HAL_F32 : dt;
+  const size_t es = kiln_hal_dtype_size(dt), yes = kiln_hal_dtype_size(ydt);
+  if (oh_skip_big((double)M * (double)N * (double)K)) return;
+  oh_case(be, "gemm_quant", dt, "%s M=%lld N=%lld K=%lld bias=%d y=%s pads=%lld/%lld/%lld off=%llu",
+          kiln_hal_qfmt_name(fmt), (long long)M, (long long)N, (long long)K, g->bias,
+          kiln_hal_dtype_name(ydt), (long long)g->x_pad, (long long)g->y_pad, (long long)g->w_pad,
+          (unsigned long long)g->w_off);
+  const int64_t ldx = K + g->x_pad, ldy = N + g->y_pad;
+  const int64_t row_stride = K / E * B + g->w_pad;
+  oh_buf_t *xbuf = oh_buf_new(be, (size_t)(M * ldx + 1) * es);
+  oh_buf_t *wbuf = oh_buf_new(be, (size_t)(g->w_off + (uint64_t)(N * row_stride) + 16));
+  oh_buf_t *ybuf = oh_buf_new(be, (size_t)(M * ldy + 3) * yes);
+  oh_buf_t *bbuf = oh_buf_new(be, (size_t)(N + 3) * yes);
+  double *xv = OH_NEW(double, M *K + 1), *biasv = OH_NEW(double, N + 1);
+  double *want = OH_NEW(double, M *N + 1), *got = OH_NEW(double, M *N + 1);
+  double *mag = OH_NEW(double, M *N + 1);
+
+  int64_t xs[2] = {M, K}, xt[2] = {ldx, 1}, ys[2] = {M, N}, yt[2] = {ldy, 1};
+  kiln_hal_gemm_quant_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.x = oh_view(xbuf, 0, dt, 2, xs, xt);
+  a.y = oh_view(ybuf, 0, ydt, 2, ys, yt);
+  a.bias = oh_absent();
+  oh_write_rand(xbuf, &a.x, -1, 1, xv);
+  if (g->bias) {
+    int64_t bs[1] = {N};
+    a.bias = oh_view(bbuf, 0, ydt, 1, bs, NULL);
+    oh_write_rand(bbuf, &a.bias, -1, 1, biasv);
+  }
+  uint8_t *wbytes = wbuf->host + g->w_off;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t b = 0; b < K / E; b++) random_block(fmt, wbytes + n * row_stride + b * B);
+  a.w.buffer = wbuf->b;
+  a.w.offset = g->w_off;
+  a.w.format = fmt;
+  a.w.n = N;
+  a.w.k = K;
+  a.w.row_stride = row_stride;
+  oh_push(xbuf);
+  oh_push(wbuf);
+  oh_push(ybuf);
+  oh_push(bbuf);
+  if (oh_ok(be->t->gemm_quant(be->stream, &a), "gemm_quant") && oh_pull(ybuf)) {
+    oh_mark(ybuf, &a.y);
+    oh_read(ybuf, &a.y, got);
+    ops_ref_gemm_quant(M, N, K, xv, fmt, wbytes, row_stride, g->bias ? biasv : NULL, want, mag);
+    oh_compare("y", M * N, got, want, mag, oh_tol_gemm(ydt));
+    oh_check_rest(ybuf, "y (row padding / tail)");
+  }
+  free(xv);
+  free(biasv);
+  free(want);
+  free(got);
+  free(mag);
+  oh_free_all();
+}
+
+/* Arguments the op must refuse (checked on the host, before anything runs). */
+static void gq_bad_args(const oh_backend_t *be, int32_t fmt) {
+  oh_case(be, "gemm_quant", KILN_HAL_F32, "%s bad arguments", kiln_hal_qfmt_name(fmt));
+  const int64_t E = kiln_hal_qfmt_block_elems(fmt), B = kiln_hal_qfmt_block_bytes(fmt);
+  oh_buf_t *xbuf = oh_buf_new(be, 4 * 2 * (size_t)E), *ybuf = oh_buf_new(be, 64);
+  oh_buf_t *wbuf = oh_buf_new(be, 4 * (size_t)B);
+  kiln_hal_gemm_quant_args_t good, a;
+  memset(&good, 0, sizeof(good));
+  good.struct_size = sizeof(good);
+  good.x = oh_view(xbuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, E}, NULL);
+  good.y = oh_view(ybuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, 4}, NULL);
+  good.w = (kiln_hal_qweight_t){.buffer = wbuf->b, .format = fmt, .n = 4, .k = E, .row_stride = B};
+  a = good, a.w.format = 99;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "unknown format");
+  a = good, a.w.k = E + 1, a.x.shape[1] = E + 1;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "K not whole blocks");
+  a = good, a.w.row_stride = B - 1;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "row_stride below a row");
+  a = good, a.w.offset = 1;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "w past its buffer");
+  a = good, a.w.group_size = 128;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "group_size on a GGUF format");
+  a = good, a.y.shape[1] = 3;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "y of the wrong shape");
+  a = good, a.x.dtype = KILN_HAL_I32;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "integer x");
+  a = good, a.y = a.x, a.y.shape[1] = 4;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "y overlapping x");
+  oh_free_all();
+}
+
+void test_ops_gemm_quant(void **state) {
+  (void)state;
+  oh_test_begin("gemm_quant");
+  for (int bi = 0; bi < oh_num_backends; bi++) {
+    const oh_backend_t *be = &oh_backends[bi];
+    const bool has_op = KILN_HAL_HAS(be->t, gemm_quant) && be->t->gemm_quant;
+    for (int32_t fmt = 1; fmt < KILN_HAL_QFMT_COUNT; fmt++) {
+      if (!(be->info.caps & KILN_HAL_CAP_QUANT(fmt))) continue;
+      if (!has_op) {
+        oh_case(be, "gemm_quant", KILN_HAL_F32, "%s", kiln_hal_qfmt_name(fmt));
+        oh_fail("the device claims KILN_HAL_CAP_QUANT(%s) but the table has no gemm_quant",
+                kiln_hal_qfmt_name(fmt));
+        continue;
+      }
+      for (int di = 0; di < 3; di++) {
+        if (!oh_dtype_ok(be, oh_float_dtypes[di])) continue;
+        for (size_t ci = 0; ci < ARRAY_LEN(gq_cases); ci++)
+          gq_run(be, fmt, oh_float_dtypes[di], &gq_cases[ci]);
+        /* Fresh shapes every run (the seed reproduces them). */
+        for (int r = 0; r < 3; r++) {
+          gq_case_t g;
+          memset(&g, 0, sizeof(g));
+          g.M = oh_rand_int(1, 40);
+          g.N = oh_rand_int(1, 90);
+          g.bias = oh_rand_int(0, 1);
+          g.y_f32 = oh_rand_int(0, 1);
+          g.x_pad = oh_rand_int(0, 2);
+          g.y_pad = oh_rand_int(0, 2);
+          g.w_pad = oh_rand_int(0, 9);
+          g.w_off = (uint64_t)oh_rand_int(0, 40);
+          gq_run(be, fmt, oh_float_dtypes[di], &g);
+        }
+      }
+      /* Decode at a real model's width: K = 4096, N = 256, M = 1 and 5 (the portable and
+       * vector paths over many blocks), f32 x only. */
+      gq_case_t big = {1, 256, 4096, true, false, 0, 0, 0, 0};
+      gq_run(be, fmt, KILN_HAL_F32, &big);
+      big.M = 5;
+      gq_run(be, fmt, oh_dtype_ok(be, KILN_HAL_BF16) ? KILN_HAL_BF16 : KILN_HAL_F32, &big);
+      gq_bad_args(be, fmt);
+    }
+  }
+  oh_test_end();
+}
