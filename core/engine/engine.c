@@ -961,13 +961,10 @@ static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_pa
     return bad("logprobs must be in [0, 20], got %d", p->logprobs);
   if (p->prompt_logprobs < -1 || p->prompt_logprobs > 20)
     return bad("prompt_logprobs must be in [0, 20], got %d", p->prompt_logprobs);
-  if (p->num_speculative_tokens < -1 || p->num_speculative_tokens > e->spec_k)
-    return e->spec_k ? bad("num_speculative_tokens must be in [0, %d] ([speculative] "
-                           "num_speculative_tokens), or -1 for the engine's, got %d",
-                           e->spec_k, p->num_speculative_tokens)
-                     : bad("num_speculative_tokens must be 0 or -1: speculative decoding is off "
-                           "([speculative] method = off), got %d",
-                           p->num_speculative_tokens);
+  if (p->num_speculative_tokens < -1 || p->num_speculative_tokens > 32)
+    return bad("num_speculative_tokens must be in [0, 32], or -1 for the engine's "
+               "([speculative] num_speculative_tokens), got %d",
+               p->num_speculative_tokens);
   return NULL;
 }
 
@@ -1250,7 +1247,9 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->max_tokens = (int32_t)max_tokens;
   /* Speculation keeps greedy output exactly; sampled and constrained requests do not take it
    * (no rejection sampling yet; a constraint's masks follow one token a step). */
-  r->spec_k = p->num_speculative_tokens >= 0 ? p->num_speculative_tokens : e->spec_k;
+  r->spec_k = p->num_speculative_tokens >= 0 && p->num_speculative_tokens < e->spec_k
+                  ? p->num_speculative_tokens
+                  : e->spec_k;
   if (p->temperature > 0 || guide) r->spec_k = 0;
   bool oom = false;
   if (ip.ids) {

@@ -114,10 +114,11 @@ typedef struct kiln_sampling_params {
   const char *guide_spec;  /* see kiln_guide_kind_t; copied at submission */
   size_t guide_spec_len;   /* 0 = NUL-terminated */
   /* Speculative decoding ([speculative] in the config, docs/engine.md): -1 = the engine's
-   * setting (the default); 0 = off for this request; k in [1, [speculative]
-   * num_speculative_tokens] = at most k proposals a step. Only greedy (temperature 0),
-   * unconstrained requests speculate; the tokens are the same either way. (A caller built
-   * against a kiln.h without this field passes a shorter struct_size and gets -1.) */
+   * setting (the default); 0 = off for this request; k in [1, 32] = at most k proposals a step
+   * (and at most the engine's [speculative] num_speculative_tokens; none when its method is
+   * off). Only greedy (temperature 0), unconstrained requests speculate; the tokens are the
+   * same either way. (A caller built against a kiln.h without this field passes a shorter
+   * struct_size and gets -1.) */
   int32_t num_speculative_tokens;
 } kiln_sampling_params_t;
 
