@@ -22,6 +22,7 @@
 #include "base/config.h"
 #include "core/engine/engine_internal.h"
 #include "core/kv/block_manager.h"
+#include "core/sched/scheduler.h"
 #include "kiln/kiln.h"
 
 #define MAXREQ 8
@@ -73,6 +74,138 @@ static void test_ngram_propose(void **state) {
   /* No match at all. */
   const int32_t e[] = {1, 2, 3, 4, 5};
   assert_int_equal(kiln_spec_ngram_propose(e, 5, 1, 4, 4, out), 0);
+}
+
+/* ---- the scheduler and the block manager ---------------------------------------------------- */
+
+static void seq_init(kiln_seq_t *q, int32_t n, int32_t base, uint64_t arrival) {
+  memset(q, 0, sizeof(*q));
+  q->arrival = arrival;
+  q->num_prompt = n;
+  for (int32_t i = 0; i < n; i++) check_st(kiln_seq_append(q, base + i));
+}
+
+/* Adds k drafts (ids 900 + i) to a decoding sequence, as the engine's proposer does. */
+static void add_drafts(kiln_seq_t *q, int32_t k) {
+  for (int32_t i = 0; i < k; i++) check_st(kiln_seq_append(q, 900 + i));
+  q->num_draft = k;
+}
+
+static kiln_sched_step_t *schedule(kiln_scheduler_t *s) {
+  kiln_sched_step_t *st = NULL;
+  check_st(kiln_scheduler_schedule(s, &st));
+  return st;
+}
+
+static void test_scheduler_drafts(void **state) {
+  (void)state;
+  kiln_kv_manager_t *kv = NULL;
+  check_st(kiln_kv_manager_create(12, 4, true, &kv));
+  kiln_sched_options_t o = {.max_num_seqs = 4, .max_num_batched_tokens = 64, .chunked_prefill = true};
+  kiln_scheduler_t *s = NULL;
+  check_st(kiln_scheduler_create(kv, &o, &s));
+  kiln_seq_t a;
+  seq_init(&a, 7, 10, 0);
+  kiln_scheduler_add(s, &a);
+  kiln_sched_step_t *st = schedule(s);
+  assert_int_equal(st->num_items, 1);
+  assert_int_equal(st->items[0].count, 7);
+  assert_int_equal(st->items[0].draft, 0);
+  kiln_scheduler_update_computed(s, st);
+  check_st(kiln_seq_append(&a, 50)); /* the first output token: 8 tokens, 7 computed */
+  kiln_kv_stats_t ks;
+  kiln_kv_stats(kv, &ks);
+  assert_int_equal(ks.num_cached, 1); /* block 0 (tokens 0-3) */
+  /* 5 drafts: one item of 6 tokens, blocks for 13 tokens; only blocks of real tokens cached. */
+  add_drafts(&a, 5);
+  st = schedule(s);
+  assert_int_equal(st->num_items, 1);
+  assert_int_equal(st->items[0].start, 7);
+  assert_int_equal(st->items[0].count, 6);
+  assert_int_equal(st->items[0].draft, 5);
+  assert_true(st->items[0].sample);
+  assert_int_equal(a.num_blocks, 4);
+  kiln_scheduler_update_computed(s, st);
+  assert_int_equal(a.num_computed, 13);
+  kiln_kv_stats(kv, &ks);
+  assert_int_equal(ks.num_cached, 2); /* blocks 0, 1 (tokens 0-7); not 2 (drafts 8-11) */
+  /* One draft accepted: 8 tokens, 9 computed (the engine appends the draft and the bonus). */
+  kiln_scheduler_accept_drafts(s, &a, 1);
+  assert_int_equal(a.num_tokens, 8);
+  assert_int_equal(a.num_draft, 0);
+  assert_int_equal(a.num_computed, 9);
+  assert_int_equal(a.num_blocks, 3);
+  assert_int_equal(kiln_kv_num_free(kv), 12 - 3);
+  check_st(kiln_seq_append(&a, 900));
+  check_st(kiln_seq_append(&a, 51));
+  assert_null(kiln_kv_check(kv));
+  /* The budget trims drafts: 3 tokens = the decode and 2 of 4 drafts. */
+  kiln_scheduler_free(s);
+  o.max_num_batched_tokens = 3;
+  check_st(kiln_scheduler_create(kv, &o, &s));
+  kiln_scheduler_add_running_after(s, NULL, &a);
+  add_drafts(&a, 4);
+  st = schedule(s);
+  assert_int_equal(st->num_items, 1);
+  assert_int_equal(st->items[0].count, 3);
+  assert_int_equal(st->items[0].draft, 2);
+  assert_int_equal(a.num_tokens, 12);
+  assert_true(st->items[0].sample);
+  kiln_scheduler_update_computed(s, st);
+  kiln_scheduler_accept_drafts(s, &a, 0); /* none accepted */
+  assert_int_equal(a.num_tokens, 10);
+  assert_int_equal(a.num_computed, 10);
+  assert_int_equal(a.num_blocks, 3);
+  check_st(kiln_seq_append(&a, 52));
+  /* The pool is short: a second sequence takes most of it, and a's drafts go rather than b. */
+  kiln_scheduler_free(s);
+  o.max_num_batched_tokens = 64;
+  check_st(kiln_scheduler_create(kv, &o, &s));
+  kiln_scheduler_add_running_after(s, NULL, &a);
+  kiln_seq_t b;
+  seq_init(&b, 35, 200, 1);
+  kiln_scheduler_add(s, &b);
+  st = schedule(s); /* a's decode (position 10: its third block) and b's 35 tokens (9 blocks) */
+  assert_int_equal(st->num_items, 2);
+  kiln_scheduler_update_computed(s, st);
+  check_st(kiln_seq_append(&a, 53));
+  check_st(kiln_seq_append(&b, 54));
+  assert_int_equal(kiln_kv_num_free(kv), 0);
+  add_drafts(&a, 4); /* positions 11..15 would need a fourth block: none is free */
+  st = schedule(s);
+  assert_int_equal(st->num_preempted, 0);
+  assert_int_equal(st->num_items, 2);
+  assert_ptr_equal(st->items[0].seq, &a);
+  assert_int_equal(st->items[0].count, 1);
+  assert_int_equal(st->items[0].draft, 0);
+  assert_int_equal(a.num_tokens, 12);
+  assert_int_equal(a.num_draft, 0);
+  kiln_scheduler_update_computed(s, st);
+  /* Drafts across a block boundary, scheduled beside a new sequence, both accepted. */
+  check_st(kiln_seq_append(&a, 55));
+  add_drafts(&a, 2);
+  kiln_seq_t c;
+  seq_init(&c, 3, 300, 2);
+  kiln_scheduler_add(s, &c);
+  kiln_scheduler_finish(s, &b); /* room for c and a's drafts */
+  st = schedule(s);
+  kiln_scheduler_update_computed(s, st);
+  kiln_scheduler_accept_drafts(s, &a, 2);
+  assert_int_equal(a.num_computed, 15);
+  check_st(kiln_seq_append(&a, 901));
+  check_st(kiln_seq_append(&a, 56));
+  check_st(kiln_seq_append(&a, 57));
+  assert_int_equal(a.num_tokens, 16);
+  assert_null(kiln_kv_check(kv));
+  kiln_scheduler_finish(s, &a);
+  kiln_scheduler_finish(s, &c);
+  assert_int_equal(kiln_kv_num_free(kv), 12);
+  assert_null(kiln_kv_check(kv));
+  kiln_scheduler_free(s);
+  kiln_seq_free(&a);
+  kiln_seq_free(&b);
+  kiln_seq_free(&c);
+  kiln_kv_manager_free(kv);
 }
 
 /* ---- the engine --------------------------------------------------------------------------- */
@@ -440,6 +573,7 @@ int main(void) {
   snprintf(g_src, sizeof(g_src), "%s", src ? src : "..");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ngram_propose),
+      cmocka_unit_test(test_scheduler_drafts),
       cmocka_unit_test(test_default_model_alone),
       cmocka_unit_test(test_fixtures_alone),
       cmocka_unit_test(test_default_model_batch),
