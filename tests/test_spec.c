@@ -7,7 +7,8 @@
  * budget, which also trims proposals), the batch-size rule, stop strings, stop tokens inside an
  * accepted run and max_tokens in the middle of a proposal; every KV block is free at the end.
  * And the refusals: bad [speculative] values, a per-request k above the engine's, and an old
- * caller's shorter kiln_sampling_params_t. */
+ * caller's shorter kiln_sampling_params_t. Under valgrind (or KILN_TEST_QUICK=1) only the
+ * llama2 fixture and the batch's small-pool and chunked settings run. */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,12 @@
 
 #include <cmocka.h>
 
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#endif
+
 #include "base/config.h"
 #include "core/engine/engine_internal.h"
 #include "core/kv/block_manager.h"
@@ -29,6 +36,8 @@
 #define MAXTOK 96
 
 static char g_src[1024];
+/* Under valgrind (or with KILN_TEST_QUICK set): one fixture and two of the batch's settings. */
+static bool g_quick;
 
 static void check_st(kiln_status_t st) {
   if (st) {
@@ -425,7 +434,7 @@ static void test_default_model_alone(void **state) {
 static void test_fixtures_alone(void **state) {
   (void)state;
   static const char *const fx[] = {"llama2", "qwen3", "mistral_swa", "llama_bias_mqa"};
-  for (size_t i = 0; i < sizeof(fx) / sizeof(fx[0]); i++) {
+  for (size_t i = 0; i < (g_quick ? 1 : sizeof(fx) / sizeof(fx[0])); i++) {
     char rel[256], p[1400];
     snprintf(rel, sizeof(rel), "tests/fixtures/models/%s", fx[i]);
     model_path(p, sizeof(p), rel);
@@ -479,6 +488,7 @@ static void test_default_model_batch(void **state) {
       {"tight budget", {"engine.max_num_batched_tokens=6"}, 1},
   };
   for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+    if (g_quick && c != 1 && c != 2) continue;
     const char *ov[8];
     int32_t n = 0;
     for (int32_t i = 0; i < 4; i++) ov[n++] = k_spec_on[i];
@@ -571,6 +581,11 @@ static void test_refusals(void **state) {
 int main(void) {
   const char *src = getenv("KILN_SOURCE_DIR");
   snprintf(g_src, sizeof(g_src), "%s", src ? src : "..");
+  const char *quick = getenv("KILN_TEST_QUICK");
+  g_quick = quick && *quick && strcmp(quick, "0") != 0;
+#ifdef RUNNING_ON_VALGRIND
+  if (RUNNING_ON_VALGRIND) g_quick = true;
+#endif
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ngram_propose),
       cmocka_unit_test(test_scheduler_drafts),
