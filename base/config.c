@@ -76,12 +76,14 @@ typedef struct config_row {
     .help = (h)                                                                                  \
   }
 
-static const char *const config_sections[] = {"model",   "hub",    "engine", "cache", "scheduler",
-                                              "backend", "server", "graph",  "log",   NULL};
+static const char *const config_sections[] = {
+    "model", "hub", "engine", "cache", "scheduler", "speculative", "backend", "server", "graph",
+    "log",   NULL};
 
 static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloat16", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
+static const char *const config_spec_methods[] = {"off", "ngram", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config_log_formats[] = {"text", "json", NULL};
 static const char *const config_hub_progress[] = {"auto", "bar", "lines", "none", NULL};
@@ -162,6 +164,21 @@ static const config_row_t config_rows[] = {
              "Split long prompts into chunks that are scheduled alongside decode steps"),
     ROW_ENUM("scheduler", "policy", "fcfs", config_policies,
              "Admission order: fcfs = first come first served, priority = by request priority"),
+
+    ROW_ENUM("speculative", "method", "off", config_spec_methods,
+             "Speculative decoding of greedy requests: off, or ngram = propose the tokens that "
+             "followed the latest earlier match of the sequence's last tokens (prompt lookup); "
+             "the output is the same as without it (docs/engine.md)"),
+    ROW_INT("speculative", "num_speculative_tokens", "4", 1, 32,
+            "Most tokens proposed per sequence and step; the model verifies them and the next "
+            "token in one forward"),
+    ROW_INT("speculative", "ngram_min", "2", 1, 64,
+            "Shortest suffix of the sequence that a proposal must match earlier in it"),
+    ROW_INT("speculative", "ngram_max", "4", 1, 64,
+            "Longest suffix tried first (at least ngram_min)"),
+    ROW_INT("speculative", "disable_by_batch_size", "8", 1, 65536,
+            "Speculation is off in a step where more sequences than this are running (a large "
+            "batch already keeps the device busy: proposals would cost more than they save)"),
 
     ROW_CHECKED("backend", "name", "auto", config_check_backend, "auto, cuda, rocm, cpu, or a path",
                 "Compute backend: auto, cuda, rocm, cpu, or a path to a libkiln-backend-*.so"),

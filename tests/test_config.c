@@ -116,6 +116,11 @@ static const expected_key_t all_keys[] = {
     {"cache", "enable_prefix_caching", "true"},
     {"scheduler", "enable_chunked_prefill", "true"},
     {"scheduler", "policy", "fcfs"},
+    {"speculative", "method", "off"},
+    {"speculative", "num_speculative_tokens", "4"},
+    {"speculative", "ngram_min", "2"},
+    {"speculative", "ngram_max", "4"},
+    {"speculative", "disable_by_batch_size", "8"},
     {"backend", "name", "auto"},
     {"backend", "path", ""},
     {"backend", "device", "0"},
@@ -393,7 +398,7 @@ static void test_unknown_section(void **state) {
   EXPECT_INVALID(
       load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
       "did you mean [model]?",
-      "model, hub, engine, cache, scheduler, backend, server, graph, log, plugin.<name>");
+      "model, hub, engine, cache, scheduler, speculative, backend, server, graph, log, plugin.<name>");
   EXPECT_INVALID(load(cfg, "[network]\nport = 1\n"), "unknown section [network]",
                  "valid sections: model");
   EXPECT_INVALID(load(cfg, "[Model]\npath = x\n"), "unknown section [Model]",

@@ -402,6 +402,9 @@ static void test_prometheus(void **state) {
   m.prefix_cache_hits = 300;
   m.preemptions = 9;
   m.steps = 4242;
+  m.spec_drafts = 10;
+  m.spec_draft_tokens = 40;
+  m.spec_accepted_tokens = 30;
   for (int i = 0; i < 100; i++) {
     kiln_histogram_observe(&m.time_to_first_token, 0.003 * i);
     kiln_histogram_observe(&m.inter_token_latency, 0.0007 * i);
@@ -433,6 +436,11 @@ static void test_prometheus(void **state) {
       {"kiln:request_success_total", "counter"},
       {"kiln:requests_rejected_total", "counter"},
       {"kiln:engine_steps_total", "counter"},
+      {"kiln:spec_decode_num_drafts_total", "counter"},
+      {"kiln:spec_decode_num_draft_tokens_total", "counter"},
+      {"kiln:spec_decode_num_accepted_tokens_total", "counter"},
+      {"kiln:spec_decode_draft_acceptance_rate", "gauge"},
+      {"kiln:spec_decode_mean_acceptance_length", "gauge"},
       {"kiln:time_to_first_token_seconds", "histogram"},
       {"kiln:inter_token_latency_seconds", "histogram"},
       {"kiln:e2e_request_latency_seconds", "histogram"},
@@ -464,6 +472,11 @@ static void test_prometheus(void **state) {
   assert_true(VALUE("num_preemptions_total", "") == 9);
   assert_true(VALUE("requests_rejected_total", "") == 2);
   assert_true(VALUE("engine_steps_total", "") == 4242);
+  assert_true(VALUE("spec_decode_num_drafts_total", "") == 10);
+  assert_true(VALUE("spec_decode_num_draft_tokens_total", "") == 40);
+  assert_true(VALUE("spec_decode_num_accepted_tokens_total", "") == 30);
+  assert_true(VALUE("spec_decode_draft_acceptance_rate", "") == 0.75);
+  assert_true(VALUE("spec_decode_mean_acceptance_length", "") == 4.0);
   assert_true(VALUE("request_success_total", ",finished_reason=\"stop\"") == 5);
   assert_true(VALUE("request_success_total", ",finished_reason=\"length\"") == 4);
   assert_true(VALUE("request_success_total", ",finished_reason=\"abort\"") == 1);
@@ -494,6 +507,7 @@ static void test_prometheus(void **state) {
   assert_non_null(text);
   parse_text(p, text, "m");
   assert_non_null(strstr(text, "kiln:engine_steps_total{model_name=\"m\"} 0\n"));
+  assert_non_null(strstr(text, "kiln:spec_decode_draft_acceptance_rate{model_name=\"m\"} 0\n"));
   free(text);
   free(p);
 }

@@ -119,6 +119,23 @@ static kiln_status_t off_write_json(const char *path, kiln_strbuf_t *j) {
   return NULL;
 }
 
+/* Speculative decoding between two metrics snapshots ([speculative] method = ngram): a line of
+ * the table and fields of the JSON object; nothing when nothing was proposed. */
+static void off_spec_report(const kiln_metrics_t *m0, const kiln_metrics_t *m1, kiln_strbuf_t *j) {
+  uint64_t d = m1->spec_drafts - m0->spec_drafts, t = m1->spec_draft_tokens - m0->spec_draft_tokens,
+           a = m1->spec_accepted_tokens - m0->spec_accepted_tokens;
+  if (!d) return;
+  double rate = t ? (double)a / (double)t : 0, len = 1.0 + (double)a / (double)d;
+  printf("  speculative decoding     %llu verifications, %llu tokens proposed, %llu accepted "
+         "(%.1f%%), mean accepted length %.2f\n",
+         (unsigned long long)d, (unsigned long long)t, (unsigned long long)a, 100.0 * rate, len);
+  kiln_strbuf_printf(j,
+                     ", \"spec_drafts\": %llu, \"spec_draft_tokens\": %llu, "
+                     "\"spec_accepted_tokens\": %llu, \"spec_acceptance_rate\": %.4f, "
+                     "\"spec_mean_accepted_length\": %.4f",
+                     (unsigned long long)d, (unsigned long long)t, (unsigned long long)a, rate, len);
+}
+
 /* ---- options: the rows both modes have, then each mode's table ------------------------------- */
 
 #define OFF_ROWS_MODEL                                                      \
@@ -369,7 +386,10 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
           info.model_name, info.backend, info.device, (long long)B, (long long)a.input_len,
           (long long)a.output_len, (long long)a.iters, (long long)a.warmup,
           fixed ? ", the --ids prompt" : "", imgs.num ? " with images" : "", startup);
+  kiln_metrics_t m0, m1;
+  kiln_engine_get_metrics(eng, &m0);
   for (int64_t it = 0; it < runs; it++) {
+    if (it == a.warmup) kiln_engine_get_metrics(eng, &m0); /* the timed runs' counters */
     for (int64_t i = 0; i < B; i++) {
       if (fixed)
         memcpy(prompts[i], fixed, nfixed * sizeof(int32_t));
@@ -413,6 +433,8 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
   off_json_stat(&j, "tpot_ms", sp, 1e3);
   off_json_stat(&j, "submit_ms", ss, 1e3);
   kiln_strbuf_printf(&j, ", \"images\": %d", imgs.num);
+  kiln_engine_get_metrics(eng, &m1);
+  off_spec_report(&m0, &m1, &j);
   kiln_strbuf_append_str(&j, "}");
   st = off_write_json(a.json, &j);
 done:
@@ -563,6 +585,8 @@ int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
   }
   fprintf(stderr, "bench throughput: %s on %s (%s), %lld requests; start-up %.2f s\n",
           info.model_name, info.backend, info.device, (long long)N, startup);
+  kiln_metrics_t m0, m1;
+  kiln_engine_get_metrics(eng, &m0);
   double t0 = kiln_cli_now();
   if ((st = off_submit(eng, &run, req, prompts, lens, mt, N, NULL))) goto done;
   double t_end = 0;
@@ -592,6 +616,8 @@ int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
                      (double)(in_tok + out_tok) / wall, startup);
   off_json_stat(&j, "ttft_ms", sf, 1e3);
   off_json_stat(&j, "e2e_ms", se, 1e3);
+  kiln_engine_get_metrics(eng, &m1);
+  off_spec_report(&m0, &m1, &j);
   kiln_strbuf_append_str(&j, "}");
   st = off_write_json(a.json, &j);
 done:

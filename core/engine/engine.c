@@ -98,6 +98,7 @@ struct kiln_request {
   int32_t *mrope;
   int32_t mrope_delta;
   int32_t max_tokens;  /* resolved */
+  int32_t spec_k;      /* most proposals per step (0 = this request does not speculate) */
   kiln_guide_t *guide; /* constrained decoding (released when the request ends) */
   uint64_t seed;
   kiln_output_fn cb;
@@ -171,6 +172,9 @@ struct kiln_engine {
   kiln_scheduler_t *sched;
   kiln_sampler_t *sampler;
   int32_t bs, max_seqs, max_tokens, max_blocks, max_logits, vocab;
+  /* speculative decoding ([speculative]): k (0 = off), the n-gram lengths, the batch size
+   * above which a step does not speculate, the logits rows one step may give to proposals */
+  int32_t spec_k, spec_min, spec_max, spec_batch, spec_rows;
   int64_t max_len;
   bool chunked;
   int32_t max_queued;
@@ -182,6 +186,8 @@ struct kiln_engine {
   kiln_sample_row_t *srows;
   kiln_score_row_t *crows;
   kiln_seq_t **sseqs; /* sequence of each sample row */
+  int32_t *sdraft;    /* per sample row: the proposals it verifies with the rows after it (a
+                         sequence's first row), or -1 (a later row of the same group) */
   int32_t *c_pos;     /* prompt position of each score row */
   int32_t *item_row;  /* [max_seqs] the logits row each sampling item samples from */
   int32_t max_top;
@@ -219,6 +225,7 @@ void kiln_sampling_params_init(kiln_sampling_params_t *p) {
   p->detokenize = true;
   p->logprobs = -1;
   p->prompt_logprobs = -1;
+  p->num_speculative_tokens = -1;
 }
 
 const char *kiln_finish_reason_name(kiln_finish_reason_t r) {
@@ -954,6 +961,10 @@ static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_pa
     return bad("logprobs must be in [0, 20], got %d", p->logprobs);
   if (p->prompt_logprobs < -1 || p->prompt_logprobs > 20)
     return bad("prompt_logprobs must be in [0, 20], got %d", p->prompt_logprobs);
+  if (p->num_speculative_tokens < -1 || p->num_speculative_tokens > 32)
+    return bad("num_speculative_tokens must be in [0, 32], or -1 for the engine's "
+               "([speculative] num_speculative_tokens), got %d",
+               p->num_speculative_tokens);
   return NULL;
 }
 
@@ -1234,6 +1245,12 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->user = d->user;
   r->num_prompt = np;
   r->max_tokens = (int32_t)max_tokens;
+  /* Speculation keeps greedy output exactly; sampled and constrained requests do not take it
+   * (no rejection sampling yet; a constraint's masks follow one token a step). */
+  r->spec_k = p->num_speculative_tokens >= 0 && p->num_speculative_tokens < e->spec_k
+                  ? p->num_speculative_tokens
+                  : e->spec_k;
+  if (p->temperature > 0 || guide) r->spec_k = 0;
   bool oom = false;
   if (ip.ids) {
     r->prompt = ip.ids; /* take the expanded prompt and the images */
@@ -1391,9 +1408,10 @@ static bool is_eos(const kiln_engine_t *e, const kiln_request_t *r, int32_t t) {
 }
 
 /* Fills a sample row for sequence q (index i of r): penalties over its tokens, the request's
- * logit bias plus -inf bans on stop tokens before min_tokens. */
+ * logit bias plus -inf bans on stop tokens before min_tokens. `ahead` > 0: the row after the
+ * sequence's first `ahead` proposals, as if they were its output already. */
 static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, int32_t row,
-                              const uint32_t *mask, kiln_sample_row_t *sr) {
+                              const uint32_t *mask, int32_t ahead, kiln_sample_row_t *sr) {
   kiln_seq_t *q = &r->seqs[i];
   seq_state_t *ss = &r->ss[i];
   memset(sr, 0, sizeof(*sr));
@@ -1405,16 +1423,16 @@ static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, in
   sr->repetition = r->p.repetition_penalty;
   sr->presence = r->p.presence_penalty;
   sr->frequency = r->p.frequency_penalty;
-  sr->uniform = kiln_sample_uniform(&ss->rng);
+  sr->uniform = ahead ? 0.0f : kiln_sample_uniform(&ss->rng); /* proposals: greedy only */
   sr->num_top = r->p.logprobs;
   sr->mask = mask;
   if (sr->repetition != 1.0f || sr->presence != 0 || sr->frequency != 0) {
     sr->prompt_ids = q->tokens;
     sr->num_prompt = q->num_prompt;
     sr->output_ids = q->tokens + q->num_prompt;
-    sr->num_output = q->num_tokens - q->num_prompt;
+    sr->num_output = q->num_tokens - q->num_draft - q->num_prompt + ahead;
   }
-  bool ban = ss->num_out < r->p.min_tokens;
+  bool ban = ss->num_out + ahead < r->p.min_tokens;
   int32_t nb = r->p.num_logit_bias +
                (ban ? r->p.num_stop_token_ids + (r->p.ignore_eos ? 0 : e->num_eos) : 0);
   if (nb) {
@@ -1495,8 +1513,154 @@ static void fail_step(kiln_engine_t *e, const kiln_sched_step_t *step, kiln_stat
   step_hold(step, -1);
 }
 
+/* Takes sample row j's token as sequence q's next: appends it, advances its constraint, checks
+ * the stop conditions and delivers the event. Returns false when the sequence ended. */
+static bool seq_take(kiln_engine_t *e, kiln_seq_t *q, int32_t j, kiln_strbuf_t *text, double t1,
+                     uint64_t *gen) {
+  kiln_request_t *r = q->owner;
+  int32_t i = q->index;
+  seq_state_t *ss = &r->ss[i];
+  int32_t tok = e->so.tokens[j];
+  ss->has_token = true;
+  ss->token = tok;
+  ss->logprob = e->so.logprobs[j];
+  if (r->p.logprobs > 0) {
+    memcpy(ss->top_ids, e->so.top_ids + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
+    memcpy(ss->top_lps, e->so.top_logprobs + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
+  }
+  kiln_status_t ast = kiln_seq_append(q, tok);
+  if (ast) {
+    ss->has_token = false;
+    req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(ast));
+    kiln_status_free(ast);
+    return false;
+  }
+  ss->num_out++;
+  (*gen)++;
+  /* the constraint follows every token but end of sequence (allowed only where it accepts) */
+  bool gdone = false;
+  if (ss->gm && !is_eos(e, r, tok)) {
+    if (!kiln_guide_matcher_accept_token(ss->gm, tok)) {
+      char msg[160];
+      snprintf(msg, sizeof(msg), "internal error: the constraint refused sampled token %d",
+               (int)tok);
+      req_end(e, r, KILN_FINISH_ERROR, msg);
+      return false;
+    }
+    gdone = kiln_guide_matcher_finished(ss->gm);
+  }
+  pthread_mutex_lock(&e->mu);
+  if (r->t_first == 0) {
+    r->t_first = t1;
+    kiln_histogram_observe(&e->metrics.time_to_first_token, t1 - r->t_arrival);
+  } else if (i == 0) {
+    kiln_histogram_observe(&e->metrics.inter_token_latency, t1 - r->t_last);
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (i == 0) r->t_last = t1;
+  kiln_finish_reason_t fin = KILN_FINISH_NONE;
+  text->len = 0;
+  if (text->data) text->data[0] = '\0';
+  if (ss->num_out > r->p.min_tokens && is_eos(e, r, tok)) {
+    fin = KILN_FINISH_STOP;
+    ss->stop_token = tok;
+  } else if (ss->text) {
+    int32_t stopped = -1;
+    kiln_status_t tst =
+        kiln_textout_push(ss->text, tok, ss->num_out >= r->p.min_tokens, text, &stopped);
+    if (tst) {
+      req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(tst));
+      kiln_status_free(tst);
+      return false;
+    }
+    if (stopped >= 0) {
+      fin = KILN_FINISH_STOP;
+      ss->stop_index = stopped;
+    }
+  }
+  if (fin == KILN_FINISH_NONE && gdone) fin = KILN_FINISH_STOP; /* nothing may follow */
+  if (fin == KILN_FINISH_NONE && (ss->num_out >= r->max_tokens || q->num_tokens >= e->max_len))
+    fin = KILN_FINISH_LENGTH;
+  const char *tx = kiln_strbuf_ok(text) && text->len ? kiln_strbuf_cstr(text) : "";
+  size_t tl = kiln_strbuf_ok(text) ? text->len : 0;
+  if (fin != KILN_FINISH_NONE) {
+    ss->finish = fin;
+    seq_end(e, r, i, fin, NULL, tx, tl);
+    return false;
+  }
+  bool with_plp = !r->plp_sent && r->plp && i == 0 && r->plp_rows >= r->num_prompt - 1;
+  ev_node_t *n = ev_make(r, i, tx, tl, with_plp, NULL);
+  if (with_plp) r->plp_sent = true;
+  if (n)
+    ev_deliver(r, n);
+  else
+    req_end(e, r, KILN_FINISH_ERROR, "out of memory while delivering an output");
+  ss->has_token = false;
+  return !ss->done;
+}
+
+/* ---- speculative decoding: n-gram proposals ------------------------------------------------- */
+
+/* Prompt lookup: the longest suffix of tokens[0, n) of ngram_max down to ngram_min tokens that
+ * occurred earlier, at its latest earlier occurrence; the tokens that followed it there (at
+ * most k, and only tokens before n) go to out. Returns how many. */
+int32_t kiln_spec_ngram_propose(const int32_t *tokens, int32_t n, int32_t ngram_min,
+                                int32_t ngram_max, int32_t k, int32_t *out) {
+  if (k <= 0) return 0;
+  for (int32_t len = ngram_max < n - 1 ? ngram_max : n - 1; len >= ngram_min && len >= 1; len--) {
+    const int32_t *suf = tokens + (n - len);
+    for (int32_t i = n - len - 1; i >= 0; i--) {
+      if (tokens[i] != suf[0] || memcmp(tokens + i, suf, (size_t)len * sizeof(int32_t)) != 0)
+        continue;
+      int32_t from = i + len, m = n - from < k ? n - from : k;
+      memcpy(out, tokens + from, (size_t)m * sizeof(int32_t));
+      return m;
+    }
+  }
+  return 0;
+}
+
+/* Before scheduling: every running sequence loses the proposals of a step that did not run
+ * them; then, unless more than disable_by_batch_size sequences are running, each decoding
+ * sequence of a request that speculates gets up to k proposals (fewer where max_tokens or the
+ * context would be passed, and within the step's rows for proposals). */
+static void spec_propose(kiln_engine_t *e) {
+  const bool on =
+      e->spec_k > 0 && kiln_scheduler_num_running(e->sched) <= e->spec_batch && e->spec_rows > 0;
+  int32_t rows = e->spec_rows;
+  int32_t buf[64];
+  for (kiln_seq_t *q = kiln_scheduler_running_head(e->sched); q; q = q->next) {
+    if (q->num_draft) kiln_seq_drop_drafts(q);
+    if (!on || rows <= 0) continue;
+    kiln_request_t *r = q->owner;
+    if (r->spec_k <= 0 || q->fork_n > 1 || q->num_tokens <= q->num_prompt ||
+        q->num_computed != q->num_tokens - 1)
+      continue; /* not a decode */
+    const seq_state_t *ss = &r->ss[q->index];
+    int64_t k = r->spec_k;
+    if (k > r->max_tokens - ss->num_out - 1) k = r->max_tokens - ss->num_out - 1;
+    if (k > e->max_len - q->num_tokens - 1) k = e->max_len - q->num_tokens - 1;
+    if (k > rows) k = rows;
+    if (k > (int64_t)(sizeof(buf) / sizeof(buf[0]))) k = sizeof(buf) / sizeof(buf[0]);
+    if (k <= 0) continue;
+    int32_t m =
+        kiln_spec_ngram_propose(q->tokens, q->num_tokens, e->spec_min, e->spec_max, (int32_t)k, buf);
+    int32_t added = 0;
+    for (; added < m; added++) {
+      kiln_status_t ast = kiln_seq_append(q, buf[added]);
+      if (ast) { /* out of memory: fewer proposals */
+        kiln_status_free(ast);
+        break;
+      }
+    }
+    q->num_draft = added;
+    rows -= added;
+  }
+}
+
 static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   kiln_sched_step_t *step;
+  if (e->spec_k > 0) spec_propose(e);
   kiln_status_t st = kiln_scheduler_schedule(e->sched, &step);
   if (st) return st;
   *idle = step->num_items == 0;
@@ -1536,10 +1700,10 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
         e->cseqs[nscore] = q;
         e->c_pos[nscore++] = pos;
         e->b_rows[R++] = T;
-      } else if (it->sample && j == it->count - 1) {
-        e->b_rows[R++] = T;
+      } else if (it->sample && j >= it->count - 1 - it->draft) {
+        e->b_rows[R++] = T; /* the last position, and one per proposal before it */
       }
-      if (it->sample && j == it->count - 1) e->item_row[s] = R - 1;
+      if (it->sample && j == it->count - 1 - it->draft) e->item_row[s] = R - 1;
       T++;
     }
     e->b_lens[s] = it->start + it->count;
@@ -1621,8 +1785,14 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     }
     for (int32_t i = first; i <= last && !st; i++) {
       r->ss[i].gerr = gerr;
-      st = fill_row(e, r, i, e->item_row[s], gerr ? NULL : mask, &e->srows[nsamp]);
+      st = fill_row(e, r, i, e->item_row[s], gerr ? NULL : mask, 0, &e->srows[nsamp]);
+      e->sdraft[nsamp] = i == q->index ? it->draft : 0;
       e->sseqs[nsamp++] = &r->seqs[i];
+    }
+    for (int32_t d = 1; d <= it->draft && !st; d++) { /* the rows that verify the proposals */
+      st = fill_row(e, r, q->index, e->item_row[s] + d, NULL, d, &e->srows[nsamp]);
+      e->sdraft[nsamp] = -1;
+      e->sseqs[nsamp++] = q;
     }
   }
   if (st) {
@@ -1653,7 +1823,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   step_hold(step, +1);
   double t1 = now_s();
   kiln_strbuf_t text = KILN_STRBUF_INIT;
-  uint64_t gen = 0;
+  uint64_t gen = 0, spec_drafts = 0, spec_tokens = 0, spec_accepted = 0;
   for (int32_t j = 0; j < nsamp; j++) {
     kiln_seq_t *q = e->sseqs[j];
     kiln_request_t *r = q->owner;
@@ -1664,82 +1834,19 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       req_end(e, r, KILN_FINISH_ERROR, ss->gerr);
       continue;
     }
-    int32_t tok = e->so.tokens[j];
-    ss->has_token = true;
-    ss->token = tok;
-    ss->logprob = e->so.logprobs[j];
-    if (r->p.logprobs > 0) {
-      memcpy(ss->top_ids, e->so.top_ids + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
-      memcpy(ss->top_lps, e->so.top_logprobs + (size_t)j * e->max_top, (size_t)r->p.logprobs * 4);
+    if (e->sdraft[j] < 0) continue; /* a proposal's row: taken with its sequence's first */
+    int32_t take = 1, nd = e->sdraft[j];
+    if (nd > 0) { /* greedy verification: the proposals the model's own tokens agree with */
+      int32_t base = q->num_tokens - q->num_draft, a = 0;
+      while (a < nd && e->so.tokens[j + a] == q->tokens[base + a]) a++;
+      kiln_scheduler_accept_drafts(e->sched, q, a);
+      take = a + 1; /* the accepted proposals and the model's next token */
+      spec_drafts++;
+      spec_tokens += (uint64_t)nd;
+      spec_accepted += (uint64_t)a;
     }
-    kiln_status_t ast = kiln_seq_append(q, tok);
-    if (ast) {
-      ss->has_token = false;
-      req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(ast));
-      kiln_status_free(ast);
-      continue;
-    }
-    ss->num_out++;
-    gen++;
-    /* the constraint follows every token but end of sequence (allowed only where it accepts) */
-    bool gdone = false;
-    if (ss->gm && !is_eos(e, r, tok)) {
-      if (!kiln_guide_matcher_accept_token(ss->gm, tok)) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "internal error: the constraint refused sampled token %d",
-                 (int)tok);
-        req_end(e, r, KILN_FINISH_ERROR, msg);
-        continue;
-      }
-      gdone = kiln_guide_matcher_finished(ss->gm);
-    }
-    pthread_mutex_lock(&e->mu);
-    if (r->t_first == 0) {
-      r->t_first = t1;
-      kiln_histogram_observe(&e->metrics.time_to_first_token, t1 - r->t_arrival);
-    } else if (i == 0) {
-      kiln_histogram_observe(&e->metrics.inter_token_latency, t1 - r->t_last);
-    }
-    pthread_mutex_unlock(&e->mu);
-    if (i == 0) r->t_last = t1;
-    kiln_finish_reason_t fin = KILN_FINISH_NONE;
-    text.len = 0;
-    if (text.data) text.data[0] = '\0';
-    if (ss->num_out > r->p.min_tokens && is_eos(e, r, tok)) {
-      fin = KILN_FINISH_STOP;
-      ss->stop_token = tok;
-    } else if (ss->text) {
-      int32_t stopped = -1;
-      kiln_status_t tst =
-          kiln_textout_push(ss->text, tok, ss->num_out >= r->p.min_tokens, &text, &stopped);
-      if (tst) {
-        req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(tst));
-        kiln_status_free(tst);
-        continue;
-      }
-      if (stopped >= 0) {
-        fin = KILN_FINISH_STOP;
-        ss->stop_index = stopped;
-      }
-    }
-    if (fin == KILN_FINISH_NONE && gdone) fin = KILN_FINISH_STOP; /* nothing may follow */
-    if (fin == KILN_FINISH_NONE && (ss->num_out >= r->max_tokens || q->num_tokens >= e->max_len))
-      fin = KILN_FINISH_LENGTH;
-    const char *tx = kiln_strbuf_ok(&text) && text.len ? kiln_strbuf_cstr(&text) : "";
-    size_t tl = kiln_strbuf_ok(&text) ? text.len : 0;
-    if (fin != KILN_FINISH_NONE) {
-      ss->finish = fin;
-      seq_end(e, r, i, fin, NULL, tx, tl);
-      continue;
-    }
-    bool with_plp = !r->plp_sent && r->plp && i == 0 && r->plp_rows >= r->num_prompt - 1;
-    ev_node_t *n = ev_make(r, i, tx, tl, with_plp, NULL);
-    if (with_plp) r->plp_sent = true;
-    if (n)
-      ev_deliver(r, n);
-    else
-      req_end(e, r, KILN_FINISH_ERROR, "out of memory while delivering an output");
-    ss->has_token = false;
+    for (int32_t t = 0; t < take; t++)
+      if (!seq_take(e, q, j + t, &text, t1, &gen)) break;
   }
   kiln_strbuf_free(&text);
   /* A prompt-logprobs sequence that finished its prompt rows no longer needs them. */
@@ -1753,6 +1860,9 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   kiln_metrics_t *m = &e->metrics;
   m->steps++;
   m->generation_tokens += gen;
+  m->spec_drafts += spec_drafts;
+  m->spec_draft_tokens += spec_tokens;
+  m->spec_accepted_tokens += spec_accepted;
   for (int32_t s = 0; s < step->num_items; s++) {
     const kiln_sched_item_t *it = &step->items[s];
     int32_t np = it->seq->num_prompt;
@@ -1833,7 +1943,8 @@ static void *engine_main(void *arg) {
 /* ---- creation ----------------------------------------------------------------------------- */
 
 static kiln_status_t alloc_scratch(kiln_engine_t *e) {
-  size_t S = (size_t)e->max_seqs, T = (size_t)e->max_tokens, L = (size_t)e->max_logits;
+  size_t S = (size_t)e->max_seqs + (size_t)e->spec_rows, T = (size_t)e->max_tokens,
+         L = (size_t)e->max_logits;
   size_t rows = S + PROMPT_ROWS;
   e->b_ids = malloc(T * 4);
   e->b_pos = malloc(T * 4);
@@ -1845,6 +1956,7 @@ static kiln_status_t alloc_scratch(kiln_engine_t *e) {
   e->b_tables = calloc(S * (size_t)e->max_blocks, 4);
   e->b_rows = malloc(L * 4);
   e->item_row = malloc(S * 4);
+  e->sdraft = malloc(S * 4);
   e->srows = malloc(S * sizeof(*e->srows));
   e->sseqs = malloc(S * sizeof(*e->sseqs));
   e->crows = malloc(PROMPT_ROWS * sizeof(*e->crows));
@@ -1859,7 +1971,7 @@ static kiln_status_t alloc_scratch(kiln_engine_t *e) {
   e->so.score_top_logprobs = malloc(PROMPT_ROWS * (size_t)e->max_top * 4);
   (void)rows;
   if (!e->b_ids || !e->b_pos || !e->b_slots || !e->b_lens || !e->b_qsl || !e->b_tables ||
-      !e->b_rows || !e->item_row || !e->srows || !e->sseqs || !e->crows || !e->cseqs || !e->c_pos ||
+      !e->b_rows || !e->item_row || !e->sdraft || !e->srows || !e->sseqs || !e->crows || !e->cseqs || !e->c_pos ||
       !e->so.tokens || !e->so.logprobs || !e->so.top_ids || !e->so.top_logprobs ||
       !e->so.score_logprobs || !e->so.score_top_ids || !e->so.score_top_logprobs)
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
@@ -2052,15 +2164,30 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   e->seed = (uint64_t)kiln_config_get_int(cfg, "engine", "seed");
   e->chunked = kiln_config_get_bool(cfg, "scheduler", "enable_chunked_prefill");
   e->max_queued = (int32_t)kiln_config_get_int(cfg, "server", "max_queued_requests");
-  e->max_logits = e->max_seqs + PROMPT_ROWS;
+  kiln_status_t st = NULL;
+  /* [speculative]: proposals take logits rows beyond the usual ones (at most k for each of
+   * disable_by_batch_size sequences a step). */
+  e->spec_min = (int32_t)kiln_config_get_int(cfg, "speculative", "ngram_min");
+  e->spec_max = (int32_t)kiln_config_get_int(cfg, "speculative", "ngram_max");
+  e->spec_batch = (int32_t)kiln_config_get_int(cfg, "speculative", "disable_by_batch_size");
+  if (!strcmp(kiln_config_get_string(cfg, "speculative", "method"), "ngram"))
+    e->spec_k = (int32_t)kiln_config_get_int(cfg, "speculative", "num_speculative_tokens");
+  if (e->spec_min > e->spec_max)
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "speculative.ngram_min (%d) is larger than speculative.ngram_max (%d)",
+                          e->spec_min, e->spec_max);
+  int32_t sb = e->spec_batch < e->max_seqs ? e->spec_batch : e->max_seqs;
+  e->spec_rows = e->spec_k * sb;
+  e->max_logits = e->max_seqs + PROMPT_ROWS + e->spec_rows;
   e->max_top = 20;
   e->manual = su->manual;
   e->enc_cap = su->encoder_cache_bytes
                    ? su->encoder_cache_bytes
                    : (uint64_t)kiln_config_get_int(cfg, "model", "encoder_cache_mb") << 20;
   int32_t num_blocks = su->num_blocks;
-  kiln_status_t st = NULL;
-  if (su->runner.forward) {
+  if (st) {
+    if (su->runner.forward && su->runner.destroy) su->runner.destroy(su->runner.ctx);
+  } else if (su->runner.forward) {
     e->runner = su->runner;
     e->tok = su->tokenizer;
     e->max_len = su->runner.max_model_len;
@@ -2069,7 +2196,12 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
     if (su->num_eos > 0 && !(e->eos = dup_mem(su->eos_ids, (size_t)su->num_eos * 4)))
       st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory");
     e->num_eos = su->num_eos;
-    if (e->runner.max_logits < e->max_logits) e->max_logits = e->runner.max_logits;
+    if (e->runner.max_logits < e->max_logits) {
+      e->max_logits = e->runner.max_logits;
+      /* a runner with fewer rows: fewer of them for proposals */
+      int32_t left = e->max_logits - e->max_seqs - PROMPT_ROWS;
+      if (e->spec_rows > left) e->spec_rows = left > 0 ? left : 0;
+    }
   } else {
     st = load_model(e, cfg, &num_blocks);
   }
@@ -2087,7 +2219,8 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   }
   if (!st)
     st = kiln_sampler_create(e->runner.backend, e->runner.device, e->runner.stream,
-                             su->force_host_sampling, e->max_seqs + PROMPT_ROWS, e->max_top,
+                             su->force_host_sampling, e->max_seqs + PROMPT_ROWS + e->spec_rows,
+                             e->max_top,
                              e->vocab, &e->sampler);
   if (!st) st = alloc_scratch(e);
   if (!st) {
@@ -2183,6 +2316,7 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   free(e->b_tables);
   free(e->b_rows);
   free(e->item_row);
+  free(e->sdraft);
   free(e->srows);
   free(e->sseqs);
   free(e->crows);

@@ -42,6 +42,13 @@ kiln_model_t *kiln_engine_model(kiln_engine_t *e);
 void kiln_engine_encoder_stats(const kiln_engine_t *e, uint64_t *encodes, uint64_t *evictions,
                                uint64_t *bytes_used);
 
+/* Speculative decoding's n-gram proposer (prompt lookup): the longest suffix of tokens[0, n),
+ * ngram_max down to ngram_min tokens, that occurred earlier; at its latest earlier occurrence,
+ * the tokens that followed it (at most k, all before n) are written to out. Returns how many
+ * (0: no match). */
+int32_t kiln_spec_ngram_propose(const int32_t *tokens, int32_t n, int32_t ngram_min,
+                                int32_t ngram_max, int32_t k, int32_t *out);
+
 /* The generator state a request's sequence `index` starts from. */
 uint64_t kiln_engine_seq_seed(uint64_t seed, int32_t index);
 

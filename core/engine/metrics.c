@@ -224,6 +224,23 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
 
   counter(&p, "engine_steps_total", "Engine steps (model forward passes).", m->steps);
 
+  /* speculative decoding (vLLM's spec_decode_* names) */
+  counter(&p, "spec_decode_num_drafts_total",
+          "Speculative verifications: a sequence's step that checked proposed tokens.",
+          m->spec_drafts);
+  counter(&p, "spec_decode_num_draft_tokens_total", "Tokens proposed by speculative decoding.",
+          m->spec_draft_tokens);
+  counter(&p, "spec_decode_num_accepted_tokens_total",
+          "Proposed tokens accepted (the model's own greedy tokens).", m->spec_accepted_tokens);
+  gauge(&p, "spec_decode_draft_acceptance_rate",
+        "Accepted / proposed tokens since start (0 when nothing was proposed).",
+        m->spec_draft_tokens ? (double)m->spec_accepted_tokens / (double)m->spec_draft_tokens
+                             : 0.0);
+  gauge(&p, "spec_decode_mean_acceptance_length",
+        "Tokens per speculative verification, the model's own next token included: 1 + "
+        "accepted / verifications (0 when none).",
+        m->spec_drafts ? 1.0 + (double)m->spec_accepted_tokens / (double)m->spec_drafts : 0.0);
+
   histogram(&p, "time_to_first_token_seconds", "Time to first token in seconds.",
             &m->time_to_first_token);
   histogram(&p, "inter_token_latency_seconds", "Time between successive output tokens in seconds.",

@@ -210,7 +210,35 @@ kiln_status_t kiln_scheduler_fork(kiln_scheduler_t *s, const kiln_seq_t *parent,
 
 /* ---- scheduling --------------------------------------------------------------------------- */
 
+void kiln_seq_drop_drafts(kiln_seq_t *q) {
+  q->num_tokens -= q->num_draft;
+  q->num_draft = 0;
+  if (q->num_computed > q->num_tokens) q->num_computed = q->num_tokens;
+}
+
+/* Keeps only the first `keep` of q's drafts (not computed yet). */
+static void seq_trim_drafts(kiln_seq_t *q, int32_t keep) {
+  if (keep < 0) keep = 0;
+  if (keep >= q->num_draft) return;
+  q->num_tokens -= q->num_draft - keep;
+  q->num_draft = keep;
+}
+
+void kiln_scheduler_accept_drafts(kiln_scheduler_t *s, kiln_seq_t *q, int32_t accepted) {
+  if (accepted < 0) accepted = 0;
+  if (accepted > q->num_draft) accepted = q->num_draft;
+  int32_t real = q->num_tokens - q->num_draft;
+  q->num_tokens = real;
+  q->num_draft = 0;
+  q->num_computed = real + accepted;
+  /* The blocks past the computed tokens held only rejected drafts: back to the pool (last
+   * first; they have no hash, so they are reused first). */
+  int32_t need = (q->num_computed + s->bs - 1) / s->bs;
+  while (q->num_blocks > need) kiln_kv_release(s->kv, q->blocks[--q->num_blocks]);
+}
+
 static void preempt(kiln_scheduler_t *s, kiln_seq_t *q) {
+  kiln_seq_drop_drafts(q);
   unreserve(s, q);
   list_unlink(&s->run_head, &s->run_tail, q);
   s->num_running--;
@@ -275,7 +303,7 @@ static bool step_push_item(kiln_scheduler_t *s, kiln_seq_t *q, int32_t count) {
   if (!grow((void **)&st->items, &s->cap_items, st->num_items + 1, sizeof(kiln_sched_item_t)))
     return false;
   st->items[st->num_items++] = (kiln_sched_item_t){
-      .seq = q, .start = q->num_computed, .count = count,
+      .seq = q, .start = q->num_computed, .count = count, .draft = q->num_draft,
       .sample = q->num_computed + count == q->num_tokens};
   st->num_tokens += count;
   return true;
@@ -315,11 +343,18 @@ kiln_status_t kiln_scheduler_schedule(kiln_scheduler_t *s, kiln_sched_step_t **o
     next = q->next;
     int32_t count = chunk_for(s, q, budget);
     if (count <= 0) continue;
+    if (q->num_draft > 0 && count < q->num_tokens - q->num_computed) /* the budget: fewer drafts */
+      seq_trim_drafts(q, q->num_draft - (q->num_tokens - q->num_computed - count));
     if (!s->o.chunked_prefill && count < q->num_tokens - q->num_computed) continue;
     for (;;) {
       int r = seq_reserve(s, q, count);
       if (r < 0) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "scheduler: out of memory");
       if (r > 0) break;
+      if (q->num_draft > 0) { /* the pool is short: no drafts rather than a preemption */
+        count -= q->num_draft;
+        seq_trim_drafts(q, 0);
+        continue;
+      }
       kiln_seq_t *victim = s->run_tail;
       if (victim == next) next = NULL; /* the loop ends at the victim */
       preempt(s, victim);
@@ -370,7 +405,8 @@ void kiln_scheduler_update_computed(kiln_scheduler_t *s, const kiln_sched_step_t
     if (q->state != KILN_SEQ_RUNNING) continue;
     q->num_computed = step->items[i].start + step->items[i].count;
     if (!kiln_kv_prefix_caching(s->kv) || q->no_prefix_cache) continue;
-    int32_t full = q->num_computed / s->bs;
+    int32_t real = q->num_tokens - q->num_draft; /* a block with a draft is never cached */
+    int32_t full = (q->num_computed < real ? q->num_computed : real) / s->bs;
     if (full <= q->num_committed || !seq_hash_upto(s, q, full)) continue; /* OOM: skip caching */
     for (int32_t b = q->num_committed; b < full; b++) kiln_kv_commit(s->kv, q->blocks[b], q->hashes[b]);
     q->num_committed = full;

@@ -65,6 +65,7 @@ typedef struct kiln_seq {
   kiln_seq_state_t state;
   int32_t *tokens;    /* prompt then generated */
   int32_t num_tokens, cap_tokens, num_prompt;
+  int32_t num_draft;  /* the last num_draft tokens are speculative proposals (not yet verified) */
   int32_t num_computed; /* tokens with keys/values in the cache */
   int32_t *blocks;      /* the block table */
   int32_t num_blocks, cap_blocks;
@@ -93,10 +94,12 @@ typedef struct kiln_sched_options {
 } kiln_sched_options_t;
 
 /* One sequence's part of a step: tokens [start, start + count), sampling after it when the
- * step completes the sequence's tokens. */
+ * step completes the sequence's tokens. The last `draft` tokens of the item are proposals: the
+ * logits of the last draft + 1 positions are all needed to verify them. */
 typedef struct kiln_sched_item {
   kiln_seq_t *seq;
   int32_t start, count;
+  int32_t draft;
   bool sample;
 } kiln_sched_item_t;
 
@@ -129,8 +132,17 @@ void kiln_scheduler_finish(kiln_scheduler_t *s, kiln_seq_t *seq);
 kiln_status_t kiln_scheduler_schedule(kiln_scheduler_t *s, kiln_sched_step_t **out);
 
 /* After the forward: num_computed += count for every item, and newly full blocks are hashed
- * and committed to the prefix cache. */
+ * and committed to the prefix cache (only blocks without a draft token). */
 void kiln_scheduler_update_computed(kiln_scheduler_t *s, const kiln_sched_step_t *step);
+
+/* Drops a sequence's drafts that were not computed (the step did not schedule them). */
+void kiln_seq_drop_drafts(kiln_seq_t *seq);
+/* After the forward that verified q's drafts: the first `accepted` drafts stay computed, the
+ * others are removed from its tokens, and the blocks past the computed tokens are released.
+ * Then num_tokens = the tokens before the drafts and num_computed = num_tokens + accepted: the
+ * engine appends the accepted drafts again (the same ids) and the bonus token, so the sequence
+ * ends with one token to compute, as after any decode. */
+void kiln_scheduler_accept_drafts(kiln_scheduler_t *s, kiln_seq_t *q, int32_t accepted);
 
 /* Appends a generated token to a sequence. Errors: KILN_ERR_OUT_OF_MEMORY. */
 kiln_status_t kiln_seq_append(kiln_seq_t *seq, int32_t token);

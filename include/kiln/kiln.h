@@ -113,6 +113,13 @@ typedef struct kiln_sampling_params {
   kiln_guide_kind_t guide; /* KILN_GUIDE_NONE = unconstrained */
   const char *guide_spec;  /* see kiln_guide_kind_t; copied at submission */
   size_t guide_spec_len;   /* 0 = NUL-terminated */
+  /* Speculative decoding ([speculative] in the config, docs/engine.md): -1 = the engine's
+   * setting (the default); 0 = off for this request; k in [1, 32] = at most k proposals a step
+   * (and at most the engine's [speculative] num_speculative_tokens; none when its method is
+   * off). Only greedy (temperature 0), unconstrained requests speculate; the tokens are the
+   * same either way. (A caller built against a kiln.h without this field passes a shorter
+   * struct_size and gets -1.) */
+  int32_t num_speculative_tokens;
 } kiln_sampling_params_t;
 
 void kiln_sampling_params_init(kiln_sampling_params_t *p);
@@ -355,6 +362,12 @@ typedef struct kiln_metrics {
   kiln_histogram_t e2e_latency;
   kiln_histogram_t queue_time;
   kiln_histogram_t tokens_per_step;
+  /* speculative decoding, since start: verifications (a sequence's step with proposals),
+   * tokens proposed, and of those accepted; acceptance rate = accepted / draft tokens, mean
+   * accepted length = 1 + accepted / drafts (tokens per verification, the bonus included) */
+  uint64_t spec_drafts;
+  uint64_t spec_draft_tokens;
+  uint64_t spec_accepted_tokens;
 } kiln_metrics_t;
 
 void kiln_engine_get_metrics(kiln_engine_t *eng, kiln_metrics_t *out);
