@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -2457,8 +2458,14 @@ done:
   return st;
 }
 
-void kiln_engine_get_metrics(kiln_engine_t *e, kiln_metrics_t *out) {
+void kiln_engine_get_metrics_sized(kiln_engine_t *e, kiln_metrics_t *out, size_t size) {
+  if (size > sizeof(*out)) size = sizeof(*out);
   pthread_mutex_lock(&e->mu);
-  *out = e->metrics;
+  memcpy(out, &e->metrics, size);
   pthread_mutex_unlock(&e->mu);
+}
+
+/* The entry point of programs built before the struct grew (see kiln.h). */
+void(kiln_engine_get_metrics)(kiln_engine_t *e, kiln_metrics_t *out) {
+  kiln_engine_get_metrics_sized(e, out, offsetof(kiln_metrics_t, spec_drafts));
 }

@@ -26,8 +26,8 @@
  * and kiln_engine_get_metrics may be called from any thread, concurrently.
  *
  * Outputs. Each request delivers a stream of kiln_output_t events, one per sequence per
- * engine step that produced something (n > 1 gives n sequences, told apart by `index`), in
- * order; the last event of a request has request_finished set. Every accepted request gets
+ * token it produced (n > 1 gives n sequences, told apart by `index`), in order: one per engine
+ * step, or several in one step when speculative decoding accepted several tokens; the last event of a request has request_finished set. Every accepted request gets
  * exactly one such last event, whatever happens (stop, length, cancel, an error, engine
  * shutdown). Events go either to the request's callback (called on the engine thread; the
  * event is borrowed for the call; the callback must not block and must not call
@@ -370,7 +370,14 @@ typedef struct kiln_metrics {
   uint64_t spec_accepted_tokens;
 } kiln_metrics_t;
 
-void kiln_engine_get_metrics(kiln_engine_t *eng, kiln_metrics_t *out);
+/* Copies the metrics into out, whose size is size bytes (sizeof(kiln_metrics_t) of the header
+ * the caller was built with): members appended later are not written past it. The macro
+ * below passes the size; a program built before the macro existed calls the function of that
+ * name, which fills the members up to (not including) spec_drafts. */
+void kiln_engine_get_metrics_sized(kiln_engine_t *eng, kiln_metrics_t *out, size_t size);
+void(kiln_engine_get_metrics)(kiln_engine_t *eng, kiln_metrics_t *out);
+#define kiln_engine_get_metrics(eng, out) \
+  kiln_engine_get_metrics_sized((eng), (out), sizeof(*(out)))
 
 /* The metrics in Prometheus's text exposition format, names prefixed "kiln:". Returns a
  * malloc'ed string (free()), or NULL when out of memory. */
