@@ -371,25 +371,23 @@ static void expect_same(const req_result_t *a, const req_result_t *b, int32_t nr
   "melons. Again: apples, pears, plums, cherries, grapes, lemons, limes, melons. Again: apples, " \
   "pears,"
 
-static int32_t g_random_ids[40];
-
-static void fill_random_ids(int32_t vocab) {
-  uint64_t x = 0x12345678u;
-  for (int32_t i = 0; i < 40; i++) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    g_random_ids[i] = (int32_t)((x >> 33) % (uint64_t)vocab);
+/* n ids below vocab from a 64-bit LCG started at seed (the same ids on every run). */
+static void fill_lcg_ids(int32_t *ids, int32_t n, uint64_t seed, int32_t vocab) {
+  for (int32_t i = 0; i < n; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
   }
 }
+
+static int32_t g_random_ids[40];
+
+static void fill_random_ids(int32_t vocab) { fill_lcg_ids(g_random_ids, 40, 0x12345678u, vocab); }
 
 /* Copy-heavy ids for a model without a tokenizer: a random phrase of 12 tokens, three times. */
 static int32_t g_copy_ids[36];
 
 static void fill_copy_ids(int32_t vocab) {
-  uint64_t x = 0x9e3779b9u;
-  for (int32_t i = 0; i < 12; i++) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    g_copy_ids[i] = (int32_t)((x >> 33) % (uint64_t)vocab);
-  }
+  fill_lcg_ids(g_copy_ids, 12, 0x9e3779b9u, vocab);
   for (int32_t i = 12; i < 36; i++) g_copy_ids[i] = g_copy_ids[i - 12];
 }
 
