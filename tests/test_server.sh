@@ -33,6 +33,9 @@ TESTS="$SRC/tests/server"
 TMP=$(mktemp -d /tmp/kiln-server-XXXXXX)
 SERVERS=()
 unset KILN_API_KEY OPENAI_API_KEY OPENAI_BASE_URL OPENAI_ORG_ID OPENAI_PROJECT_ID
+# The servers fetch remote images with libcurl, which honours http_proxy: the test's own image
+# server on 127.0.0.1 must never be reached through a proxy of the machine running the tests.
+export no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}" NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 
 fail() {
   echo "FAIL: $*" >&2
@@ -358,7 +361,7 @@ run_images() {
   local vlset=(--set "model.path=$model" --set model.dtype=float32 --set cache.num_blocks=512)
   start_server vl "${vlset[@]}" --set model.max_images_per_prompt=2
   start_server remote "${vlset[@]}" --set server.allow_remote_images=true \
-    --set server.max_image_bytes=60000 --set server.image_fetch_timeout=1
+    --set server.max_image_bytes=60000 --set server.image_fetch_timeout=5
   start_server text
   local vl remote text
   vl=$(wait_ready vl)

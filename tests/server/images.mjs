@@ -8,7 +8,7 @@
 // to a text-only model; with remote images on (a local HTTP server on 127.0.0.1): a fetched image
 // works like its data URL, and a 404, an over-large body, a timeout and another scheme are 400s.
 // Env: KILN_URL_VL (max_images_per_prompt 2), KILN_URL_REMOTE (allow_remote_images, 60000
-// bytes at most, 1 s timeout), KILN_URL_TEXT (a text-only model), KILN_IMAGES (the fixture's
+// bytes at most, 5 s timeout), KILN_URL_TEXT (a text-only model), KILN_IMAGES (the fixture's
 // images folder), KILN_DATA_IMAGES (tests/data/images), KILN_NPM_DIR.
 import fs from 'node:fs';
 import http from 'node:http';
@@ -160,7 +160,7 @@ test('remote images: fetched under the limits', async () => {
       res.writeHead(200, { 'content-type': 'image/png' });
       res.end(big);
     } else if (req.url === '/slow.png') {
-      setTimeout(() => res.end(PNG), 3000);
+      setTimeout(() => res.end(PNG), 30000); // past the 5 s timeout; closed in finally
     } else {
       res.writeHead(404);
       res.end('no');
