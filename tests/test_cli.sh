@@ -148,5 +148,32 @@ done
 check "info no longer ignores stray arguments" 1 "info: unknown or incomplete option 'stray'" \
   -- "$kiln" info stray
 
+# ---- a .gguf file's own tokenizer (tokenizer.ggml.* metadata, models/loader/gguf_vocab.c) -------
+# The llama3_gguf fixture with a synthetic byte-level tokenizer of its vocabulary size: once as
+# tokenizer.json beside the file, once inside the file (tests/make_gguf_vocab.py --into) with
+# nothing beside it. Both must encode, decode and generate the same.
+g="$src/tests/fixtures/models/llama3_gguf/model.gguf"
+mkdir -p gguf_json gguf_meta
+if python3 "$src/tests/make_gguf_vocab.py" --synthetic "$g" gguf_json && cp "$g" gguf_json/ &&
+  python3 "$src/tests/make_gguf_vocab.py" gguf_json gguf_meta/model.gguf --pre qwen2 --into "$g"; then
+  text='Once upon a time, the fox ran to the river.'
+  ids_json=$(printf '%s' "$text" | "$kiln" tokenize --tokenizer gguf_json 2>&1)
+  check "tokenize: a .gguf file's own tokenizer" 0 "^${ids_json}\$" -- \
+    bash -c "printf '%s' '$text' | '$kiln' tokenize --tokenizer gguf_meta/model.gguf"
+  check "detokenize: a .gguf file's own tokenizer" 0 "^${text}\$" -- \
+    bash -c "echo '$ids_json' | '$kiln' detokenize --tokenizer gguf_meta/model.gguf"
+  gen_json=$("$kiln" generate --model gguf_json/model.gguf --prompt 'the fox' --max-tokens 8 \
+    --set backend.name=cpu 2>/dev/null | od -An -tx1 | tr -d ' \n')
+  check "generate: a .gguf file's own tokenizer, as with tokenizer.json beside it" 0 "^${gen_json}\$" -- \
+    bash -c "'$kiln' generate --model gguf_meta/model.gguf --prompt 'the fox' --max-tokens 8 --set backend.name=cpu 2>/dev/null | od -An -tx1 | tr -d ' \n'"
+  check "generate logs where the tokenizer came from" 0 'tokenizer: from the metadata of .*gguf_meta/model\.gguf' -- \
+    "$kiln" generate --model gguf_meta/model.gguf --prompt 'the fox' --max-tokens 1 --set backend.name=cpu --log-level info
+  python3 "$src/tests/make_gguf_vocab.py" gguf_json gguf_meta/bad.gguf --pre falcon --into "$g"
+  check "an unknown GGUF pre-tokenizer is refused, named" 1 'tokenizer\.ggml\.pre "falcon" is not a pre-tokenizer Kiln knows' -- \
+    "$kiln" generate --model gguf_meta/bad.gguf --prompt 'the fox' --max-tokens 1 --set backend.name=cpu
+else
+  fail=$((fail + 1)); echo "FAIL making the GGUF tokenizer files (tests/make_gguf_vocab.py)"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

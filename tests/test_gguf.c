@@ -17,12 +17,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/json.h"
 #include "base/strbuf.h"
 #include "hal/loader.h"
 #include "kiln/hal_util.h"
 #include "models/loader/gguf.h"
 #include "models/model.h"
 #include "models/loader/weights.h"
+#include "models/model_tokenizer.h"
 
 /* ---- a temporary directory per test ---------------------------------------------------------- */
 
@@ -1055,6 +1057,238 @@ static void test_quantized_model(void **state) {
   kiln_hal_registry_free(reg);
 }
 
+/* ---- the tokenizer in the metadata (gguf_vocab.c) ------------------------------------------ */
+
+typedef struct vtok {
+  const char *s;
+  float score;
+  int32_t type;
+} vtok_t;
+
+static void gg_str_array(gg_t *g, const char *key, const char *const *v, size_t n) {
+  if (!gg_key(g, key, GT_ARRAY)) return;
+  put_le(&g->kv, GT_STRING, 4);
+  put_le(&g->kv, n, 8);
+  for (size_t i = 0; i < n; i++) put_str(&g->kv, v[i]);
+}
+
+static void gg_bool(gg_t *g, const char *key, bool b) {
+  if (gg_key(g, key, GT_BOOL)) put_le(&g->kv, b, 1);
+}
+
+/* A SentencePiece vocabulary, no merges: they come from the scores. bad_type_count writes one
+ * token type too few. */
+static void build_spm(gg_t *g, const vtok_t *t, size_t n, bool bad_type_count) {
+  gg_str(g, "general.architecture", "llama");
+  gg_str(g, "tokenizer.ggml.model", "llama");
+  const char *s[16];
+  for (size_t i = 0; i < n; i++) s[i] = t[i].s;
+  gg_str_array(g, "tokenizer.ggml.tokens", s, n);
+  if (gg_key(g, "tokenizer.ggml.scores", GT_ARRAY)) {
+    put_le(&g->kv, GT_F32, 4);
+    put_le(&g->kv, n, 8);
+    for (size_t i = 0; i < n; i++) put_le(&g->kv, kiln_hal_f32_to_bits(t[i].score), 4);
+  }
+  if (gg_key(g, "tokenizer.ggml.token_type", GT_ARRAY)) {
+    size_t nt = bad_type_count ? n - 1 : n;
+    put_le(&g->kv, GT_I32, 4);
+    put_le(&g->kv, nt, 8);
+    for (size_t i = 0; i < nt; i++) put_le(&g->kv, (uint64_t)t[i].type, 4);
+  }
+  gg_u32(g, "tokenizer.ggml.bos_token_id", 1);
+  gg_u32(g, "tokenizer.ggml.eos_token_id", 2);
+  gg_u32(g, "tokenizer.ggml.unknown_token_id", 0);
+  gg_str(g, "tokenizer.chat_template",
+         "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}"
+         "{% endfor %}");
+}
+
+static const vtok_t spm_vocab[] = {
+    {"<unk>", 0, 2},
+    {"<s>", 0, 3},
+    {"</s>", 0, 3},
+    {"<0x21>", 0, 6},
+    {"\xe2\x96\x81", -1, 1},
+    {"a", -2, 1},
+    {"b", -3, 1},
+    {"ab", -4, 1},
+    {"\xe2\x96\x81"
+     "a",
+     -5, 1},
+    {"\xe2\x96\x81"
+     "ab",
+     -6, 1},
+};
+#define N_SPM (sizeof(spm_vocab) / sizeof(spm_vocab[0]))
+
+static void expect_ids(const kiln_tokenizer_t *tok, const char *text, bool special,
+                       const int32_t *want, size_t n) {
+  kiln_tokens_t ids = KILN_TOKENS_INIT;
+  assert_null(kiln_tokenizer_encode(tok, text, strlen(text), special, &ids));
+  if (ids.len != n) fail_msg("\"%s\": %zu ids, want %zu", text, ids.len, n);
+  for (size_t i = 0; i < n; i++)
+    if (ids.ids[i] != want[i])
+      fail_msg("\"%s\": id %zu is %d, want %d", text, i, ids.ids[i], want[i]);
+  kiln_tokens_free(&ids);
+}
+
+static void expect_tokenizer_error(kiln_status_code_t code, const char *needle) {
+  kiln_tokenizer_t *tok = (kiln_tokenizer_t *)(uintptr_t)1;
+  kiln_status_t st = kiln_model_open_tokenizer(g_path, &tok, NULL, NULL, NULL);
+  if (!st) fail_msg("expected an error about \"%s\", got success", needle);
+  assert_null(tok);
+  const char *msg = kiln_status_message(st);
+  if (kiln_status_code(st) != code || !strstr(msg, needle) || !strstr(msg, "model.gguf"))
+    fail_msg("expected %s about \"%s\", got %s: %s", kiln_status_code_name(code), needle,
+             kiln_status_code_name(kiln_status_code(st)), msg);
+  kiln_status_free(st);
+}
+
+static void test_tokenizer_metadata(void **state) {
+  (void)state;
+  gg_t g;
+  gg_init(&g);
+  build_spm(&g, spm_vocab, N_SPM, false);
+  gg_write(&g);
+  gg_free(&g);
+  kiln_tokenizer_t *tok = NULL;
+  kiln_chat_template_t *chat = NULL;
+  kiln_status_t ct = NULL;
+  kiln_tokenizer_source_t src;
+  kiln_status_t st = kiln_model_open_tokenizer(g_path, &tok, &chat, &ct, &src);
+  if (st) fail_msg("%s", kiln_status_message(st));
+  assert_null(ct);
+  assert_int_equal(src, KILN_TOKENIZER_GGUF);
+  assert_int_equal(kiln_tokenizer_vocab_size(tok), N_SPM);
+  /* "▁ab▁ab": merges by score: (a b), (▁ a), then ▁ab's splits by left id: (▁ ab), (▁a b). */
+  expect_ids(tok, "ab ab", false, (const int32_t[]){9, 9}, 2);
+  expect_ids(tok, "ab ab", true, (const int32_t[]){1, 9, 9}, 3); /* add_bos by default */
+  expect_ids(tok, "!", false, (const int32_t[]){4, 3}, 2);       /* byte fallback */
+  expect_ids(tok, "cc", false, (const int32_t[]){4, 0}, 2);      /* unknown, fused */
+  expect_ids(tok, "<s>ab", false, (const int32_t[]){1, 9}, 2);   /* each segment gets its ▁ */
+  kiln_strbuf_t out = KILN_STRBUF_INIT;
+  assert_null(kiln_tokenizer_decode(tok, (const int32_t[]){1, 9, 9, 2}, 4, true, &out));
+  assert_string_equal(out.data, "ab ab");
+  kiln_strbuf_reset(&out);
+  assert_int_equal(kiln_tokenizer_bos_id(tok), 1);
+  assert_int_equal(kiln_tokenizer_eos_id(tok), 2);
+  /* tokenizer.chat_template, with the special tokens the metadata names. */
+  kiln_json_doc_t *msgs = NULL;
+  const char *mj = "[{\"role\": \"user\", \"content\": \"hi\"}]";
+  assert_null(kiln_json_parse(mj, strlen(mj), "messages", &msgs));
+  kiln_template_vars_t vars = {.messages = kiln_json_root(msgs)};
+  assert_null(kiln_chat_template_render(chat, &vars, &out));
+  assert_string_equal(out.data, "<s>[user] hi</s>");
+  kiln_json_doc_free(msgs);
+  kiln_strbuf_free(&out);
+  kiln_chat_template_free(chat);
+  kiln_tokenizer_free(tok);
+
+  /* No tokenizer.ggml.model: no tokenizer, and no error. */
+  gg_init(&g);
+  gg_str(&g, "general.architecture", "llama");
+  gg_write(&g);
+  gg_free(&g);
+  assert_null(kiln_model_open_tokenizer(g_path, &tok, NULL, NULL, &src));
+  assert_null(tok);
+  assert_int_equal(src, KILN_TOKENIZER_NONE);
+
+  /* What is refused, named. */
+  gg_init(&g);
+  gg_str(&g, "tokenizer.ggml.model", "bert");
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_UNSUPPORTED, "tokenizer.ggml.model \"bert\"");
+
+  gg_init(&g);
+  build_spm(&g, spm_vocab, N_SPM, true);
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "token_type holds 9 entries for 10 tokens");
+
+  vtok_t bad[N_SPM];
+  memcpy(bad, spm_vocab, sizeof(bad));
+  bad[5].s = "\xc3";
+  gg_init(&g);
+  build_spm(&g, bad, N_SPM, false);
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "tokens[5] is not valid UTF-8");
+
+  memcpy(bad, spm_vocab, sizeof(bad));
+  bad[6].type = 9;
+  gg_init(&g);
+  build_spm(&g, bad, N_SPM, false);
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "token_type[6] is 9");
+
+  gg_init(&g);
+  g.skip = "tokenizer.ggml.scores";
+  build_spm(&g, spm_vocab, N_SPM, false);
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "needs tokenizer.ggml.scores");
+
+  gg_init(&g);
+  build_spm(&g, spm_vocab, N_SPM, false);
+  gg_u32(&g, "tokenizer.ggml.padding_token_id", 99);
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "padding_token_id is 99");
+
+  gg_init(&g);
+  g.skip = "tokenizer.ggml.bos_token_id";
+  build_spm(&g, spm_vocab, N_SPM, false);
+  gg_write(&g);
+  gg_free(&g);
+  expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "add_bos_token is true but");
+
+  /* Byte-level BPE: merges from the file, a pre-tokenizer by name. */
+  static const char *const bl[] = {"a",
+                                   "b",
+                                   "ab",
+                                   "\xc4\xa0",
+                                   "\xc4\xa0"
+                                   "ab",
+                                   "<|end|>"};
+  static const char *const merges[] = {"a b", "\xc4\xa0 ab"};
+  for (int k = 0; k < 4; k++) {
+    gg_init(&g);
+    gg_str(&g, "tokenizer.ggml.model", "gpt2");
+    gg_str(&g, "tokenizer.ggml.pre", k == 1 ? "falcon" : "qwen2");
+    gg_str_array(&g, "tokenizer.ggml.tokens", bl, 6);
+    if (gg_key(&g, "tokenizer.ggml.token_type", GT_ARRAY)) {
+      put_le(&g.kv, GT_I32, 4);
+      put_le(&g.kv, 6, 8);
+      for (int i = 0; i < 6; i++) put_le(&g.kv, i == 5 ? 3 : 1, 4);
+    }
+    if (k != 2) gg_str_array(&g, "tokenizer.ggml.merges", k == 3 ? bl : merges, 2);
+    gg_u32(&g, "tokenizer.ggml.eos_token_id", 5);
+    gg_bool(&g, "tokenizer.ggml.add_bos_token", false);
+    gg_write(&g);
+    gg_free(&g);
+    if (k == 1) {
+      expect_tokenizer_error(KILN_ERR_UNSUPPORTED, "tokenizer.ggml.pre \"falcon\"");
+      continue;
+    }
+    if (k == 2) {
+      expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "tokenizer.ggml.merges is missing");
+      continue;
+    }
+    if (k == 3) {
+      expect_tokenizer_error(KILN_ERR_INVALID_ARGUMENT, "tokenizer.ggml.merges[0]");
+      continue;
+    }
+    assert_null(kiln_model_open_tokenizer(g_path, &tok, NULL, NULL, &src));
+    expect_ids(tok, "ab ab<|end|>", true, (const int32_t[]){2, 4, 5}, 3);
+    assert_null(kiln_tokenizer_decode(tok, (const int32_t[]){2, 4, 5}, 3, true, &out));
+    assert_string_equal(out.data, "ab ab");
+    kiln_strbuf_free(&out);
+    kiln_tokenizer_free(tok);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_llama, make_dir, remove_dir),
@@ -1064,6 +1298,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_corrupt_bytes, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_errors, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_quantized_model, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_tokenizer_metadata, make_dir, remove_dir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,7 @@ void tkt_golden_gemma3(void **state);
 void tkt_golden_mistral_nemo(void **state);
 void tkt_golden_deepseek_v3(void **state);
 void tkt_golden_gpt4o(void **state);
+void tkt_gguf_vocabs(void **state);
 
 /* ---- helpers --------------------------------------------------------------------------- */
 
@@ -635,7 +636,7 @@ int main(void) {
       cmocka_unit_test(tkt_golden_qwen3),           cmocka_unit_test(tkt_golden_llama3),
       cmocka_unit_test(tkt_golden_llama2),          cmocka_unit_test(tkt_golden_gemma3),
       cmocka_unit_test(tkt_golden_mistral_nemo),    cmocka_unit_test(tkt_golden_deepseek_v3),
-      cmocka_unit_test(tkt_golden_gpt4o),
+      cmocka_unit_test(tkt_golden_gpt4o),           cmocka_unit_test(tkt_gguf_vocabs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

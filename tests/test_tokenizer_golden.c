@@ -15,7 +15,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+
 #include "base/json.h"
+#include "models/model_tokenizer.h"
 #include "models/tokenizer/tokenizer.h"
 
 void tkt_golden_qwen3(void **state);
@@ -25,6 +30,7 @@ void tkt_golden_gemma3(void **state);
 void tkt_golden_mistral_nemo(void **state);
 void tkt_golden_deepseek_v3(void **state);
 void tkt_golden_gpt4o(void **state);
+void tkt_gguf_vocabs(void **state);
 
 /* Prints s (at most max bytes) with control characters escaped. */
 static void show(const char *label, const char *s, size_t n, size_t max) {
@@ -187,6 +193,8 @@ static int random_streams(const kiln_tokenizer_t *tok, const char *name) {
   return failures;
 }
 
+static void run_goldens_on(const char *name, kiln_tokenizer_t *tok);
+
 static void run_goldens(const char *name) {
   const char *cache = cache_dir();
   if (!cache) {
@@ -205,10 +213,21 @@ static void run_goldens(const char *name) {
     kiln_status_free(st);
     fail_msg("%s: cannot load the tokenizer", name);
   }
+  run_goldens_on(name, tok);
+}
+
+/* The goldens of name (tests/data/tokenizer/name.jsonl, without a ".gguf" suffix name may
+ * have) on tok, which this frees. */
+static void run_goldens_on(const char *name, kiln_tokenizer_t *tok) {
+  kiln_status_t st;
+  char path[4096];
+  size_t nl = strlen(name);
+  if (nl > 5 && !strcmp(name + nl - 5, ".gguf")) nl -= 5;
   int failures = random_streams(tok, name);
 
   const char *src = getenv("KILN_SOURCE_DIR");
-  snprintf(path, sizeof(path), "%s/tests/data/tokenizer/%s.jsonl", src ? src : "..", name);
+  snprintf(path, sizeof(path), "%s/tests/data/tokenizer/%.*s.jsonl", src ? src : "..", (int)nl,
+           name);
   size_t len = 0;
   char *data = read_file(path, &len);
   if (!data) {
@@ -329,4 +348,45 @@ void tkt_golden_deepseek_v3(void **state) {
 void tkt_golden_gpt4o(void **state) {
   (void)state;
   run_goldens("gpt4o");
+}
+
+/* The same goldens through the tokenizer a GGUF file carries: tests/make_gguf_vocab.py wrote
+ * each real tokenizer's tokenizer.ggml.* metadata as llama.cpp's converter does into
+ * $KILN_GGUF_VOCABS/<name>.gguf (a vocabulary-only file), and Kiln rebuilds the tokenizer from
+ * it alone (kiln_model_open_tokenizer: no tokenizer.json beside it). The SentencePiece ones
+ * (llama2, gemma3) rebuild their merges from the scores. Under valgrind (or KILN_TEST_QUICK)
+ * only llama2 and qwen3, one of each kind. */
+void tkt_gguf_vocabs(void **state) {
+  (void)state;
+  const char *dir = getenv("KILN_GGUF_VOCABS");
+  if (!dir || !cache_dir()) {
+    fprintf(stderr, "  SKIP: KILN_GGUF_VOCABS and KILN_TOKENIZER_CACHE are needed\n");
+    skip();
+  }
+  static const char *const names[] = {"llama2", "qwen3",       "llama3", "mistral_nemo",
+                                      "gemma3", "deepseek_v3", "gpt4o"};
+  size_t n = sizeof(names) / sizeof(names[0]);
+  const char *quick = getenv("KILN_TEST_QUICK");
+  if (quick && *quick && strcmp(quick, "0") != 0) n = 2;
+#ifdef RUNNING_ON_VALGRIND
+  if (RUNNING_ON_VALGRIND) n = 2;
+#endif
+  for (size_t i = 0; i < n; i++) {
+    char path[4096], label[64];
+    snprintf(path, sizeof(path), "%s/%s.gguf", dir, names[i]);
+    snprintf(label, sizeof(label), "%s.gguf", names[i]);
+    kiln_tokenizer_t *tok = NULL;
+    kiln_chat_template_t *chat = NULL;
+    kiln_status_t ct = NULL;
+    kiln_tokenizer_source_t src;
+    kiln_status_t st = kiln_model_open_tokenizer(path, &tok, &chat, &ct, &src);
+    if (st) fprintf(stderr, "  %s: %s\n", label, kiln_status_message(st));
+    assert_null(st);
+    assert_non_null(tok);
+    assert_int_equal(src, KILN_TOKENIZER_GGUF);
+    if (ct) fprintf(stderr, "  %s: chat template: %s\n", label, kiln_status_message(ct));
+    assert_null(ct);
+    kiln_chat_template_free(chat);
+    run_goldens_on(label, tok);
+  }
 }

@@ -21,6 +21,7 @@
 #include "kiln/hal_util.h"
 #include "models/hub/hub.h"
 #include "models/model.h"
+#include "models/model_tokenizer.h"
 #include "models/tokenizer/tokenizer.h"
 
 typedef struct pp_args {
@@ -124,24 +125,21 @@ static kiln_status_t pp_read_file(const char *path, kiln_strbuf_t *out) {
   return NULL;
 }
 
-/* Loads the tokenizer.json beside the model (the directory, or a .gguf file's folder). */
+/* Loads the model's tokenizer: tokenizer.json beside it (the directory, or a .gguf file's
+ * folder), else a .gguf file's own. */
 static kiln_status_t pp_open_tokenizer(const char *model, kiln_tokenizer_t **out) {
   struct stat sb;
   if (stat(model, &sb) != 0)
     return kiln_status_make(KILN_ERR_NOT_FOUND, "perplexity: no model at %s: %s", model,
                             strerror(errno));
-  char dir[4096], path[4096 + 16];
-  kiln_status_t st = kiln_model_tokenizer_dir(model, dir, sizeof(dir));
+  kiln_status_t st = kiln_model_open_tokenizer(model, out, NULL, NULL, NULL);
   if (st) return kiln_status_annotate(st, "perplexity");
-  snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-  FILE *f = fopen(path, "rb");
-  if (!f)
+  if (!*out)
     return kiln_status_make(KILN_ERR_NOT_FOUND,
-                            "perplexity: no tokenizer.json beside the model (%s): one is needed "
-                            "to encode the text",
-                            path);
-  fclose(f);
-  return kiln_tokenizer_load(dir, out);
+                            "perplexity: the model %s has no tokenizer (no tokenizer.json beside "
+                            "it, no tokenizer in a .gguf file): one is needed to encode the text",
+                            model);
+  return NULL;
 }
 
 static const char *pp_dtype_name(int32_t dt) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "models/model_tokenizer.h"
 #include "models/tokenizer/tokenizer.h"
 
 /* Reads all of stdin; NULL on failure. */
@@ -28,8 +29,8 @@ typedef struct tk_args {
 } tk_args_t;
 
 static const kiln_opt_t tk_encode_rows[] = {
-    KILN_OPT_STRING("--tokenizer", "DIR", tk_args_t, dir,
-                    "the folder with tokenizer.json (required)"),
+    KILN_OPT_STRING("--tokenizer", "DIR|FILE.gguf", tk_args_t, dir,
+                    "the folder with tokenizer.json, or a .gguf model (required)"),
     KILN_OPT_FLAG("--special", tk_args_t, special,
                   "add the post-processor's special tokens (BOS, ...)"),
     KILN_OPT_FLAG("--json", tk_args_t, json, "print the ids as one JSON array"),
@@ -38,8 +39,9 @@ static const kiln_opt_t tk_encode_rows[] = {
 static const kiln_opts_t tk_encode_opts = {
     .cmd = "tokenize",
     .usage =
-        "usage: kiln tokenize --tokenizer DIR [--special] [--json] < TEXT\n"
-        "Encodes stdin as Hugging Face's tokenizers would (tokenizer.json in DIR) and prints\n"
+        "usage: kiln tokenize --tokenizer DIR|FILE.gguf [--special] [--json] < TEXT\n"
+        "Encodes stdin as Hugging Face's tokenizers would (tokenizer.json in DIR; for a .gguf\n"
+        "file, the tokenizer.json beside it or else the tokenizer in its metadata) and prints\n"
         "the token ids, separated by spaces.\n",
     .opts = tk_encode_rows,
     .num_opts = KILN_OPTS_COUNT(tk_encode_rows),
@@ -48,8 +50,8 @@ static const kiln_opts_t tk_encode_opts = {
 };
 
 static const kiln_opt_t tk_decode_rows[] = {
-    KILN_OPT_STRING("--tokenizer", "DIR", tk_args_t, dir,
-                    "the folder with tokenizer.json (required)"),
+    KILN_OPT_STRING("--tokenizer", "DIR|FILE.gguf", tk_args_t, dir,
+                    "the folder with tokenizer.json, or a .gguf model (required)"),
     KILN_OPT_FLAG("--skip-special", tk_args_t, skip_special,
                   "leave special tokens out of the text"),
 };
@@ -57,7 +59,7 @@ static const kiln_opt_t tk_decode_rows[] = {
 static const kiln_opts_t tk_decode_opts = {
     .cmd = "detokenize",
     .usage =
-        "usage: kiln detokenize --tokenizer DIR [--skip-special] < IDS\n"
+        "usage: kiln detokenize --tokenizer DIR|FILE.gguf [--skip-special] < IDS\n"
         "Decodes the token ids on stdin (separated by spaces or commas, optionally in one\n"
         "JSON array) and prints the text exactly (no newline added).\n",
     .opts = tk_decode_rows,
@@ -85,7 +87,16 @@ static kiln_status_t tk_open(kiln_cli_t *cli, const kiln_opts_t *t, tk_args_t *a
   *out_text = NULL;
   kiln_status_t st = tk_parse(cli, t, a, out_help);
   if (st || *out_help) return st;
-  if ((st = kiln_tokenizer_load(a->dir, out_tok))) return st;
+  size_t n = strlen(a->dir);
+  if (n > 5 && !strcmp(a->dir + n - 5, ".gguf")) {
+    if ((st = kiln_model_open_tokenizer(a->dir, out_tok, NULL, NULL, NULL))) return st;
+    if (!*out_tok)
+      return kiln_status_make(KILN_ERR_NOT_FOUND,
+                              "%s: %s holds no tokenizer and has no tokenizer.json beside it",
+                              t->cmd, a->dir);
+  } else if ((st = kiln_tokenizer_load(a->dir, out_tok))) {
+    return st;
+  }
   *out_text = tk_read_stdin(out_len);
   if (!*out_text) {
     kiln_tokenizer_free(*out_tok);

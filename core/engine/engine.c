@@ -35,6 +35,7 @@
 #include "kiln/hal_util.h"
 #include "models/hub/hub.h"
 #include "models/loader/gguf.h"
+#include "models/model_tokenizer.h"
 #include "models/mrope.h"
 #include "models/rope.h"
 #include "models/template/template.h"
@@ -2067,24 +2068,18 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   e->max_blocks = (int32_t)((e->max_len + e->bs - 1) / e->bs);
   if (!(e->model_name = strdup(c->architecture[0] ? c->architecture : c->model_type)))
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
-  /* Tokenizer: tokenizer.json beside the model (a directory, or a .gguf file's folder). */
-  char dir[4096];
-  if ((st = kiln_model_tokenizer_dir(path, dir, sizeof(dir)))) return st;
-  char tj[4200];
-  snprintf(tj, sizeof(tj), "%s/tokenizer.json", dir);
-  FILE *f = fopen(tj, "rb");
-  if (f) {
-    fclose(f);
-    if ((st = kiln_tokenizer_load(dir, &e->own_tok))) return st;
-    e->tok = e->own_tok;
-    /* A broken chat template must not stop completions from being served: keep the reason
-     * and report it to whoever asks for a chat. */
-    kiln_status_t ct = kiln_chat_template_load(dir, &e->chat);
-    if (ct && kiln_status_code(ct) != KILN_ERR_NOT_FOUND) {
-      if (kiln_status_code(ct) == KILN_ERR_OUT_OF_MEMORY) return ct;
-      KILN_LOG_W("chat template of %s: %s", dir, kiln_status_message(ct));
-      e->chat_error = strdup(kiln_status_message(ct));
-    }
+  /* Tokenizer: tokenizer.json beside the model (a directory, or a .gguf file's folder), else
+   * the one in a .gguf file's metadata. A broken chat template must not stop completions from
+   * being served: keep the reason and report it to whoever asks for a chat. */
+  kiln_status_t ct = NULL;
+  kiln_tokenizer_source_t src;
+  if ((st = kiln_model_open_tokenizer(path, &e->own_tok, &e->chat, &ct, &src))) return st;
+  e->tok = e->own_tok;
+  if (src == KILN_TOKENIZER_GGUF)
+    KILN_LOG_I("tokenizer: from the metadata of %s (no tokenizer.json beside it)", path);
+  if (ct) {
+    KILN_LOG_W("chat template of %s: %s", path, kiln_status_message(ct));
+    e->chat_error = strdup(kiln_status_message(ct));
     kiln_status_free(ct);
   }
   if (c->num_eos > 0) {

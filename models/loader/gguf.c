@@ -13,6 +13,7 @@
 #include "models/loader/gguf.h"
 
 #include "kiln/hal.h"
+#include "models/loader/gguf_internal.h"
 #include "models/loader/weights_internal.h"
 
 #include <stdio.h>
@@ -24,23 +25,6 @@
 #define GGUF_MAX_ARRAY_DEPTH 4
 #define GGUF_MAX_NAME 1024 /* tensor names; llama.cpp's own limit is 64 */
 #define GGUF_MAX_DIMS 4    /* ggml tensors have at most 4 dimensions */
-
-enum gguf_value_type {
-  GGUF_U8 = 0,
-  GGUF_I8 = 1,
-  GGUF_U16 = 2,
-  GGUF_I16 = 3,
-  GGUF_U32 = 4,
-  GGUF_I32 = 5,
-  GGUF_F32 = 6,
-  GGUF_BOOL = 7,
-  GGUF_STRING = 8,
-  GGUF_ARRAY = 9,
-  GGUF_U64 = 10,
-  GGUF_I64 = 11,
-  GGUF_F64 = 12,
-  GGUF_TYPE_COUNT = 13,
-};
 
 /* Bytes of a fixed-size value type; 0 for string, array and unknown types. */
 static uint64_t value_size(uint32_t type) {
@@ -528,6 +512,55 @@ static kiln_status_t gguf_config(gguf_t *g, const kiln_weights_t *w, const kiln_
 
 /* ---- the file ------------------------------------------------------------------------------ */
 
+/* Reads the header and the metadata entries (g->data, size and file set; g->kvs allocated
+ * here, freed by the caller even on error); *out_n_tensors and r->pos are left at the
+ * tensor infos. */
+static kiln_status_t read_meta(gguf_t *g, gguf_reader_t *r, uint64_t *out_n_tensors) {
+  uint32_t version;
+  uint64_t n_kv;
+  kiln_status_t st;
+  char what[96];
+  if ((st = rd_need(r, 4))) return st;
+  if (memcmp(g->data, "GGUF", 4) != 0) {
+    return kiln_status_make(
+        KILN_ERR_INVALID_ARGUMENT,
+        "%s: not a GGUF file (it starts with %02x %02x %02x %02x, not \"GGUF\")", g->file,
+        g->data[0], g->data[1], g->data[2], g->data[3]);
+  }
+  r->pos = 4;
+  if ((st = rd_u32(r, &version))) return st;
+  if (version != 2 && version != 3) {
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: GGUF version %u is not supported (only 2 and 3)", g->file,
+                            version);
+  }
+  if ((st = rd_u64(r, out_n_tensors)) || (st = rd_u64(r, &n_kv))) return st;
+
+  /* A metadata entry takes at least 13 bytes (key length, type, a 1-byte value). */
+  if (n_kv > (g->size - r->pos) / 13) {
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: metadata_kv_count %llu cannot fit in a %llu-byte file: the file "
+                            "is truncated or corrupt",
+                            g->file, (unsigned long long)n_kv, (unsigned long long)g->size);
+  }
+  g->kvs = calloc(n_kv ? n_kv : 1, sizeof(*g->kvs));
+  if (!g->kvs) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", g->file);
+  r->what = what;
+  for (uint64_t i = 0; i < n_kv; i++) {
+    gguf_kv_t *kv = &g->kvs[i];
+    snprintf(what, sizeof(what), "metadata entry %llu", (unsigned long long)i);
+    if ((st = rd_str(r, &kv->key, &kv->key_len)) || (st = rd_u32(r, &kv->type))) return st;
+    snprintf(what, sizeof(what), "metadata entry %llu (%.*s)", (unsigned long long)i,
+             kv->key_len > 48 ? 48 : (int)kv->key_len, kv->key);
+    kv->pos = r->pos;
+    if ((st = rd_skip(r, kv->type, 0))) return st;
+    g->n_kv = i + 1;
+  }
+
+  r->what = "the tensor infos";
+  return NULL;
+}
+
 kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
                              kiln_weights_t **out_weights) {
   memset(out_config, 0, sizeof(*out_config));
@@ -540,46 +573,8 @@ kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
   if (st) goto done;
   if ((st = weights_map_file(w, path, &g.data, &g.size, &g.file))) goto done;
   gguf_reader_t r = {g.data, g.size, 0, g.file, "the header"};
-
-  uint32_t version;
-  uint64_t n_tensors, n_kv;
-  if ((st = rd_need(&r, 4))) goto done;
-  if (memcmp(g.data, "GGUF", 4) != 0) {
-    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                          "%s: not a GGUF file (it starts with %02x %02x %02x %02x, not \"GGUF\")",
-                          g.file, g.data[0], g.data[1], g.data[2], g.data[3]);
-    goto done;
-  }
-  r.pos = 4;
-  if ((st = rd_u32(&r, &version))) goto done;
-  if (version != 2 && version != 3) {
-    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                          "%s: GGUF version %u is not supported (only 2 and 3)", g.file, version);
-    goto done;
-  }
-  if ((st = rd_u64(&r, &n_tensors)) || (st = rd_u64(&r, &n_kv))) goto done;
-
-  /* A metadata entry takes at least 13 bytes (key length, type, a 1-byte value). */
-  if (n_kv > (g.size - r.pos) / 13) {
-    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                          "%s: metadata_kv_count %llu cannot fit in a %llu-byte file: the file "
-                          "is truncated or corrupt",
-                          g.file, (unsigned long long)n_kv, (unsigned long long)g.size);
-    goto done;
-  }
-  g.kvs = calloc(n_kv ? n_kv : 1, sizeof(*g.kvs));
-  if (!g.kvs) goto oom;
-  r.what = what;
-  for (uint64_t i = 0; i < n_kv; i++) {
-    gguf_kv_t *kv = &g.kvs[i];
-    snprintf(what, sizeof(what), "metadata entry %llu", (unsigned long long)i);
-    if ((st = rd_str(&r, &kv->key, &kv->key_len)) || (st = rd_u32(&r, &kv->type))) goto done;
-    snprintf(what, sizeof(what), "metadata entry %llu (%.*s)", (unsigned long long)i,
-             kv->key_len > 48 ? 48 : (int)kv->key_len, kv->key);
-    kv->pos = r.pos;
-    if ((st = rd_skip(&r, kv->type, 0))) goto done;
-    g.n_kv = i + 1;
-  }
+  uint64_t n_tensors;
+  if ((st = read_meta(&g, &r, &n_tensors))) goto done;
 
   /* A tensor info takes at least 24 bytes (name length, n_dims, type, offset). */
   if (n_tensors > (g.size - r.pos) / 24) {
@@ -724,4 +719,98 @@ done:
   free(g.kvs);
   if (st) memset(out_config, 0, sizeof(*out_config));
   return st;
+}
+
+/* ---- metadata for other readers (gguf_internal.h) ------------------------------------------ */
+
+struct gguf_meta {
+  kiln_weights_t *w; /* owns the mapping */
+  gguf_t g;
+};
+
+kiln_status_t gguf_meta_open(const char *path, gguf_meta_t **out) {
+  *out = NULL;
+  gguf_meta_t *m = calloc(1, sizeof(*m));
+  if (!m) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+  kiln_status_t st = weights_create(&m->w);
+  if (!st) st = weights_map_file(m->w, path, &m->g.data, &m->g.size, &m->g.file);
+  if (!st) {
+    gguf_reader_t r = {m->g.data, m->g.size, 0, m->g.file, "the header"};
+    uint64_t n_tensors;
+    st = read_meta(&m->g, &r, &n_tensors);
+  }
+  if (st) {
+    gguf_meta_free(m);
+    return st;
+  }
+  *out = m;
+  return NULL;
+}
+
+void gguf_meta_free(gguf_meta_t *m) {
+  if (!m) return;
+  free(m->g.kvs);
+  kiln_weights_free(m->w);
+  free(m);
+}
+
+const char *gguf_meta_file(const gguf_meta_t *m) { return m->g.file; }
+
+uint64_t gguf_meta_count(const gguf_meta_t *m) { return m->g.n_kv; }
+
+const char *gguf_meta_key(const gguf_meta_t *m, uint64_t i, uint64_t *out_len) {
+  *out_len = m->g.kvs[i].key_len;
+  return m->g.kvs[i].key;
+}
+
+kiln_status_t gguf_meta_int(const gguf_meta_t *m, const char *key, bool required, int64_t dflt,
+                            int64_t *out) {
+  return kv_int(&m->g, key, required, dflt, out);
+}
+
+kiln_status_t gguf_meta_str(const gguf_meta_t *m, const char *key, bool required, const char **out,
+                            uint64_t *out_len) {
+  return kv_str(&m->g, key, required, out, out_len);
+}
+
+kiln_status_t gguf_meta_bool(const gguf_meta_t *m, const char *key, bool dflt, bool *out) {
+  *out = dflt;
+  const gguf_kv_t *kv = kv_find(&m->g, key);
+  if (!kv) return NULL;
+  if (kv->type != GGUF_BOOL) return kv_mistyped(&m->g, kv, "a bool");
+  *out = m->g.data[kv->pos] != 0;
+  return NULL;
+}
+
+kiln_status_t gguf_meta_array(const gguf_meta_t *m, const char *key, bool required, uint32_t etype,
+                              gguf_meta_array_t *out) {
+  memset(out, 0, sizeof(*out));
+  const gguf_kv_t *kv = kv_find(&m->g, key);
+  if (!kv) return required ? kv_missing(&m->g, key) : NULL;
+  char want[48];
+  snprintf(want, sizeof(want), "an array of %s", value_type_name(etype));
+  if (kv->type != GGUF_ARRAY) return kv_mistyped(&m->g, kv, want);
+  const uint8_t *p = m->g.data + kv->pos; /* u32 element type, u64 count: checked at parse */
+  uint32_t have = (uint32_t)load_le(p, 4);
+  /* Token types are i32 in llama.cpp's files; accept u32 the same. */
+  bool ok = have == etype || (etype == GGUF_I32 && have == GGUF_U32);
+  if (!ok)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: the metadata key %s is an array of %s, want %s", m->g.file, key,
+                            value_type_name(have), want);
+  out->count = load_le(p + 4, 8);
+  out->etype = have;
+  out->data = p + 12;
+  return NULL;
+}
+
+const char *gguf_array_next_str(const uint8_t **p, uint64_t *out_len) {
+  *out_len = load_le(*p, 8);
+  const char *s = (const char *)*p + 8;
+  *p += 8 + *out_len;
+  return s;
+}
+
+uint32_t gguf_array_u32(const gguf_meta_array_t *a, uint64_t i) {
+  return (uint32_t)load_le(a->data + 4 * i, 4);
 }

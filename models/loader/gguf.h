@@ -13,11 +13,12 @@
  * computes exactly the same attention. rope_freqs.weight (Llama 3.1) becomes
  * rope.freq_factors. qkv_bias, o_bias, mlp_bias and qk_norm are also set when layer 0 has
  * the matching tensors. eos ids are tokenizer.ggml.eos_token_id plus eot/eom when present.
- * The tokenizer stored in GGUF metadata is not read: use a tokenizer.json.
+ * kiln_gguf_tokenizer() reads the tokenizer stored in the metadata (gguf_vocab.c).
  */
 #ifndef KILN_MODELS_GGUF_H
 #define KILN_MODELS_GGUF_H
 
+#include "base/strbuf.h"
 #include "models/loader/weights.h"
 #include "models/model_config.h"
 
@@ -27,5 +28,16 @@
  * On success the config has passed kiln_model_config_validate(). */
 kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
                              kiln_weights_t **out_weights);
+
+/* The tokenizer in the file's metadata (tokenizer.ggml.*, tokenizer.chat_template*), rewritten
+ * as the text of the Hugging Face tokenizer.json and tokenizer_config.json it was converted
+ * from (appended to the two buffers; load them with kiln_tokenizer_load_json_config() and
+ * kiln_chat_template_load_config()). Vocabularies "gpt2" (byte-level BPE, with the
+ * pre-tokenizers named in gguf_vocab.c) and "llama" (SentencePiece BPE) are read. Errors:
+ * KILN_ERR_NOT_FOUND when the file holds no tokenizer, KILN_ERR_UNSUPPORTED for another
+ * vocabulary or pre-tokenizer (named), KILN_ERR_INVALID_ARGUMENT for malformed metadata
+ * (named), KILN_ERR_IO, KILN_ERR_OUT_OF_MEMORY. */
+kiln_status_t kiln_gguf_tokenizer(const char *path, kiln_strbuf_t *tokenizer_json,
+                                  kiln_strbuf_t *config_json);
 
 #endif /* KILN_MODELS_GGUF_H */

@@ -225,6 +225,30 @@ fail:
   return kiln_status_annotate(st, "chat template of %s", dir);
 }
 
+kiln_status_t kiln_chat_template_load_config(const char *json, size_t len, const char *name,
+                                             kiln_chat_template_t **out_ct) {
+  *out_ct = NULL;
+  kiln_chat_template_t *ct = calloc(1, sizeof *ct);
+  if (!ct) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_json_doc_t *doc = NULL;
+  kiln_status_t st = kiln_json_parse(json, len, name, &doc);
+  const kiln_json_t *cfg = doc ? kiln_json_root(doc) : NULL;
+  if (!st && !kiln_json_is(cfg, KILN_JSON_OBJECT))
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: not a JSON object", name);
+  const kiln_json_t *tpl = st ? NULL : kiln_json_get(cfg, "chat_template");
+  if (!st && tpl && !kiln_json_is(tpl, KILN_JSON_NULL)) st = load_config_templates(ct, tpl, name);
+  if (!st && ct->n == 0)
+    st = kiln_status_make(KILN_ERR_NOT_FOUND, "no chat template (%s has none)", name);
+  if (!st) st = load_special_tokens(ct, cfg);
+  kiln_json_doc_free(doc);
+  if (st) {
+    kiln_chat_template_free(ct);
+    return kiln_status_annotate(st, "chat template of %s", name);
+  }
+  *out_ct = ct;
+  return NULL;
+}
+
 const kiln_template_t *kiln_chat_template_get(const kiln_chat_template_t *ct, const char *name) {
   for (size_t i = 0; i < ct->n; i++)
     if (!strcmp(ct->names[i], name)) return ct->tpls[i];

@@ -102,6 +102,11 @@ typedef struct kiln_chat_template kiln_chat_template_t;
  * for a malformed file or template, KILN_ERR_IO, KILN_ERR_OUT_OF_MEMORY. *out_ct is NULL then. */
 kiln_status_t kiln_chat_template_load(const char *dir, kiln_chat_template_t **out_ct);
 
+/* The same from the text of a tokenizer_config.json held in memory (no template files; name is
+ * used in messages), as kiln_gguf_tokenizer() makes for a GGUF file. */
+kiln_status_t kiln_chat_template_load_config(const char *json, size_t len, const char *name,
+                                             kiln_chat_template_t **out_ct);
+
 /* The template transformers would pick: "tool_use" when tools is a non-null value and such a
  * template exists, else "default" (the only one when the template is a plain string). NULL when
  * neither exists (the list form without "default"). Borrowed. */

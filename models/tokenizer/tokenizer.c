@@ -354,26 +354,32 @@ static kiln_status_t config_token(kiln_tokenizer_t *tok, const kiln_json_t *cfg,
   return *out ? NULL : kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
 }
 
-static kiln_status_t load_config(kiln_tokenizer_t *tok, const char *path) {
-  struct stat sb;
-  if (stat(path, &sb) != 0) return NULL; /* optional */
-  kiln_json_doc_t *doc = NULL;
-  kiln_status_t st = kiln_json_parse_file(path, &doc);
-  if (st) return st;
-  const kiln_json_t *cfg = kiln_json_root(doc);
+/* Reads bos/eos and add_bos/add_eos from a parsed tokenizer_config.json (name in messages). */
+static kiln_status_t apply_config(kiln_tokenizer_t *tok, const kiln_json_t *cfg, const char *name) {
+  kiln_status_t st = NULL;
   if (!kiln_json_is(cfg, KILN_JSON_OBJECT)) {
-    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: the top level must be an object", path);
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: the top level must be an object", name);
   }
   if (!st) st = config_token(tok, cfg, "bos_token", &tok->bos_token);
   if (!st) st = config_token(tok, cfg, "eos_token", &tok->eos_token);
   if (!st) st = ktok_json_bool(cfg, "add_bos_token", false, "add_bos_token", &tok->add_bos);
   if (!st) st = ktok_json_bool(cfg, "add_eos_token", false, "add_eos_token", &tok->add_eos);
   if (st && kiln_status_code(st) != KILN_ERR_OUT_OF_MEMORY) {
-    st = kiln_status_annotate(st, "%s", path);
+    st = kiln_status_annotate(st, "%s", name);
   }
-  kiln_json_doc_free(doc);
   tok->bos_id = lookup_token(tok, tok->bos_token);
   tok->eos_id = lookup_token(tok, tok->eos_token);
+  return st;
+}
+
+static kiln_status_t load_config(kiln_tokenizer_t *tok, const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0) return NULL; /* optional */
+  kiln_json_doc_t *doc = NULL;
+  kiln_status_t st = kiln_json_parse_file(path, &doc);
+  if (st) return st;
+  st = apply_config(tok, kiln_json_root(doc), path);
+  kiln_json_doc_free(doc);
   return st;
 }
 
@@ -399,6 +405,22 @@ kiln_status_t kiln_tokenizer_load_json(const char *json, size_t len, const char 
   if (st) return st;
   st = load_doc(kiln_json_root(doc), name, out);
   kiln_json_doc_free(doc);
+  return st;
+}
+
+kiln_status_t kiln_tokenizer_load_json_config(const char *json, size_t len, const char *config,
+                                              size_t config_len, const char *name,
+                                              kiln_tokenizer_t **out) {
+  kiln_status_t st = kiln_tokenizer_load_json(json, len, name, out);
+  if (st || !config) return st;
+  kiln_json_doc_t *doc = NULL;
+  st = kiln_json_parse(config, config_len, name, &doc);
+  if (!st) st = apply_config(*out, kiln_json_root(doc), name);
+  kiln_json_doc_free(doc);
+  if (st) {
+    kiln_tokenizer_free(*out);
+    *out = NULL;
+  }
   return st;
 }
 

@@ -53,6 +53,11 @@ kiln_status_t kiln_tokenizer_load(const char *dir_or_file, kiln_tokenizer_t **ou
 kiln_status_t kiln_tokenizer_load_json(const char *json, size_t len, const char *name,
                                        kiln_tokenizer_t **out);
 
+/* Same, with the text of a tokenizer_config.json too (config may be NULL: none). */
+kiln_status_t kiln_tokenizer_load_json_config(const char *json, size_t len, const char *config,
+                                              size_t config_len, const char *name,
+                                              kiln_tokenizer_t **out);
+
 void kiln_tokenizer_free(kiln_tokenizer_t *tok);
 
 /* Encodes len bytes of UTF-8 text (NUL bytes allowed) and appends the ids to out, as HF's

@@ -1,5 +1,7 @@
 /* fuzz_weights.c - libFuzzer target for the weight loaders: the input is written to a file and
- * opened as safetensors and as GGUF; whatever opens has every tensor converted to f32. */
+ * opened as safetensors and as GGUF; whatever opens has every tensor converted to f32. The
+ * tokenizer in GGUF metadata (kiln_gguf_tokenizer) is rebuilt too, and what loads encodes and
+ * decodes a little text. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -9,6 +11,8 @@
 #include "kiln/hal.h"
 #include "models/loader/gguf.h"
 #include "models/loader/weights.h"
+#include "models/template/template.h"
+#include "models/tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -23,6 +27,34 @@ static void convert_all(const kiln_weights_t *w) {
     kiln_status_free(kiln_weight_convert(t, 0, n, KILN_HAL_F32, buf));
   }
   free(buf);
+}
+
+/* The GGUF tokenizer: the rewritten tokenizer.json must load or fail cleanly; a loaded one must
+ * encode and decode. */
+static void gguf_tokenizer(const char *file) {
+  kiln_strbuf_t tj = KILN_STRBUF_INIT, cfg = KILN_STRBUF_INIT;
+  kiln_status_t st = kiln_gguf_tokenizer(file, &tj, &cfg);
+  if (!st) {
+    kiln_tokenizer_t *tok = NULL;
+    st = kiln_tokenizer_load_json_config(tj.data, tj.len, cfg.data, cfg.len, "fuzz", &tok);
+    if (!st) {
+      static const char text[] = "ab ab! <|end|><s> \xe2\x96\x81x";
+      kiln_tokens_t ids = KILN_TOKENS_INIT;
+      kiln_status_free(kiln_tokenizer_encode(tok, text, sizeof(text) - 1, true, &ids));
+      kiln_strbuf_t out = KILN_STRBUF_INIT;
+      kiln_status_free(kiln_tokenizer_decode(tok, ids.ids, ids.len, false, &out));
+      kiln_strbuf_free(&out);
+      kiln_tokens_free(&ids);
+      kiln_tokenizer_free(tok);
+    }
+    kiln_status_free(st);
+    kiln_chat_template_t *ct = NULL;
+    st = kiln_chat_template_load_config(cfg.data, cfg.len, "fuzz", &ct);
+    kiln_chat_template_free(ct);
+  }
+  kiln_status_free(st);
+  kiln_strbuf_free(&tj);
+  kiln_strbuf_free(&cfg);
 }
 
 /* The file the input is written to: one per process, in $TMPDIR, removed at exit. */
@@ -55,5 +87,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!st) convert_all(w);
   kiln_status_free(st);
   kiln_weights_free(w);
+  gguf_tokenizer(path);
   return 0;
 }

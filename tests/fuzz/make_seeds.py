@@ -862,6 +862,23 @@ def weights_seeds():
     out["gguf_bad_q4_0"] = gguf(kvs, [("token_embd.weight", 2, [32, 16], b"\0" * 288)] + ts[1:])
     out["gguf_bad_truncated"] = gguf(kvs, ts)[:-100]
     out["gguf_header_only"] = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+    # Vocabulary-only files: the tokenizer in the metadata (models/loader/gguf_vocab.c).
+    bl = ["a", "b", "ab", "\u0120", "\u0120ab", "<|end|>"]
+    out["gguf_vocab_gpt2"] = gguf(
+        [("tokenizer.ggml.model", "string", "gpt2"), ("tokenizer.ggml.pre", "string", "qwen2"),
+         ("tokenizer.ggml.tokens", "array:string", bl),
+         ("tokenizer.ggml.token_type", "array:i32", [1, 1, 1, 1, 1, 3]),
+         ("tokenizer.ggml.merges", "array:string", ["a b", "\u0120 ab"]),
+         ("tokenizer.ggml.eos_token_id", "u32", 5), ("tokenizer.ggml.add_bos_token", "bool", False),
+         ("tokenizer.chat_template", "string", "{% for m in messages %}{{ m.content }}{% endfor %}")], [])
+    spm = ["<unk>", "<s>", "</s>", "<0x21>", "\u2581", "a", "b", "ab", "\u2581a", "\u2581ab"]
+    out["gguf_vocab_spm"] = gguf(
+        [("tokenizer.ggml.model", "string", "llama"), ("tokenizer.ggml.tokens", "array:string", spm),
+         ("tokenizer.ggml.scores", "array:f32", [0.0, 0, 0, 0, -1, -2, -3, -4, -5, -6]),
+         ("tokenizer.ggml.token_type", "array:i32", [2, 3, 3, 6, 1, 1, 1, 1, 1, 1]),
+         ("tokenizer.ggml.bos_token_id", "u32", 1), ("tokenizer.ggml.eos_token_id", "u32", 2),
+         ("tokenizer.ggml.unknown_token_id", "u32", 0),
+         ("tokenizer.chat_template.tool_use", "string", "{{ bos_token }}")], [])
     return out
 
 
