@@ -568,13 +568,14 @@ kiln_status_t kiln_gguf_open(const char *path, kiln_model_config_t *out_config,
   kiln_weights_t *w = NULL;
   gguf_tensor_info_t *infos = NULL;
   gguf_t g = {0};
-  char what[96];
+  char what[96] = "the tensor infos";
   kiln_status_t st = weights_create(&w);
   if (st) goto done;
   if ((st = weights_map_file(w, path, &g.data, &g.size, &g.file))) goto done;
   gguf_reader_t r = {g.data, g.size, 0, g.file, "the header"};
   uint64_t n_tensors;
   if ((st = read_meta(&g, &r, &n_tensors))) goto done;
+  r.what = what; /* "tensor info 3 (name)", set as each is read */
 
   /* A tensor info takes at least 24 bytes (name length, n_dims, type, offset). */
   if (n_tensors > (g.size - r.pos) / 24) {
