@@ -32,7 +32,7 @@
 #include "core/sched/scheduler.h"
 #include "kiln/kiln.h"
 
-#define MAXREQ 8
+#define MAXREQ 512
 #define MAXTOK 96
 
 static char g_src[1024];
@@ -225,7 +225,9 @@ typedef struct req_spec {
   const int32_t *ids;
   int32_t num_ids;
   int32_t max_tokens;
-  float temperature;     /* > 0: seeded sampling (never speculates) */
+  float temperature;     /* > 0: seeded sampling */
+  int32_t top_k;         /* 0 = the default (all) */
+  uint64_t seed;         /* 0: 11 + the request's index */
   int32_t spec;          /* num_speculative_tokens (-1 = the engine's) */
   const char *stop;      /* a stop string, or NULL */
   int32_t stop_token;    /* a stop token id, or -1 */
@@ -291,15 +293,16 @@ static void run(const char *model, const char *const *extra, int32_t nextra, con
   su.manual = true;
   kiln_engine_t *e = NULL;
   check_st(kiln_engine_create_setup(&su, &e));
-  kiln_request_t *reqs[MAXREQ];
+  static kiln_request_t *reqs[MAXREQ];
   assert_true(nreq <= MAXREQ);
   for (int32_t k = 0; k < nreq; k++) {
     kiln_sampling_params_t p;
     kiln_sampling_params_init(&p);
     p.max_tokens = rq[k].max_tokens;
     p.temperature = rq[k].temperature;
+    if (rq[k].top_k) p.top_k = rq[k].top_k;
     p.has_seed = true;
-    p.seed = 11 + (uint64_t)k;
+    p.seed = rq[k].seed ? rq[k].seed : 11 + (uint64_t)k;
     p.num_speculative_tokens = rq[k].spec;
     p.ignore_eos = rq[k].ignore_eos;
     const char *stops[1] = {rq[k].stop};
@@ -416,6 +419,17 @@ static void check_alone(const char *model, bool text, int32_t vocab, const char 
             (unsigned long long)st.draft_tokens, (unsigned long long)st.accepted,
             (unsigned long long)st.steps);
     if (k == 0 && text) assert_true(st.accepted > 0); /* the default model copies the list */
+    /* Sampled, seeded: the same tokens too (each proposal's row samples with the draw its
+     * token will have). */
+    req_spec_t sq = rq[k];
+    sq.temperature = 0.7f;
+    run(model, NULL, 0, &sq, 1, &plain, NULL);
+    run(model, k_spec_on, 4, &sq, 1, &spec, &st);
+    expect_same(&plain, &spec, 1, name);
+    fprintf(stderr, "%s %s sampled: %d tokens, %llu proposed, %llu accepted\n", name,
+            k ? "random" : "copy", spec.n, (unsigned long long)st.draft_tokens,
+            (unsigned long long)st.accepted);
+    if (k == 0 && text) assert_true(st.accepted > 0);
   }
 }
 
@@ -509,6 +523,82 @@ static void test_default_model_batch(void **state) {
   }
 }
 
+/* The sampled distribution, statistically: N seeded requests with speculation and N with other
+ * seeds without it, temperature 1 and top-k 2 on the copy prompt (the copy is likely but not
+ * certain, so proposals are both accepted and rejected), 3 tokens each; the two samples of
+ * 3-token outputs (at most 8 outcomes) must pass a chi-square test of homogeneity at
+ * p = 0.001. Tokens 2 and 3 come from verification rows whenever a proposal was made, so a
+ * verification that skewed the distribution (accepting a proposal more often than p(x), or a
+ * residual not renormalised) shows here. */
+static void test_sampled_distribution(void **state) {
+  (void)state;
+  if (g_quick) skip();
+  char p[1100];
+  model_path(p, sizeof(p), "share/models/kiln-tiny");
+  enum { N = 500 };
+  static req_spec_t rq[N];
+  static req_result_t res[2][N];
+  for (int32_t i = 0; i < N; i++)
+    rq[i] = (req_spec_t){.prompt = COPY_TEXT,
+                         .max_tokens = 3,
+                         .temperature = 1.0f,
+                         .top_k = 2,
+                         .spec = -1,
+                         .stop_token = -1,
+                         .ignore_eos = true};
+  run_stats_t st;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int32_t i = 0; i < N; i++) rq[i].seed = 1000003ull * (uint64_t)(pass + 1) + (uint64_t)i;
+    run(p, pass ? k_spec_on : NULL, pass ? 4 : 0, rq, N, res[pass], pass ? &st : NULL);
+  }
+  fprintf(stderr, "sampled distribution: %llu proposals, %llu proposed tokens, %llu accepted\n",
+          (unsigned long long)st.drafts, (unsigned long long)st.draft_tokens,
+          (unsigned long long)st.accepted);
+  /* The outcomes: distinct 3-token outputs. */
+  int32_t keys[2 * N][3], counts[2 * N][2], nk = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int32_t i = 0; i < N; i++) {
+      assert_int_equal(res[pass][i].n, 3);
+      int32_t k = 0;
+      while (k < nk && memcmp(keys[k], res[pass][i].ids, sizeof(keys[k]))) k++;
+      if (k == nk) {
+        memcpy(keys[nk], res[pass][i].ids, sizeof(keys[nk]));
+        counts[nk][0] = counts[nk][1] = 0;
+        nk++;
+      }
+      counts[k][pass]++;
+    }
+  /* Outcomes expected fewer than 5 times in a sample are pooled into one cell. */
+  double chi = 0, pool[2] = {0, 0};
+  int32_t cells = 0;
+  for (int32_t k = 0; k < nk; k++) {
+    double tot = counts[k][0] + counts[k][1], ex = tot / 2;
+    if (ex < 5) {
+      pool[0] += counts[k][0];
+      pool[1] += counts[k][1];
+      continue;
+    }
+    for (int s2 = 0; s2 < 2; s2++) chi += (counts[k][s2] - ex) * (counts[k][s2] - ex) / ex;
+    cells++;
+  }
+  if (pool[0] + pool[1] >= 10) {
+    double ex = (pool[0] + pool[1]) / 2;
+    for (int s2 = 0; s2 < 2; s2++) chi += (pool[s2] - ex) * (pool[s2] - ex) / ex;
+    cells++;
+  }
+  /* Critical values of chi-square at p = 0.001 for 1..8 degrees of freedom. */
+  static const double crit[9] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12};
+  int32_t df = cells - 1;
+  fprintf(stderr,
+          "sampled distribution: %d outcomes, %d cells, chi-square %.2f (df %d, "
+          "critical %.2f)\n",
+          nk, cells, chi, df, df >= 1 && df <= 8 ? crit[df] : 0.0);
+  assert_true(df >= 1 && df <= 8);
+  assert_true(chi < crit[df]);
+  assert_true(st.accepted > 0);
+  assert_true(st.accepted < st.draft_tokens); /* some rejected too */
+}
+
 /* ---- refusals ----------------------------------------------------------------------------- */
 
 static void expect_create_error(const char *const *set, int32_t n, const char *needle) {
@@ -592,6 +682,7 @@ int main(void) {
       cmocka_unit_test(test_default_model_alone),
       cmocka_unit_test(test_fixtures_alone),
       cmocka_unit_test(test_default_model_batch),
+      cmocka_unit_test(test_sampled_distribution),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

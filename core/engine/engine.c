@@ -1252,7 +1252,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->spec_k = p->num_speculative_tokens >= 0 && p->num_speculative_tokens < e->spec_k
                   ? p->num_speculative_tokens
                   : e->spec_k;
-  if (p->temperature > 0 || guide) r->spec_k = 0;
+  if (guide) r->spec_k = 0;
   bool oom = false;
   if (ip.ids) {
     r->prompt = ip.ids; /* take the expanded prompt and the images */
@@ -1425,7 +1425,10 @@ static kiln_status_t fill_row(kiln_engine_t *e, kiln_request_t *r, int32_t i, in
   sr->repetition = r->p.repetition_penalty;
   sr->presence = r->p.presence_penalty;
   sr->frequency = r->p.frequency_penalty;
-  sr->uniform = ahead ? 0.0f : kiln_sample_uniform(&ss->rng); /* proposals: greedy only */
+  /* A proposal's row (ahead > 0, after the sequence's own row took its draw) gets the draw
+   * the token at that place will have; the ones taken are skipped after verification. */
+  sr->uniform = ahead ? kiln_sample_uniform_ahead(ss->rng, (uint64_t)(ahead - 1))
+                      : kiln_sample_uniform(&ss->rng);
   sr->num_top = r->p.logprobs;
   sr->mask = mask;
   if (sr->repetition != 1.0f || sr->presence != 0 || sr->frequency != 0) {
@@ -1838,10 +1841,16 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     }
     if (e->sdraft[j] < 0) continue; /* a proposal's row: taken with its sequence's first */
     int32_t take = 1, nd = e->sdraft[j];
-    if (nd > 0) { /* greedy verification: the proposals the model's own tokens agree with */
+    if (nd > 0) {
+      /* Verification: the proposals the model's own tokens (greedy or sampled, row by row with
+       * the draws they will have) agree with. With a proposal x that is certain (n-gram), taking
+       * x when the row samples y = x and y otherwise is speculative sampling's accept-with-
+       * probability-min(1, p(x)/q(x)) with q = 1 and its residual p without x: every token
+       * comes from the target distribution, with its top-k/top-p/min-p and penalties. */
       int32_t base = q->num_tokens - q->num_draft, a = 0;
       while (a < nd && e->so.tokens[j + a] == q->tokens[base + a]) a++;
       kiln_scheduler_accept_drafts(e->sched, q, a);
+      kiln_sample_skip(&ss->rng, (uint64_t)a); /* the draws of the accepted proposals' rows */
       take = a + 1; /* the accepted proposals and the model's next token */
       spec_drafts++;
       spec_tokens += (uint64_t)nd;

@@ -231,7 +231,7 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
   counter(&p, "spec_decode_num_draft_tokens_total", "Tokens proposed by speculative decoding.",
           m->spec_draft_tokens);
   counter(&p, "spec_decode_num_accepted_tokens_total",
-          "Proposed tokens accepted (the model's own greedy tokens).", m->spec_accepted_tokens);
+          "Proposed tokens accepted (the tokens the model itself chose).", m->spec_accepted_tokens);
   gauge(&p, "spec_decode_draft_acceptance_rate",
         "Accepted / proposed tokens since start (0 when nothing was proposed).",
         m->spec_draft_tokens ? (double)m->spec_accepted_tokens / (double)m->spec_draft_tokens

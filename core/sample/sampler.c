@@ -1191,8 +1191,17 @@ kiln_status_t kiln_sampler_run(kiln_sampler_t *s, const kiln_sample_logits_t *lo
   return host_run(s, logits, samples, num_samples, scores, num_scores, out);
 }
 
+#define SPLITMIX_STEP 0x9e3779b97f4a7c15ull
+
+float kiln_sample_uniform_ahead(uint64_t state, uint64_t k) {
+  state += k * SPLITMIX_STEP;
+  return kiln_sample_uniform(&state);
+}
+
+void kiln_sample_skip(uint64_t *state, uint64_t n) { *state += n * SPLITMIX_STEP; }
+
 float kiln_sample_uniform(uint64_t *state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  uint64_t z = (*state += SPLITMIX_STEP);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;

@@ -112,5 +112,13 @@ kiln_status_t kiln_sampler_run(kiln_sampler_t *s, const kiln_sample_logits_t *lo
 /* splitmix64: each sequence's generator; returns a uniform in [0, 1) with 53 random bits
  * rounded down to a float below 1. */
 float kiln_sample_uniform(uint64_t *state);
+/* The stream is counter-based (draw t depends only on the starting state and t), so a draw can
+ * be taken ahead of time: kiln_sample_uniform_ahead(s, k) is what the (k+1)-th call of
+ * kiln_sample_uniform(&s) would return, and kiln_sample_skip(&s, n) stands for n calls.
+ * Speculative decoding samples the rows of a step's proposals with the draws their tokens will
+ * have and then skips the ones it took, so a seeded request gives the same tokens with
+ * speculation on or off. */
+float kiln_sample_uniform_ahead(uint64_t state, uint64_t k);
+void kiln_sample_skip(uint64_t *state, uint64_t n);
 
 #endif /* KILN_CORE_SAMPLE_SAMPLER_H */
