@@ -77,6 +77,9 @@ static bool structural(const uint8_t *b, size_t l) {
 }
 
 /* One walk: masks timed into t; returns the tokens taken. */
+/* Steps of both walks split by whether they classified a context (a cache miss) or not. */
+static times_t g_missed, g_cached;
+
 static int walk(kiln_guide_vocab_t *v, kiln_guide_t *g, int steps, uint32_t *mask, int32_t *cand,
                 times_t *t, int *finished) {
   const int32_t V = kiln_guide_vocab_size(v);
@@ -84,9 +87,14 @@ static int walk(kiln_guide_vocab_t *v, kiln_guide_t *g, int steps, uint32_t *mas
   if (kiln_guide_matcher_create(g, &m)) exit(3);
   int s;
   for (s = 0; s < steps; s++) {
+    kiln_guide_stats_t s0, s1;
+    kiln_guide_vocab_stats(v, &s0);
     double a = now_us();
     kiln_status_t st = kiln_guide_matcher_fill_mask(m, mask);
-    push(t, now_us() - a);
+    double dt = now_us() - a;
+    push(t, dt);
+    kiln_guide_vocab_stats(v, &s1);
+    push(s1.classified > s0.classified ? &g_missed : &g_cached, dt);
     if (st) {
       fprintf(stderr, "kiln-bench-guide: %s\n", kiln_status_message(st));
       exit(1);
@@ -190,6 +198,8 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < cold.n; i++) push(&all, cold.v[i]);
   for (size_t i = 0; i < warm.n; i++) push(&all, warm.v[i]);
   report("mask, both walks", &all, "us");
+  report("  steps that classified a context", &g_missed, "us");
+  report("  steps served by the cache", &g_cached, "us");
   kiln_guide_stats_t s;
   kiln_guide_vocab_stats(v, &s);
   printf("classification cache: %llu contexts classified (%llu of them bounded-repetition links "
