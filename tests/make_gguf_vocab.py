@@ -27,8 +27,12 @@ Usage: make_gguf_vocab.py TOKENIZER_DIR OUT.gguf [--pre NAME] [--into MODEL.gguf
   into DIR (tokenizer.json, tokenizer_config.json), for a model fixture of that vocabulary.
 """
 import json
+import os
 import struct
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bytelevel import byte_level_alphabet  # noqa: E402
 
 T_U32, T_I32, T_F32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -198,19 +202,6 @@ def merge_into(model, meta, out):
         f.write(head + data)
 
 
-def byte_chars():
-    """GPT-2's byte-level alphabet: byte b -> the character standing for it."""
-    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
 SAMPLE = ('Once upon a time there was a little fox who lived in the forest. Every day the fox '
           'ran to the river, and every night the fox slept under the old tree. The end. ') * 4
 
@@ -219,9 +210,8 @@ def synthetic(n, out_dir):
     """A byte-level BPE tokenizer of exactly n ids (256 bytes, merges learned on SAMPLE, then
     <|bos|> and <|eos|>) in the Qwen2 pipeline, written as out_dir/tokenizer.json and
     tokenizer_config.json (with a chat template)."""
-    import os
     import re
-    bc = byte_chars()
+    bc = byte_level_alphabet()
     vocab = {bc[b]: b for b in range(256)}
     words = [tuple(bc[x] for x in w.encode()) for w in re.findall(r' ?[A-Za-z]+| ?[^A-Za-z ]', SAMPLE)]
     merges = []

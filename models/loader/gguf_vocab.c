@@ -282,6 +282,15 @@ static void put_vocab(kiln_strbuf_t *o, const vocab_t *v) {
   put(o, "}");
 }
 
+/* One {"SpecialToken": ...} piece of a TemplateProcessing template. */
+static void put_special_piece(kiln_strbuf_t *o, const vocab_t *v, int64_t id, const char *tid) {
+  put(o, "{\"SpecialToken\": {\"id\": ");
+  put_tok(o, v, id);
+  put(o, ", \"type_id\": ");
+  put(o, tid);
+  put(o, "}}");
+}
+
 /* TemplateProcessing with bos and/or eos around each sequence; "null" when neither. */
 static void put_post(kiln_strbuf_t *o, const vocab_t *v, int64_t bos, int64_t eos) {
   put(o, "\"post_processor\": ");
@@ -296,20 +305,14 @@ static void put_post(kiln_strbuf_t *o, const vocab_t *v, int64_t bos, int64_t eo
       snprintf(tid, sizeof(tid), "%d", seq);
       if (seq) put(o, ", ");
       if (bos >= 0) {
-        put(o, "{\"SpecialToken\": {\"id\": ");
-        put_tok(o, v, bos);
-        put(o, ", \"type_id\": ");
-        put(o, tid);
-        put(o, "}}, ");
+        put_special_piece(o, v, bos, tid);
+        put(o, ", ");
       }
       put(o, seq ? "{\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}"
                  : "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}");
       if (eos >= 0) {
-        put(o, ", {\"SpecialToken\": {\"id\": ");
-        put_tok(o, v, eos);
-        put(o, ", \"type_id\": ");
-        put(o, tid);
-        put(o, "}}");
+        put(o, ", ");
+        put_special_piece(o, v, eos, tid);
       }
     }
     put(o, pair ? "], " : "], \"pair\": [");

@@ -27,18 +27,14 @@ import os
 import struct
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bytelevel import byte_level_alphabet  # noqa: E402
+
 cache, dst = sys.argv[1], sys.argv[2]
 
 # ---- the vocabulary -------------------------------------------------------------------------
 
-keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-sym, extra = {}, 0
-for b in range(256):
-    if b in keep:
-        sym[b] = chr(b)
-    else:
-        sym[b] = chr(256 + extra)
-        extra += 1
+sym = byte_level_alphabet()
 vocab = {sym[b]: b for b in range(256)}
 
 special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "[INST]", "[/INST]",

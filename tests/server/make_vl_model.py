@@ -8,6 +8,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bytelevel import byte_level_alphabet  # noqa: E402
+
 src, dst = sys.argv[1], sys.argv[2]
 os.makedirs(dst, exist_ok=True)
 for f in os.listdir(src):
@@ -15,14 +18,7 @@ for f in os.listdir(src):
         os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(dst, f))
 
 # The byte-level alphabet: printable bytes stand for themselves, the others are shifted past 255.
-keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-sym, extra = {}, 0
-for b in range(256):
-    if b in keep:
-        sym[b] = chr(b)
-    else:
-        sym[b] = chr(256 + extra)
-        extra += 1
+sym = byte_level_alphabet()
 vocab = {sym[b]: b for b in range(256)}
 special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
            "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
