@@ -211,7 +211,7 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
     oh_write_rand(bbuf, &a.bias, -1, 1, biasv);
   }
   for (int64_t i = 0; i < N * rb + 8; i++) wbuf->host[i] = (uint8_t)oh_rand_u64();
-  const int zmax = fmt == KILN_HAL_QFMT_INT4_G ? 15 : 255;
+  const int zmax = fmt == KILN_HAL_QFMT_INT4_G ? 16 : 255; /* 16: GPTQ v1's stored 15 + 1 */
   for (int64_t i = 0; i < N * lds; i++) {
     put_scale(sbuf->host + 2 * i, oh_rand_int(0, 1));
     zbuf->host[i] = (uint8_t)oh_rand_int(0, zmax);

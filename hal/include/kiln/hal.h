@@ -307,9 +307,10 @@ typedef struct kiln_hal_gemm_args {
  *           q is byte k / 2's low nibble for even k, its high nibble for odd k, i.e.
  *           q = (row[k / 2] >> (4 * (k % 2))) & 15 (row_stride >= K / 2).
  *   scales  F16 [N, G], last dimension contiguous, any row stride: s(n, g). G >= 1.
- *   zeros   U8 [N, G] (same shape), the zero point z(n, g) as is (<= 15 for INT4_G), or absent:
- *           symmetric, every z is 8 (INT4_G) or 128 (INT8_G). (GPTQ v1 checkpoints store
- *           z - 1; the host has added the 1 back, see hal_quant.h.)
+ *   zeros   U8 [N, G] (same shape), the zero point z(n, g), any byte value (a GPTQ v1 4-bit
+ *           checkpoint's stored 15 is z = 16), or absent: symmetric, every z is 8 (INT4_G) or
+ *           128 (INT8_G). (GPTQ v1 checkpoints store z - 1; the host has added the 1 back, see
+ *           hal_quant.h.)
  *   g_idx   I32 [K], the group g(k) of column k (act-order, GPTQ desc_act), each in [0, G);
  *           or absent: g(k) = k / group_size, and then G == ceil(K / group_size).
  *   group_size > 0 (K itself for a single group over all K, GPTQ's group_size -1).
