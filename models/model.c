@@ -312,8 +312,7 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
       st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q);
       p->qcaps = caps;
       if (st) return st;
-    } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt,
-                                       &L->qkv_q))) {
+    } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q))) {
       return st;
     }
     NAME(0, "self_attn.q_proj.bias");
@@ -349,8 +348,8 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
       if ((st = model_plan_one(p, nm[0], H, 0, &L->down_b))) return st;
     }
     NAME(0, "mlp.down_proj.weight");
-    if ((st = model_plan_linear(p, 1, nm, down_rows, I, &L->down_w, &L->down_fmt,
-                                 &L->down_q))) return st;
+    if ((st = model_plan_linear(p, 1, nm, down_rows, I, &L->down_w, &L->down_fmt, &L->down_q)))
+      return st;
 #undef NAME
     L->window = c->layer_sliding[l] ? c->sliding_window : 0;
   }
@@ -610,9 +609,10 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
     char qdesc[96];
     kiln_model_quant_describe(&c->quant, qdesc, sizeof(qdesc));
     if (plan.q_kept)
-      kiln_log(KILN_LOG_INFO, "quantization %s: %lld Linear weights kept quantized (%s)", qdesc,
-               (long long)plan.q_kept,
-               kiln_hal_qfmt_name(c->quant.bits == 4 ? KILN_HAL_QFMT_INT4_G : KILN_HAL_QFMT_INT8_G));
+      kiln_log(
+          KILN_LOG_INFO, "quantization %s: %lld Linear weights kept quantized (%s)", qdesc,
+          (long long)plan.q_kept,
+          kiln_hal_qfmt_name(c->quant.bits == 4 ? KILN_HAL_QFMT_INT4_G : KILN_HAL_QFMT_INT8_G));
     if (plan.q_widened)
       kiln_log(KILN_LOG_INFO, "quantization %s: %lld Linear weights dequantized to %s at load (%s)",
                qdesc, (long long)plan.q_widened, kiln_hal_dtype_name(m->dtype), plan.q_widen_why);

@@ -312,13 +312,14 @@ static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
   memset(out, 0, sizeof(*out));
   const kiln_json_t *q = opt(root, "quantization_config");
   if (!q) return NULL;
-  if (!kiln_json_is(q, KILN_JSON_OBJECT)) return bad_value(name, "quantization_config", "an object", q);
+  if (!kiln_json_is(q, KILN_JSON_OBJECT))
+    return bad_value(name, "quantization_config", "an object", q);
   const char *method = NULL;
   kiln_status_t st = q_str(q, name, "quant_method", &method);
   if (!st && !method)
-    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                          "%s: quantization_config.quant_method: missing (want \"gptq\" or \"awq\")",
-                          name);
+    st = kiln_status_make(
+        KILN_ERR_INVALID_ARGUMENT,
+        "%s: quantization_config.quant_method: missing (want \"gptq\" or \"awq\")", name);
   if (st) return st;
   if (strcmp(method, "gptq") == 0) {
     out->method = KILN_QUANT_GPTQ;
@@ -336,8 +337,8 @@ static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
   if ((v = opt(q, "bits")) && (st = read_int(name, "quantization_config.bits", v, 1, 64, &bits)))
     return st;
   if (bits != 4 && (gptq ? bits != 8 : true))
-    return quant_refuse(name, "bits", v, gptq ? "GPTQ runs with 4 or 8 bits only"
-                                              : "AWQ runs with 4 bits only");
+    return quant_refuse(name, "bits", v,
+                        gptq ? "GPTQ runs with 4 or 8 bits only" : "AWQ runs with 4 bits only");
   if ((v = opt(q, "group_size")) &&
       (st = read_int(name, "quantization_config.group_size", v, -1, 1 << 30, &gs)))
     return st;
@@ -360,16 +361,19 @@ static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
                           "other repacked formats are not)");
     bool flag = false;
     if ((st = q_bool(q, name, "is_marlin_format", &flag))) return st;
-    if (flag) return quant_refuse(name, "is_marlin_format", opt(q, "is_marlin_format"),
-                                  "Marlin-packed GPTQ weights are not supported");
+    if (flag)
+      return quant_refuse(name, "is_marlin_format", opt(q, "is_marlin_format"),
+                          "Marlin-packed GPTQ weights are not supported");
     flag = false;
     if ((st = q_bool(q, name, "lm_head", &flag))) return st;
-    if (flag) return quant_refuse(name, "lm_head", opt(q, "lm_head"),
-                                  "a quantized lm_head is not supported");
+    if (flag)
+      return quant_refuse(name, "lm_head", opt(q, "lm_head"),
+                          "a quantized lm_head is not supported");
     const char *pack = NULL;
     if ((st = q_str(q, name, "pack_dtype", &pack))) return st;
     if (pack && strcmp(pack, "int32") != 0 && strcmp(pack, "torch.int32") != 0)
-      return quant_refuse(name, "pack_dtype", opt(q, "pack_dtype"), "only int32 packing is supported");
+      return quant_refuse(name, "pack_dtype", opt(q, "pack_dtype"),
+                          "only int32 packing is supported");
     if ((v = opt(q, "dynamic")) && kiln_json_len(v) > 0)
       return quant_refuse(name, "dynamic", v, "per-module GPTQModel overrides are not supported");
   } else {
@@ -381,10 +385,12 @@ static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
                           "marlin or ipex)");
     bool zp = true;
     if ((st = q_bool(q, name, "zero_point", &zp))) return st;
-    if (!zp) return quant_refuse(name, "zero_point", opt(q, "zero_point"),
-                                 "AWQ without zero points is not supported");
-    if (gs < 0) return quant_refuse(name, "group_size", opt(q, "group_size"),
-                                    "AWQ needs a positive group size");
+    if (!zp)
+      return quant_refuse(name, "zero_point", opt(q, "zero_point"),
+                          "AWQ without zero points is not supported");
+    if (gs < 0)
+      return quant_refuse(name, "group_size", opt(q, "group_size"),
+                          "AWQ needs a positive group size");
   }
   if ((v = opt(q, "modules_to_not_convert")) && !kiln_json_is(v, KILN_JSON_ARRAY))
     return bad_value(name, "quantization_config.modules_to_not_convert", "a list of names", v);

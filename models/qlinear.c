@@ -37,12 +37,12 @@ static kiln_status_t q_tensor(const model_plan_t *p, const char *module, const c
   if (!w) {
     if (!required) return NULL;
     const char *file = kiln_weights_count(p->src) ? kiln_weights_at(p->src, 0)->file : p->path;
-    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %s is missing (a %s Linear needs qweight, qzeros, scales%s)",
-                            file, name, p->quant->method == KILN_QUANT_GPTQ ? "GPTQ" : "AWQ",
-                            p->quant->method == KILN_QUANT_GPTQ && p->quant->desc_act
-                                ? " and, with desc_act, g_idx"
-                                : "");
+    return kiln_status_make(
+        KILN_ERR_INVALID_ARGUMENT,
+        "%s: tensor %s is missing (a %s Linear needs qweight, qzeros, scales%s)", file, name,
+        p->quant->method == KILN_QUANT_GPTQ ? "GPTQ" : "AWQ",
+        p->quant->method == KILN_QUANT_GPTQ && p->quant->desc_act ? " and, with desc_act, g_idx"
+                                                                  : "");
   }
   if (w->type != type)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: tensor %s has dtype %s, want %s",
@@ -52,7 +52,7 @@ static kiln_status_t q_tensor(const model_plan_t *p, const char *module, const c
 }
 
 kiln_status_t kiln_qpart_open(model_plan_t *p, const char *module, int64_t N, int64_t K,
-                               model_qpart_t **out) {
+                              model_qpart_t **out) {
   *out = NULL;
   const kiln_quant_config_t *c = p->quant;
   const bool gptq = c->method == KILN_QUANT_GPTQ;
@@ -174,7 +174,8 @@ static int q_zero(const model_qpart_t *q, int64_t g, int64_t n) {
   if (q->method == KILN_QUANT_GPTQ) {
     const int64_t P = 32 / q->bits;
     const uint32_t word = (uint32_t)load_i32(d, g * (q->N / P) + n / P);
-    return (int)((word >> (q->bits * (n % P))) & ((1u << q->bits) - 1)) + (q->zero_minus_one ? 1 : 0);
+    return (int)((word >> (q->bits * (n % P))) & ((1u << q->bits) - 1)) +
+           (q->zero_minus_one ? 1 : 0);
   }
   const uint32_t word = (uint32_t)load_i32(d, g * (q->N / 8) + n / 8);
   return (int)((word >> (4 * kiln_hal_awq_nibble((int)(n % 8)))) & 15);
@@ -211,7 +212,8 @@ static kiln_status_t write_zeros(const model_qpart_t *q, uint8_t *out) {
 
 static void write_scales(const model_qpart_t *q, uint8_t *out) {
   for (int64_t g = 0; g < q->G; g++)
-    for (int64_t n = 0; n < q->N; n++) memcpy(out + 2 * (n * q->G + g), q->scales->data + 2 * (g * q->N + n), 2);
+    for (int64_t n = 0; n < q->N; n++)
+      memcpy(out + 2 * (n * q->G + g), q->scales->data + 2 * (g * q->N + n), 2);
 }
 
 kiln_status_t kiln_qpart_write(const model_qpart_t *q, int32_t what, int32_t dtype, void *out) {
@@ -236,8 +238,8 @@ kiln_status_t kiln_qpart_write(const model_qpart_t *q, int32_t what, int32_t dty
   float *row = malloc((size_t)q->K * sizeof(float));
   kiln_status_t st = NULL;
   if (!codes || !sc || !zeros || !row) {
-    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory dequantizing %s",
-                          q->qweight->name);
+    st =
+        kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory dequantizing %s", q->qweight->name);
     goto done;
   }
   write_codes(q, codes);

@@ -183,7 +183,8 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
   const int32_t ydt = g->y_f32 ? KILN_HAL_F32 : dt;
   const size_t es = kiln_hal_dtype_size(dt), yes = kiln_hal_dtype_size(ydt);
   if (oh_skip_big((double)M * (double)N * (double)K)) return;
-  oh_case(be, "gemm_quant", dt, "%s M=%lld N=%lld K=%lld group_size=%d zeros=%d g_idx=%d bias=%d y=%s",
+  oh_case(be, "gemm_quant", dt,
+          "%s M=%lld N=%lld K=%lld group_size=%d zeros=%d g_idx=%d bias=%d y=%s",
           kiln_hal_qfmt_name(fmt), (long long)M, (long long)N, (long long)K, (int)gs, g->zeros,
           g->g_idx, g->bias, kiln_hal_dtype_name(ydt));
   const int64_t rb = kiln_hal_qgroup_row_bytes(fmt, K) + g->w_pad, lds = G + g->s_pad;
@@ -216,13 +217,15 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
     put_scale(sbuf->host + 2 * i, oh_rand_int(0, 1));
     zbuf->host[i] = (uint8_t)oh_rand_int(0, zmax);
   }
-  a.w = (kiln_hal_qweight_t){.buffer = wbuf->b, .format = fmt, .group_size = gs, .n = N, .k = K,
-                             .row_stride = rb};
-  a.w.scales = oh_view(sbuf, 0, KILN_HAL_F16, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
+  a.w = (kiln_hal_qweight_t){
+      .buffer = wbuf->b, .format = fmt, .group_size = gs, .n = N, .k = K, .row_stride = rb};
+  a.w.scales =
+      oh_view(sbuf, 0, KILN_HAL_F16, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
   a.w.zeros = oh_absent();
   a.w.g_idx = oh_absent();
   if (g->zeros)
-    a.w.zeros = oh_view(zbuf, 0, KILN_HAL_U8, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
+    a.w.zeros =
+        oh_view(zbuf, 0, KILN_HAL_U8, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
   if (g->g_idx) { /* k / gs, shuffled (Fisher-Yates): act-order's assignment */
     for (int64_t k = 0; k < K; k++) gidx[k] = (int32_t)(k / gs);
     for (int64_t k = K - 1; k > 0; k--) {
@@ -276,8 +279,12 @@ static void gqg_bad_args(const oh_backend_t *be, int32_t fmt) {
   good.struct_size = sizeof(good);
   good.x = oh_view(xbuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, K}, NULL);
   good.y = oh_view(ybuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, N}, NULL);
-  good.w = (kiln_hal_qweight_t){.buffer = wbuf->b, .format = fmt, .group_size = 32, .n = N,
-                                .k = K, .row_stride = kiln_hal_qgroup_row_bytes(fmt, K)};
+  good.w = (kiln_hal_qweight_t){.buffer = wbuf->b,
+                                .format = fmt,
+                                .group_size = 32,
+                                .n = N,
+                                .k = K,
+                                .row_stride = kiln_hal_qgroup_row_bytes(fmt, K)};
   good.w.scales = oh_view(sbuf, 0, KILN_HAL_F16, 2, (const int64_t[]){N, 2}, NULL);
   good.w.zeros = oh_absent();
   good.w.g_idx = oh_absent();

@@ -107,11 +107,11 @@ static void hand_open(hand_t *h) {
       snprintf(shape, sizeof(shape), "[%lld,%lld]", (long long)h->t[i].d0, (long long)h->t[i].d1);
     else
       snprintf(shape, sizeof(shape), "[%lld]", (long long)h->t[i].d0);
-    len += (size_t)snprintf(hdr + len, sizeof(hdr) - len,
-                            "%s\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",
-                            i ? "," : "", h->t[i].name,
-                            h->t[i].type == KILN_WTYPE_F16 ? "F16" : "I32", shape,
-                            (unsigned long long)off, (unsigned long long)(off + nb[i]));
+    len +=
+        (size_t)snprintf(hdr + len, sizeof(hdr) - len,
+                         "%s\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}",
+                         i ? "," : "", h->t[i].name, h->t[i].type == KILN_WTYPE_F16 ? "F16" : "I32",
+                         shape, (unsigned long long)off, (unsigned long long)(off + nb[i]));
     off += nb[i];
   }
   len += (size_t)snprintf(hdr + len, sizeof(hdr) - len, "}");
@@ -326,8 +326,9 @@ static int setup(void **state) {
     char cmd[2048];
     snprintf(cmd, sizeof(cmd), "%s -c 'import numpy' 2>/dev/null", pythons[i]);
     if (system(cmd) != 0) continue;
-    snprintf(cmd, sizeof(cmd), "%s %s/tools/make_quant_fixtures.py %s/tests/fixtures/models/llama2 %s",
-             pythons[i], src, src, g_dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s %s/tools/make_quant_fixtures.py %s/tests/fixtures/models/llama2 %s", pythons[i],
+             src, src, g_dir);
     if (system(cmd) == 0) return 0;
     fprintf(stderr, "test_qlinear: '%s' failed\n", cmd);
     return -1;
@@ -398,7 +399,8 @@ static void check_variant(const char *name) {
     check_st(kiln_model_score(mr, ids, n, chunks[c], 16, b));
     double e = rel_err(a, b, (size_t)(n * V));
     if (getenv("KILN_TEST_VERBOSE")) printf("  %-14s chunk %d: rel err %.3g\n", name, chunks[c], e);
-    if (!(e <= SELF_TOL)) fail_msg("%s chunk %d: relative error %.3g > %.0e", name, chunks[c], e, SELF_TOL);
+    if (!(e <= SELF_TOL))
+      fail_msg("%s chunk %d: relative error %.3g > %.0e", name, chunks[c], e, SELF_TOL);
     for (int32_t t = 0; t < n; t++)
       if (argmax(a + t * V, V) != argmax(b + t * V, V))
         fail_msg("%s chunk %d: argmax of position %d differs", name, chunks[c], t);
@@ -474,12 +476,17 @@ static void test_refused(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_gptq_words),    cmocka_unit_test(test_gptq8_words),
-      cmocka_unit_test(test_awq_words),     cmocka_unit_test(test_bad_tensors),
-      cmocka_unit_test(test_gptq_sym_g32),  cmocka_unit_test(test_gptq_asym_act),
+      cmocka_unit_test(test_gptq_words),
+      cmocka_unit_test(test_gptq8_words),
+      cmocka_unit_test(test_awq_words),
+      cmocka_unit_test(test_bad_tensors),
+      cmocka_unit_test(test_gptq_sym_g32),
+      cmocka_unit_test(test_gptq_asym_act),
       cmocka_unit_test(test_gptq_asym_act_mixed),
-      cmocka_unit_test(test_gptq_int8),     cmocka_unit_test(test_gptq_all_k),
-      cmocka_unit_test(test_awq_g32),       cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_gptq_int8),
+      cmocka_unit_test(test_gptq_all_k),
+      cmocka_unit_test(test_awq_g32),
+      cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests_name("qlinear", tests, setup, teardown);
 }

@@ -81,15 +81,24 @@ static kiln_status_t linear(kiln_model_t *m, kiln_hal_tensor_t x, uint64_t off, 
     g.w.row_stride = kiln_hal_qgroup_row_bytes(fmt, K);
     g.w.group_size = q->group_size;
     const int64_t G = q->groups;
-    g.w.scales = (kiln_hal_tensor_t){.buffer = m->weights, .offset = q->scales,
-                                     .dtype = KILN_HAL_F16, .ndim = 2, .shape = {N, G},
+    g.w.scales = (kiln_hal_tensor_t){.buffer = m->weights,
+                                     .offset = q->scales,
+                                     .dtype = KILN_HAL_F16,
+                                     .ndim = 2,
+                                     .shape = {N, G},
                                      .stride = {G, 1}};
-    g.w.zeros = (kiln_hal_tensor_t){.buffer = m->weights, .offset = q->zeros,
-                                    .dtype = KILN_HAL_U8, .ndim = 2, .shape = {N, G},
+    g.w.zeros = (kiln_hal_tensor_t){.buffer = m->weights,
+                                    .offset = q->zeros,
+                                    .dtype = KILN_HAL_U8,
+                                    .ndim = 2,
+                                    .shape = {N, G},
                                     .stride = {G, 1}};
     if (q->g_idx != MODEL_NO_TENSOR)
-      g.w.g_idx = (kiln_hal_tensor_t){.buffer = m->weights, .offset = q->g_idx,
-                                      .dtype = KILN_HAL_I32, .ndim = 1, .shape = {K},
+      g.w.g_idx = (kiln_hal_tensor_t){.buffer = m->weights,
+                                      .offset = q->g_idx,
+                                      .dtype = KILN_HAL_I32,
+                                      .ndim = 1,
+                                      .shape = {K},
                                       .stride = {1}};
   } else {
     g.w.row_stride = K / kiln_hal_qfmt_block_elems(fmt) * kiln_hal_qfmt_block_bytes(fmt);
@@ -182,8 +191,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
 
     if (!split) {
       kiln_hal_tensor_t qkv = model_view2(m->act, m->qkv, dt, T, QKV, QKV);
-      if ((st = linear(m, h, L->qkv_w, L->qkv_fmt, &L->qkv_q, H, QKV, qkv, model_vec(m, L->qkv_b, QKV),
-                     layer, "qkv_proj")))
+      if ((st = linear(m, h, L->qkv_w, L->qkv_fmt, &L->qkv_q, H, QKV, qkv,
+                       model_vec(m, L->qkv_b, QKV), layer, "qkv_proj")))
         return st;
     } else {
       const uint64_t wq = L->qkv_w, wk = wq + (uint64_t)QD * H * es,
@@ -259,11 +268,11 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     HAL(m->be->attention(m->stream, &aa), "attention");
 
     if ((st = linear(m, attn2, L->o_w, L->o_fmt, &L->o_q, QD, H, x, model_vec(m, L->o_b, H), layer,
-                   "o_proj")) ||
+                     "o_proj")) ||
         (st = rmsnorm(m, x, resid, model_vec(m, L->post_norm, H), h, layer,
                       "post_attention_layernorm")) ||
         (st = linear(m, h, L->gu_w, L->gu_fmt, &L->gu_q, H, 2 * I, gu, model_vec(m, L->gu_b, 2 * I),
-                   layer, "gate_up_proj")))
+                     layer, "gate_up_proj")))
       return st;
     kiln_hal_silu_mul_args_t sm;
     memset(&sm, 0, sizeof(sm));
@@ -272,8 +281,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     sm.out = mlp;
     sm.act = c->hidden_act;
     HAL(m->be->silu_mul(m->stream, &sm), "act_mul");
-    if ((st = linear(m, mlp, L->down_w, L->down_fmt, &L->down_q, I, H, x, model_vec(m, L->down_b, H), layer,
-                   "down_proj")))
+    if ((st = linear(m, mlp, L->down_w, L->down_fmt, &L->down_q, I, H, x,
+                     model_vec(m, L->down_b, H), layer, "down_proj")))
       return st;
   }
 

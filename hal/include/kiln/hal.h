@@ -151,14 +151,14 @@ typedef enum kiln_hal_dtype {
  * does, so the host never sends one to a backend that does not know it. */
 typedef enum kiln_hal_qfmt {
   KILN_HAL_QFMT_NONE = 0,
-  KILN_HAL_QFMT_Q4_0 = 1, /* 32 weights per 18-byte block: f16 d, 16 bytes of nibbles */
-  KILN_HAL_QFMT_Q8_0 = 2, /* 32 weights per 34-byte block: f16 d, 32 int8 */
-  KILN_HAL_QFMT_Q4_K = 3, /* 256 weights per 144-byte super-block, 8 sub-blocks, 6-bit sc/min */
-  KILN_HAL_QFMT_Q5_K = 4, /* 256 weights per 176-byte super-block: Q4_K + 32 bytes of high bits */
-  KILN_HAL_QFMT_Q6_K = 5, /* 256 weights per 210-byte super-block, 16 int8 sub-block scales */
+  KILN_HAL_QFMT_Q4_0 = 1,  /* 32 weights per 18-byte block: f16 d, 16 bytes of nibbles */
+  KILN_HAL_QFMT_Q8_0 = 2,  /* 32 weights per 34-byte block: f16 d, 32 int8 */
+  KILN_HAL_QFMT_Q4_K = 3,  /* 256 weights per 144-byte super-block, 8 sub-blocks, 6-bit sc/min */
+  KILN_HAL_QFMT_Q5_K = 4,  /* 256 weights per 176-byte super-block: Q4_K + 32 bytes of high bits */
+  KILN_HAL_QFMT_Q6_K = 5,  /* 256 weights per 210-byte super-block, 16 int8 sub-block scales */
   KILN_HAL_QFMT_COUNT = 6, /* the GGUF block formats are 1 .. COUNT - 1 */
-  KILN_HAL_QFMT_INT4_G = 16, /* 4-bit codes, two per byte along K; per-group f16 scales, zeros */
-  KILN_HAL_QFMT_INT8_G = 17, /* 8-bit codes, one byte each; per-group f16 scales, zeros */
+  KILN_HAL_QFMT_INT4_G = 16,    /* 4-bit codes, two per byte along K; per-group f16 scales, zeros */
+  KILN_HAL_QFMT_INT8_G = 17,    /* 8-bit codes, one byte each; per-group f16 scales, zeros */
   KILN_HAL_QFMT_GROUP_END = 18, /* the group formats are 16 .. GROUP_END - 1 */
 } kiln_hal_qfmt_t;
 

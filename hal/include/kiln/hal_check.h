@@ -693,15 +693,17 @@ static inline kiln_hal_error_t *kiln_hal_check_qgroup(const kiln_hal_check_env_t
     return e;
   const int64_t G = w->scales.shape[1];
   if (w->scales.shape[0] != w->n || G < 1)
-    return kiln_hal_check_fail("gemm_quant: w.scales has shape [%lld, %lld], want [N = %lld, G >= 1]",
-                               (long long)w->scales.shape[0], (long long)G, (long long)w->n);
+    return kiln_hal_check_fail(
+        "gemm_quant: w.scales has shape [%lld, %lld], want [N = %lld, G >= 1]",
+        (long long)w->scales.shape[0], (long long)G, (long long)w->n);
   if (w->zeros.buffer) {
     if ((e = kiln_hal_check_tensor(env, op, "w.zeros", &w->zeros, KILN_HAL_DT(KILN_HAL_U8), 2,
                                    true)) ||
         (e = kiln_hal_check_same_shape(op, "w.scales", &w->scales, "w.zeros", &w->zeros)))
       return e;
   }
-  if (w->g_idx.buffer) return kiln_hal_check_vec(env, op, "w.g_idx", &w->g_idx, KILN_HAL_I32, w->k, false);
+  if (w->g_idx.buffer)
+    return kiln_hal_check_vec(env, op, "w.g_idx", &w->g_idx, KILN_HAL_I32, w->k, false);
   const int64_t want = (w->k + w->group_size - 1) / w->group_size;
   if (G != want)
     return kiln_hal_check_fail(
@@ -724,8 +726,8 @@ static inline kiln_hal_error_t *kiln_hal_check_gemm_quant(const kiln_hal_check_e
   const kiln_hal_qweight_t *w = &a->w;
   /* A group format's row is K codes: "blocks" of 2 codes per byte (INT4_G) or 1 (INT8_G). */
   const bool group = kiln_hal_qfmt_is_group(w->format);
-  const int64_t E = group ? 8 / kiln_hal_qfmt_group_bits(w->format)
-                          : kiln_hal_qfmt_block_elems(w->format);
+  const int64_t E =
+      group ? 8 / kiln_hal_qfmt_group_bits(w->format) : kiln_hal_qfmt_block_elems(w->format);
   const int64_t B = group ? 1 : kiln_hal_qfmt_block_bytes(w->format);
   if (!w->buffer) return kiln_hal_check_fail("gemm_quant: w is absent");
   if (E == 0)
