@@ -171,6 +171,7 @@ static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int
     if ((a == NULL) != (b == NULL) || (a && memcmp(a, b, (size_t)cols * sizeof(int32_t)) != 0))
       why = "the parts of a fused Linear have different g_idx";
   }
+  if (!why && p->q_dense_why) why = p->q_dense_why;
   if (!why && !(p->qcaps & KILN_HAL_CAP_QUANT(fmt)))
     why = "the backend has no gemm_quant for this format";
   if (!why && fmt == KILN_HAL_QFMT_INT4_G && cols % 2) why = "in_features is odd";
@@ -309,8 +310,10 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     if (c->qk_norm) { /* dense: a device without the formats' caps widens every part */
       const uint64_t caps = p->qcaps;
       p->qcaps = 0;
+      p->q_dense_why = "Qwen3's q/k norms split the fused QKV";
       st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q);
       p->qcaps = caps;
+      p->q_dense_why = NULL;
       if (st) return st;
     } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q))) {
       return st;

@@ -143,6 +143,7 @@ typedef struct model_plan {
   size_t n_qparts, cap_qparts;
   int64_t q_kept, q_widened; /* GPTQ / AWQ Linears kept in a group format / widened */
   const char *q_widen_why;   /* why the last one was widened */
+  const char *q_dense_why;   /* set while planning a Linear that must be dense: why */
 } model_plan_t;
 
 /* Frees what a plan owns (ups, qparts). */

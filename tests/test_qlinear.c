@@ -11,7 +11,8 @@
  *    gptq_v2, 4-bit one group over K, AWQ g32) and writes, next to each, the same model with
  *    the dequantized weights as plain F32 tensors. Kiln runs both on the CPU backend (the
  *    quantized one through gemm_quant, weights kept quantized), prefill (M = 20) and decode
- *    steps of 1 and 3 tokens.
+ *    steps of 1 and 3 tokens; and Qwen3 (GPTQ desc_act, AWQ), whose fused QKV is dequantized
+ *    at load (q/k norms split it) while the other Linears stay quantized.
  *    Tolerance: the weights are the same f32 values in both (hal.h defines W exactly), so
  *    only the order of the f32 sums differs (gemm_quant's own kernel vs sgemm): 2e-5 of the
  *    largest logit, as test_parity's self-consistency bound; every argmax must agree.
@@ -327,8 +328,10 @@ static int setup(void **state) {
     snprintf(cmd, sizeof(cmd), "%s -c 'import numpy' 2>/dev/null", pythons[i]);
     if (system(cmd) != 0) continue;
     snprintf(cmd, sizeof(cmd),
-             "%s %s/tools/make_quant_fixtures.py %s/tests/fixtures/models/llama2 %s", pythons[i],
-             src, src, g_dir);
+             "%s %s/tools/make_quant_fixtures.py %s/tests/fixtures/models/llama2 %s && "
+             "%s %s/tools/make_quant_fixtures.py %s/tests/fixtures/models/qwen3 %s/qwen3 "
+             "gptq_asym_act awq_g32",
+             pythons[i], src, src, g_dir, pythons[i], src, src, g_dir);
     if (system(cmd) == 0) return 0;
     fprintf(stderr, "test_qlinear: '%s' failed\n", cmd);
     return -1;
@@ -381,6 +384,7 @@ static int64_t argmax(const float *v, int64_t n) {
 static void check_variant(const char *name) {
   char ref[128];
   snprintf(ref, sizeof(ref), "%s_ref", name);
+  if (getenv("KILN_TEST_VERBOSE")) printf("  %s\n", name);
   kiln_model_t *mq = NULL, *mr = NULL;
   check_st(load(name, KILN_HAL_F32, &mq));
   check_st(load(ref, KILN_HAL_F32, &mr));
@@ -435,6 +439,13 @@ static void test_awq_g32(void **state) {
   (void)state;
   check_variant("awq_g32");
 }
+/* Qwen3: q/k norms split the fused QKV, which is dequantized at load; o, gate/up, down stay
+ * quantized. */
+static void test_qwen3(void **state) {
+  (void)state;
+  check_variant("qwen3/gptq_asym_act");
+  check_variant("qwen3/awq_g32");
+}
 
 /* ---- 3. refusals -------------------------------------------------------------------------- */
 
@@ -486,6 +497,7 @@ int main(void) {
       cmocka_unit_test(test_gptq_int8),
       cmocka_unit_test(test_gptq_all_k),
       cmocka_unit_test(test_awq_g32),
+      cmocka_unit_test(test_qwen3),
       cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests_name("qlinear", tests, setup, teardown);
