@@ -30,6 +30,9 @@
  *   (kiln_hal_gemm_quant_args_t, kiln_hal_qweight_t), the formats (kiln_hal_qfmt_t, defined
  *   byte for byte in kiln/hal_quant.h) and the capability bits KILN_HAL_CAP_QUANT(fmt)
  *   (optional: a 1.3 plugin has neither, and the host widens quantized weights at load).
+ *   Within 1.4, the group formats KILN_HAL_QFMT_INT4_G / INT8_G (GPTQ, AWQ) were added with
+ *   the meaning of kiln_hal_qweight_t's group_size, scales, zeros and g_idx: a backend that
+ *   does not set their KILN_HAL_CAP_QUANT bits never receives them.
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
