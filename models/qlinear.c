@@ -156,18 +156,6 @@ uint64_t kiln_qpart_bytes(const model_qpart_t *q, int32_t what, int32_t dtype) {
   }
 }
 
-/* The code of weight (n, k), from the checkpoint's qweight. */
-static int q_code(const model_qpart_t *q, int64_t n, int64_t k) {
-  const uint8_t *d = q->qweight->data;
-  if (q->method == KILN_QUANT_GPTQ) {
-    const int64_t P = 32 / q->bits;
-    const uint32_t word = (uint32_t)load_i32(d, (k / P) * q->N + n);
-    return (int)((word >> (q->bits * (k % P))) & ((1u << q->bits) - 1));
-  }
-  const uint32_t word = (uint32_t)load_i32(d, k * (q->N / 8) + n / 8);
-  return (int)((word >> (4 * kiln_hal_awq_nibble((int)(n % 8)))) & 15);
-}
-
 /* The zero point of (group g, column n), from qzeros (GPTQ v1: stored + 1). */
 static int q_zero(const model_qpart_t *q, int64_t g, int64_t n) {
   const uint8_t *d = q->qzeros->data;
@@ -181,17 +169,30 @@ static int q_zero(const model_qpart_t *q, int64_t g, int64_t n) {
   return (int)((word >> (4 * kiln_hal_awq_nibble((int)(n % 8)))) & 15);
 }
 
+/* The codes in hal.h's [N, K]-major layout. GPTQ's words already hold their codes in that
+ * order (4-bit: k even low nibble, k odd high; 8-bit: one byte per k, lowest first, both little
+ * endian), so row n is column n of qweight's words: a transpose of int32s. AWQ's nibbles are
+ * regrouped two rows of k at a time. */
 static void write_codes(const model_qpart_t *q, uint8_t *out) {
   const int32_t fmt = kiln_qpart_format(q);
-  const int64_t rb = kiln_hal_qgroup_row_bytes(fmt, q->K);
-  memset(out, 0, (size_t)(q->N * rb));
-  for (int64_t k = 0; k < q->K; k++)
-    for (int64_t n = 0; n < q->N; n++) {
-      const int v = q_code(q, n, k);
-      if (fmt == KILN_HAL_QFMT_INT4_G)
-        out[n * rb + k / 2] |= (uint8_t)(v << (4 * (k % 2)));
-      else
-        out[n * rb + k] = (uint8_t)v;
+  const int64_t rb = kiln_hal_qgroup_row_bytes(fmt, q->K), N = q->N, K = q->K;
+  const uint8_t *d = q->qweight->data;
+  if (q->method == KILN_QUANT_GPTQ) {
+    const int64_t words = K / (32 / q->bits); /* per column */
+    for (int64_t kw = 0; kw < words; kw++)
+      for (int64_t n = 0; n < N; n++) memcpy(out + n * rb + 4 * kw, d + 4 * (kw * N + n), 4);
+    return;
+  }
+  const int64_t J = N / 8;
+  memset(out, 0, (size_t)(N * rb));
+  for (int64_t k = 0; k < K; k += 2)
+    for (int64_t j = 0; j < J; j++) {
+      const uint32_t w0 = (uint32_t)load_i32(d, k * J + j);
+      const uint32_t w1 = k + 1 < K ? (uint32_t)load_i32(d, (k + 1) * J + j) : 0;
+      for (int c = 0; c < 8; c++) {
+        const int sh = 4 * kiln_hal_awq_nibble(c);
+        out[(8 * j + c) * rb + k / 2] = (uint8_t)(((w0 >> sh) & 15) | ((w1 >> sh) & 15) << 4);
+      }
     }
 }
 
