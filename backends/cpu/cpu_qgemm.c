@@ -47,6 +47,7 @@ typedef struct qg_ctx {
   int64_t lds, ldz;
   const int32_t *g_idx;
   int32_t group_size;
+  int64_t G; /* groups per row */
   const kiln_hal_tensor_t *y, *bias;
   float *tmp; /* prefill: per thread, K * QG_PANEL dequantized weights + M * QG_PANEL sums */
   int64_t tmp_floats;
@@ -172,44 +173,85 @@ QG_AVX2 static void qg_row_avx2(int32_t fmt, int64_t M, int64_t K, const float *
     out[m] = _mm_cvtss_f32(s);
   }
 }
-/* out[i] = W[n, k0 + i], i < count, for a group format without g_idx whose group_size and k0
- * are multiples of 8: 8 weights of one group at a time, the same f32 operations as
- * kiln_hal_qgroup_dequant (integer q - z to f32, times the f16 scale). */
-QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, int64_t k0, int64_t count,
-                                       float *out) {
-  const uint8_t *row = c->w + n * c->row_stride, *srow = c->scales + 2 * n * c->lds;
-  const uint8_t *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
-  const bool four = c->fmt == KILN_HAL_QFMT_INT4_G;
-  const int sym = four ? 8 : 128;
-  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m4 = _mm256_set1_epi32(15);
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    const int64_t k = k0 + i, g = k / c->group_size;
-    __m256i q;
-    if (four) {
-      uint32_t v;
-      memcpy(&v, row + k / 2, 4);
-      q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), shifts), m4);
-    } else {
-      q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)));
-    }
-    __m256i z = _mm256_set1_epi32(zrow ? zrow[g] : sym);
-    __m256 sc = _mm256_set1_ps(kiln_hal_quant_f16(srow + 2 * g));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), sc));
+/* The 8 codes of weights k .. k + 7 of a group-format row (k a multiple of 8) as int32s. */
+QG_AVX2_INLINE __m256i qg_codes8(bool four, const uint8_t *row, int64_t k) {
+  if (four) {
+    uint32_t v;
+    memcpy(&v, row + k / 2, 4);
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), shifts),
+                            _mm256_set1_epi32(15));
   }
-  if (i < count)
-    kiln_hal_qgroup_dequant(c->fmt, row, srow, zrow, NULL, c->group_size, k0 + i, count - i,
-                            out + i);
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)));
 }
 #endif /* QG_X86 */
 
-/* out[i] = W[n, k0 + i] for i < count, a group format. */
-static void qg_group_span(const qg_ctx_t *c, int64_t n, int64_t k0, int64_t count, float *out) {
+#define QG_MAXG 1024 /* groups per row the AVX2 path tabulates (more: the portable loop) */
+
+/* A row's groups as f32 scales and int zeros: the values kiln_hal_qgroup_dequant uses. */
+typedef struct qg_row_groups {
+  float s[QG_MAXG];
+  int32_t z[QG_MAXG];
+} qg_row_groups_t;
+
+static bool qg_row_groups(const qg_ctx_t *c, int64_t n, qg_row_groups_t *rg) {
+  if (c->G > QG_MAXG) return false;
+  const uint8_t *srow = c->scales + 2 * n * c->lds, *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
+  const int sym = c->fmt == KILN_HAL_QFMT_INT4_G ? 8 : 128;
+  for (int64_t g = 0; g < c->G; g++) {
+    rg->s[g] = kiln_hal_quant_f16(srow + 2 * g);
+    rg->z[g] = zrow ? zrow[g] : sym;
+  }
+  return true;
+}
+
 #if QG_X86
-  if (cpu_vec_avx2() && !c->g_idx && c->group_size % 8 == 0 && k0 % 8 == 0) {
-    qg_group_span_avx2(c, n, k0, count, out);
+/* out[i] = W[n, k0 + i], i < count (k0 a multiple of 8; without g_idx, group_size too): 8
+ * weights at a time, the same f32 operations as kiln_hal_qgroup_dequant (integer q - z to f32,
+ * times the scale), the group's scale and zero broadcast per group, or gathered through g_idx. */
+QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, const qg_row_groups_t *rg,
+                                       int64_t k0, int64_t count, float *out) {
+  const uint8_t *row = c->w + n * c->row_stride;
+  const bool four = c->fmt == KILN_HAL_QFMT_INT4_G;
+  int64_t i = 0;
+  if (c->g_idx) {
+    for (; i + 8 <= count; i += 8) {
+      const __m256i gi = _mm256_loadu_si256((const __m256i *)(c->g_idx + k0 + i));
+      const __m256 sc = _mm256_i32gather_ps(rg->s, gi, 4);
+      const __m256i z = _mm256_i32gather_epi32(rg->z, gi, 4);
+      const __m256i q = qg_codes8(four, row, k0 + i);
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), sc));
+    }
+  } else {
+    while (i + 8 <= count) { /* one group (a multiple of 8 weights) per pass */
+      const int64_t g = (k0 + i) / c->group_size;
+      int64_t end = (g + 1) * c->group_size - k0;
+      if (end > count) end = count;
+      const __m256 sc = _mm256_set1_ps(rg->s[g]);
+      const __m256i z = _mm256_set1_epi32(rg->z[g]);
+      for (; i + 8 <= end; i += 8) {
+        const __m256i q = qg_codes8(four, row, k0 + i);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), sc));
+      }
+    }
+  }
+  if (i < count)
+    kiln_hal_qgroup_dequant(c->fmt, row, c->scales + 2 * n * c->lds,
+                            c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size,
+                            k0 + i, count - i, out + i);
+}
+#endif /* QG_X86 */
+
+/* out[i] = W[n, k0 + i] for i < count, a group format; rg: the row's groups, or NULL. */
+static void qg_group_span(const qg_ctx_t *c, int64_t n, const qg_row_groups_t *rg, int64_t k0,
+                          int64_t count, float *out) {
+#if QG_X86
+  if (rg && cpu_vec_avx2() && k0 % 8 == 0 && (c->g_idx || c->group_size % 8 == 0)) {
+    qg_group_span_avx2(c, n, rg, k0, count, out);
     return;
   }
+#else
+  (void)rg;
 #endif
   kiln_hal_qgroup_dequant(c->fmt, c->w + n * c->row_stride, c->scales + 2 * n * c->lds,
                           c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size, k0,
@@ -220,12 +262,14 @@ static void qg_group_span(const qg_ctx_t *c, int64_t n, int64_t k0, int64_t coun
 /* out[m] = sum_k x[m, k] * W[n, k] for one group-format weight row. */
 QG_AVX2 static void qg_group_row_avx2(const qg_ctx_t *c, int64_t n, float *out) {
   float w[QG_SPAN] __attribute__((aligned(32)));
+  qg_row_groups_t rg;
+  const bool tab = qg_row_groups(c, n, &rg);
   __m256 acc[QG_SMALL_M];
   float tail[QG_SMALL_M] = {0};
   for (int64_t m = 0; m < c->M; m++) acc[m] = _mm256_setzero_ps();
   for (int64_t k0 = 0; k0 < c->K; k0 += QG_SPAN) {
     const int cnt = (int)(c->K - k0 < QG_SPAN ? c->K - k0 : QG_SPAN), e8 = cnt & ~7;
-    qg_group_span(c, n, k0, cnt, w);
+    qg_group_span(c, n, tab ? &rg : NULL, k0, cnt, w);
     qg_fma_rows(c->M, c->x + k0, c->ldx, w, e8, acc);
     for (int64_t m = 0; m < c->M; m++)
       for (int j = e8; j < cnt; j++) tail[m] += c->x[m * c->ldx + k0 + j] * w[j];
@@ -243,7 +287,7 @@ static void qg_group_row_scalar(const qg_ctx_t *c, int64_t n, float *out) {
   float w[QG_SPAN], acc[QG_SMALL_M] = {0};
   for (int64_t k0 = 0; k0 < c->K; k0 += QG_SPAN) {
     const int64_t cnt = c->K - k0 < QG_SPAN ? c->K - k0 : QG_SPAN;
-    qg_group_span(c, n, k0, cnt, w);
+    qg_group_span(c, n, NULL, k0, cnt, w);
     for (int64_t m = 0; m < c->M; m++) {
       const float *xm = c->x + m * c->ldx + k0;
       float s = 0.0f;
@@ -281,7 +325,6 @@ static void qg_row_scalar(int32_t fmt, int64_t M, int64_t K, const float *x, int
 }
 
 /* ---- the op --------------------------------------------------------------------------------- */
-
 
 /* y[m, n] = round(acc + bias[n]). */
 static void qg_store(const qg_ctx_t *c, int64_t m, int64_t n, float acc) {
@@ -325,7 +368,9 @@ static void qg_panel_task(void *vctx, int64_t task, int thread) {
   float *wp = c->tmp + (int64_t)thread * c->tmp_floats, *yp = wp + c->K * QG_PANEL;
   for (int64_t r = 0; r < nr; r++) {
     if (kiln_hal_qfmt_is_group(c->fmt)) {
-      qg_group_span(c, n0 + r, 0, c->K, wp + r * c->K);
+      qg_row_groups_t rg;
+      const bool tab = cpu_vec_avx2() && qg_row_groups(c, n0 + r, &rg);
+      qg_group_span(c, n0 + r, tab ? &rg : NULL, 0, c->K, wp + r * c->K);
       continue;
     }
     const uint8_t *wrow = c->w + (n0 + r) * c->row_stride;
@@ -362,6 +407,7 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
     c.zeros = w->zeros.buffer ? (const uint8_t *)cpu_tensor_ptr(&w->zeros) : NULL;
     c.ldz = w->zeros.buffer ? w->zeros.stride[0] : 0;
     c.group_size = w->group_size;
+    c.G = w->scales.shape[1];
     if (w->g_idx.buffer) { /* every group must exist: never read past the scales */
       const char *gp = cpu_tensor_ptr(&w->g_idx);
       const int64_t G = w->scales.shape[1], gs = w->g_idx.stride[0];
