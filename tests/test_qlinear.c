@@ -15,7 +15,9 @@
  *    at load (q/k norms split it) while the other Linears stay quantized.
  *    Tolerance: the weights are the same f32 values in both (hal.h defines W exactly), so
  *    only the order of the f32 sums differs (gemm_quant's own kernel vs sgemm): 2e-5 of the
- *    largest logit, as test_parity's self-consistency bound; every argmax must agree.
+ *    largest logit, as test_parity's self-consistency bound; every argmax must agree. Three
+ *    variants are also served in bf16 (x bf16 into gemm_quant) against their twin in bf16,
+ *    within test_parity's bf16 bound (3e-2).
  * 3. A checkpoint whose quantization_config Kiln does not run is refused at load, naming it.
  * KILN_TEST_BACKEND=cuda runs the same on a GPU, where every Linear is dequantized at load (the
  * CUDA backend has no gemm_quant) and the pairs must still agree. */
@@ -462,6 +464,43 @@ static void test_qwen3(void **state) {
   check_variant("qwen3/awq_g32");
 }
 
+/* Serving in bf16 (x and the activations bf16; the float twin's weights rounded to bf16, the
+ * quantized ones exact): test_parity's bf16 bound, 3e-2 of the largest logit (the rounding of
+ * the twin's weights alone is 2^-9 relative per weight). */
+static void check_bf16(const char *name) {
+  char ref[128];
+  snprintf(ref, sizeof(ref), "%s_ref", name);
+  kiln_model_t *mq = NULL, *mr = NULL;
+  check_st(load(name, KILN_HAL_BF16, &mq));
+  check_st(load(ref, KILN_HAL_BF16, &mr));
+  const int64_t V = kiln_model_get_config(mq)->vocab_size;
+  int32_t ids[12];
+  for (int i = 0; i < 12; i++) ids[i] = (int32_t)((i * 53 + 5) % V);
+  float *a = malloc((size_t)(12 * V) * sizeof(float)),
+        *b = malloc((size_t)(12 * V) * sizeof(float));
+  assert_non_null(a);
+  assert_non_null(b);
+  for (int32_t chunk = 0; chunk <= 1; chunk++) {
+    check_st(kiln_model_score(mq, ids, 12, chunk, 16, a));
+    check_st(kiln_model_score(mr, ids, 12, chunk, 16, b));
+    double e = rel_err(a, b, (size_t)(12 * V));
+    if (getenv("KILN_TEST_VERBOSE"))
+      printf("  %-14s bf16 chunk %d: rel err %.3g\n", name, chunk, e);
+    if (!(e <= 3e-2)) fail_msg("%s bf16 chunk %d: relative error %.3g > 3e-2", name, chunk, e);
+  }
+  free(a);
+  free(b);
+  kiln_model_free(mq);
+  kiln_model_free(mr);
+}
+
+static void test_bf16(void **state) {
+  (void)state;
+  check_bf16("gptq_asym_act");
+  check_bf16("gptq_int8_g64");
+  check_bf16("awq_g32");
+}
+
 /* ---- 3. refusals -------------------------------------------------------------------------- */
 
 /* Rewrites <dir>/config.json's "quant_method": "gptq" block with extra keys. */
@@ -513,6 +552,7 @@ int main(void) {
       cmocka_unit_test(test_gptq_all_k),
       cmocka_unit_test(test_awq_g32),
       cmocka_unit_test(test_qwen3),
+      cmocka_unit_test(test_bf16),
       cmocka_unit_test(test_refused),
   };
   return cmocka_run_group_tests_name("qlinear", tests, setup, teardown);
