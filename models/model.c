@@ -52,10 +52,20 @@ static kiln_status_t plan_push_raw(plan_t *p, const kiln_weight_t *w, uint64_t d
     p->ups = u;
     p->cap = cap;
   }
+  memset(&p->ups[p->n], 0, sizeof(p->ups[p->n]));
   p->ups[p->n].w = w;
   p->ups[p->n].dst = dst;
   p->ups[p->n].raw = raw;
   p->n++;
+  return NULL;
+}
+
+/* Schedules bytes generated from a GPTQ / AWQ Linear (kiln_qpart_write) at dst. */
+static kiln_status_t plan_push_q(plan_t *p, const model_qpart_t *q, int32_t what, uint64_t dst) {
+  kiln_status_t st = plan_push_raw(p, NULL, dst, false);
+  if (st) return st;
+  p->ups[p->n - 1].q = q;
+  p->ups[p->n - 1].q_what = what;
   return NULL;
 }
 
@@ -83,6 +93,10 @@ kiln_status_t model_plan_tensor_nd(plan_t *p, const char *name, int ndim, const 
   const kiln_weight_t *w = kiln_weights_find(p->src, name);
   if (found) *found = w != NULL;
   if (!w) return required ? plan_missing(p, name) : NULL;
+  if (w->type == KILN_WTYPE_I32)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s has dtype I32, want a float tensor (F32, F16 or BF16)",
+                            w->file, name);
   kiln_status_t st = kiln_weight_expect_shape(w, ndim, shape);
   if (st) return st;
   return plan_push(p, w, dst);
@@ -128,9 +142,104 @@ kiln_status_t model_plan_fused(plan_t *p, int n, char names[][160], const int64_
   return NULL;
 }
 
+/* The GPTQ / AWQ side of model_plan_linear: *done false when no part is such a Linear. */
+static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int64_t *rows,
+                                  int64_t cols, uint64_t *out_off, int32_t *out_fmt,
+                                  model_qlinear_t *out_q, bool *done) {
+  *done = false;
+  model_qpart_t *qp[3] = {NULL, NULL, NULL};
+  int nq = 0;
+  for (int i = 0; i < n && i < 3; i++) {
+    char mod[160], qn[176];
+    size_t len = strlen(names[i]);
+    if (len < 7 || strcmp(names[i] + len - 7, ".weight") != 0) continue;
+    snprintf(mod, sizeof(mod), "%.*s", (int)(len - 7), names[i]);
+    snprintf(qn, sizeof(qn), "%s.qweight", mod);
+    if (!kiln_weights_find(p->src, qn)) continue;
+    kiln_status_t st = kiln_qpart_open(p, mod, rows[i], cols, &qp[i]);
+    if (st) return st;
+    nq++;
+  }
+  if (nq == 0) return NULL;
+  *done = true;
+  /* Kept in the group format when every part is quantized alike and the device takes it. */
+  const char *why = NULL;
+  const int32_t fmt = kiln_qpart_format(qp[0] ? qp[0] : qp[nq - 1]);
+  if (nq != n) why = "a fused Linear mixes quantized and float parts";
+  for (int i = 1; !why && i < n; i++) {
+    const int32_t *a = kiln_qpart_g_idx(qp[0]), *b = kiln_qpart_g_idx(qp[i]);
+    if ((a == NULL) != (b == NULL) || (a && memcmp(a, b, (size_t)cols * sizeof(int32_t)) != 0))
+      why = "the parts of a fused Linear have different g_idx";
+  }
+  if (!why && p->q_dense_why) why = p->q_dense_why;
+  if (!why && !(p->qcaps & KILN_HAL_CAP_QUANT(fmt)))
+    why = "the backend has no gemm_quant for this format";
+  if (!why && fmt == KILN_HAL_QFMT_INT4_G && cols % 2) why = "in_features is odd";
+  kiln_status_t st = NULL;
+  if (why) { /* dequantized to the serving dtype, parts stacked as model_plan_fused does */
+    p->q_widened += nq;
+    p->q_widen_why = why;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += rows[i];
+    uint64_t off = model_plan_reserve(p, total * cols);
+    *out_off = off;
+    for (int i = 0; i < n && !st; i++) {
+      if (qp[i])
+        st = plan_push_q(p, qp[i], MODEL_Q_WIDEN, off);
+      else
+        st = plan_tensor(p, names[i], rows[i], cols, off, true, NULL);
+      off += (uint64_t)rows[i] * (uint64_t)cols * p->es;
+    }
+    return st;
+  }
+  p->q_kept += nq;
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += rows[i];
+  const int64_t G = kiln_qpart_groups(qp[0]);
+  const uint64_t rb = (uint64_t)kiln_hal_qgroup_row_bytes(fmt, cols);
+  uint64_t codes = p->size;
+  p->size = align_up(p->size + (uint64_t)total * rb);
+  uint64_t scales = p->size;
+  p->size = align_up(p->size + (uint64_t)(total * G) * 2);
+  uint64_t zeros = p->size;
+  p->size = align_up(p->size + (uint64_t)(total * G));
+  uint64_t g_idx = MODEL_NO_TENSOR;
+  if (kiln_qpart_g_idx(qp[0])) {
+    g_idx = p->size;
+    p->size = align_up(p->size + (uint64_t)cols * 4);
+    st = plan_push_q(p, qp[0], MODEL_Q_GIDX, g_idx);
+  }
+  *out_off = codes;
+  for (int i = 0; i < n && !st; i++) {
+    if ((st = plan_push_q(p, qp[i], MODEL_Q_CODES, codes)) ||
+        (st = plan_push_q(p, qp[i], MODEL_Q_SCALES, scales)) ||
+        (st = plan_push_q(p, qp[i], MODEL_Q_ZEROS, zeros)))
+      break;
+    codes += (uint64_t)rows[i] * rb;
+    scales += (uint64_t)(rows[i] * G) * 2;
+    zeros += (uint64_t)(rows[i] * G);
+  }
+  if (st) return st;
+  *out_fmt = fmt;
+  out_q->group_size = kiln_qpart_group_size(qp[0]);
+  out_q->groups = G;
+  out_q->scales = scales - (uint64_t)(total * G) * 2;
+  out_q->zeros = zeros - (uint64_t)(total * G);
+  out_q->g_idx = g_idx;
+  return NULL;
+}
+
 kiln_status_t model_plan_linear(plan_t *p, int n, char names[][160], const int64_t *rows,
-                                int64_t cols, uint64_t *out_off, int32_t *out_fmt) {
+                                int64_t cols, uint64_t *out_off, int32_t *out_fmt,
+                                model_qlinear_t *out_q) {
   *out_fmt = KILN_HAL_QFMT_NONE;
+  memset(out_q, 0, sizeof(*out_q));
+  out_q->scales = out_q->zeros = out_q->g_idx = MODEL_NO_TENSOR;
+  if (p->quant && p->quant->method != KILN_QUANT_NONE) {
+    bool done;
+    kiln_status_t st = plan_qlinear(p, n, names, rows, cols, out_off, out_fmt, out_q, &done);
+    if (st || done) return st;
+  }
   int32_t fmt = KILN_HAL_QFMT_NONE;
   for (int i = 0; i < n; i++) {
     const kiln_weight_t *w = kiln_weights_find(p->src, names[i]);
@@ -198,10 +307,15 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     NAME(1, "self_attn.k_proj.weight");
     NAME(2, "self_attn.v_proj.weight");
     /* Qwen3's q/k norms split the QKV GEMM (llama.c): those layers stay dense. */
-    if (c->qk_norm) {
-      L->qkv_fmt = KILN_HAL_QFMT_NONE;
-      if ((st = model_plan_fused(p, 3, nm, qkv_rows, H, false, &L->qkv_w))) return st;
-    } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt))) {
+    if (c->qk_norm) { /* dense: a device without the formats' caps widens every part */
+      const uint64_t caps = p->qcaps;
+      p->qcaps = 0;
+      p->q_dense_why = "Qwen3's q/k norms split the fused QKV";
+      st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q);
+      p->qcaps = caps;
+      p->q_dense_why = NULL;
+      if (st) return st;
+    } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q))) {
       return st;
     }
     NAME(0, "self_attn.q_proj.bias");
@@ -218,7 +332,7 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     }
     NAME(0, "self_attn.o_proj.weight");
     const int64_t o_rows[1] = {H}, down_rows[1] = {H};
-    if ((st = model_plan_linear(p, 1, nm, o_rows, QD, &L->o_w, &L->o_fmt))) return st;
+    if ((st = model_plan_linear(p, 1, nm, o_rows, QD, &L->o_w, &L->o_fmt, &L->o_q))) return st;
     L->o_b = MODEL_NO_TENSOR;
     if (c->o_bias) {
       NAME(0, "self_attn.o_proj.bias");
@@ -227,7 +341,7 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     const int64_t gu_rows[2] = {I, I};
     NAME(0, "mlp.gate_proj.weight");
     NAME(1, "mlp.up_proj.weight");
-    if ((st = model_plan_linear(p, 2, nm, gu_rows, H, &L->gu_w, &L->gu_fmt))) return st;
+    if ((st = model_plan_linear(p, 2, nm, gu_rows, H, &L->gu_w, &L->gu_fmt, &L->gu_q))) return st;
     L->gu_b = L->down_b = MODEL_NO_TENSOR;
     if (c->mlp_bias) {
       NAME(0, "mlp.gate_proj.bias");
@@ -237,7 +351,8 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
       if ((st = model_plan_one(p, nm[0], H, 0, &L->down_b))) return st;
     }
     NAME(0, "mlp.down_proj.weight");
-    if ((st = model_plan_linear(p, 1, nm, down_rows, I, &L->down_w, &L->down_fmt))) return st;
+    if ((st = model_plan_linear(p, 1, nm, down_rows, I, &L->down_w, &L->down_fmt, &L->down_q)))
+      return st;
 #undef NAME
     L->window = c->layer_sliding[l] ? c->sliding_window : 0;
   }
@@ -267,6 +382,25 @@ static kiln_status_t model_upload(kiln_model_t *m, const plan_t *p) {
   const int64_t chunk = (int64_t)(STAGING_BYTES / m->es) & ~(int64_t)255; /* whole blocks */
   for (size_t i = 0; i < p->n && !st; i++) {
     const kiln_weight_t *w = p->ups[i].w;
+    if (p->ups[i].q) { /* GPTQ / AWQ: repacked (or widened) on the host, then copied */
+      const model_qpart_t *q = p->ups[i].q;
+      const uint64_t nb = kiln_qpart_bytes(q, p->ups[i].q_what, m->dtype);
+      uint8_t *tmp = direct ? direct + p->ups[i].dst : malloc(nb ? (size_t)nb : 1);
+      if (!tmp) {
+        st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory repacking weights");
+        break;
+      }
+      st = kiln_qpart_write(q, p->ups[i].q_what, m->dtype, tmp);
+      for (uint64_t done = 0; !direct && !st && done < nb; done += STAGING_BYTES) {
+        uint64_t n = nb - done < STAGING_BYTES ? nb - done : STAGING_BYTES;
+        memcpy(stage, tmp + done, (size_t)n);
+        st = hal_st(m->be->copy_h2d(m->stream, m->weights, p->ups[i].dst + done, stage, n),
+                    "uploading weights");
+        if (!st) st = hal_st(m->be->stream_sync(m->stream), "uploading weights");
+      }
+      if (!direct) free(tmp);
+      continue;
+    }
     if (p->ups[i].raw) { /* quantized blocks, as they are in the file */
       if (direct) {
         memcpy(direct + p->ups[i].dst, w->data, (size_t)w->nbytes);
@@ -471,8 +605,21 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
    * the format's capability); elsewhere they are widened to the serving dtype at load. */
   if (KILN_HAL_HAS(backend, gemm_quant) && backend->gemm_quant)
     plan.qcaps = di.caps & ~(uint64_t)0xffffffffu;
+  plan.quant = &c->quant;
   if ((st = model_plan(m, &plan))) goto fail;
   m->weight_bytes = plan.size;
+  if (c->quant.method != KILN_QUANT_NONE) {
+    char qdesc[96];
+    kiln_model_quant_describe(&c->quant, qdesc, sizeof(qdesc));
+    if (plan.q_kept)
+      kiln_log(
+          KILN_LOG_INFO, "quantization %s: %lld Linear weights kept quantized (%s)", qdesc,
+          (long long)plan.q_kept,
+          kiln_hal_qfmt_name(c->quant.bits == 4 ? KILN_HAL_QFMT_INT4_G : KILN_HAL_QFMT_INT8_G));
+    if (plan.q_widened)
+      kiln_log(KILN_LOG_INFO, "quantization %s: %lld Linear weights dequantized to %s at load (%s)",
+               qdesc, (long long)plan.q_widened, kiln_hal_dtype_name(m->dtype), plan.q_widen_why);
+  }
   if ((st = alloc_buf(m, plan.size, 0, "the weights", &m->weights))) goto fail;
   if ((st = model_upload(m, &plan))) goto fail;
 
@@ -571,14 +718,14 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
            path, c->architecture, (long long)c->num_layers, (long long)H, (long long)c->num_heads,
            (long long)c->num_kv_heads, (long long)c->head_dim, (long long)c->vocab_size,
            kiln_hal_dtype_name(m->dtype), (double)m->weight_bytes / (1 << 20));
-  free(plan.ups);
+  kiln_model_plan_free(&plan);
   free(table);
   kiln_weights_free(src);
   *out_model = m;
   return NULL;
 
 fail:
-  free(plan.ups);
+  kiln_model_plan_free(&plan);
   free(table);
   kiln_weights_free(src);
   kiln_model_free(m);

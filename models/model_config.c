@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "kiln/hal.h"
 
@@ -273,18 +274,149 @@ static kiln_status_t parse_arch(const kiln_json_t *root, const char *name, kiln_
   return NULL;
 }
 
+/* A quantization_config key that Kiln does not run: KILN_ERR_UNSUPPORTED naming it. */
+static kiln_status_t quant_refuse(const char *name, const char *key, const kiln_json_t *v,
+                                  const char *why) {
+  char got[96];
+  describe(v, got, sizeof(got));
+  return kiln_status_make(KILN_ERR_UNSUPPORTED, "%s: quantization_config.%s = %s: %s", name, key,
+                          got, why);
+}
+
+/* quantization_config.<key> as a string / bool (NULL / unchanged when absent or null). */
+static kiln_status_t q_str(const kiln_json_t *q, const char *name, const char *key,
+                           const char **out) {
+  const kiln_json_t *v = opt(q, key);
+  if (!v) return NULL;
+  char full[96];
+  snprintf(full, sizeof(full), "quantization_config.%s", key);
+  if (!kiln_json_is(v, KILN_JSON_STRING)) return bad_value(name, full, "a string", v);
+  *out = kiln_json_string(v, NULL);
+  return NULL;
+}
+
+static kiln_status_t q_bool(const kiln_json_t *q, const char *name, const char *key, bool *out) {
+  const kiln_json_t *v = opt(q, key);
+  if (!v) return NULL;
+  char full[96];
+  snprintf(full, sizeof(full), "quantization_config.%s", key);
+  if (!kiln_json_is(v, KILN_JSON_BOOL)) return bad_value(name, full, "true or false", v);
+  *out = kiln_json_bool(v);
+  return NULL;
+}
+
+/* quantization_config: GPTQ (bits 4/8, checkpoint_format gptq / gptq_v2) and AWQ (bits 4,
+ * version gemm, zero_point) are read into *out; every other method or setting is refused. */
+static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
+                                 kiln_quant_config_t *out) {
+  memset(out, 0, sizeof(*out));
+  const kiln_json_t *q = opt(root, "quantization_config");
+  if (!q) return NULL;
+  if (!kiln_json_is(q, KILN_JSON_OBJECT))
+    return bad_value(name, "quantization_config", "an object", q);
+  const char *method = NULL;
+  kiln_status_t st = q_str(q, name, "quant_method", &method);
+  if (!st && !method)
+    st = kiln_status_make(
+        KILN_ERR_INVALID_ARGUMENT,
+        "%s: quantization_config.quant_method: missing (want \"gptq\" or \"awq\")", name);
+  if (st) return st;
+  if (strcmp(method, "gptq") == 0) {
+    out->method = KILN_QUANT_GPTQ;
+  } else if (strcmp(method, "awq") == 0) {
+    out->method = KILN_QUANT_AWQ;
+  } else {
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: quantization_config: quant_method \"%s\" is not supported (only "
+                            "\"gptq\" and \"awq\"); use such a checkpoint or an unquantized one",
+                            name, method);
+  }
+  const bool gptq = out->method == KILN_QUANT_GPTQ;
+  int64_t bits = 4, gs = 128;
+  const kiln_json_t *v;
+  if ((v = opt(q, "bits")) && (st = read_int(name, "quantization_config.bits", v, 1, 64, &bits)))
+    return st;
+  if (bits != 4 && (gptq ? bits != 8 : true))
+    return quant_refuse(name, "bits", v,
+                        gptq ? "GPTQ runs with 4 or 8 bits only" : "AWQ runs with 4 bits only");
+  if ((v = opt(q, "group_size")) &&
+      (st = read_int(name, "quantization_config.group_size", v, -1, 1 << 30, &gs)))
+    return st;
+  if (gs == 0) return quant_refuse(name, "group_size", v, "want a positive size or -1");
+  out->bits = (int32_t)bits;
+  out->group_size = (int32_t)gs;
+  if (gptq) {
+    out->sym = true;
+    if ((st = q_bool(q, name, "desc_act", &out->desc_act)) ||
+        (st = q_bool(q, name, "sym", &out->sym)))
+      return st;
+    const char *fmt = NULL;
+    const char *fkey = opt(q, "checkpoint_format") ? "checkpoint_format" : "format";
+    if ((st = q_str(q, name, fkey, &fmt))) return st;
+    if (!fmt || strcmp(fmt, "gptq") == 0)
+      out->zero_minus_one = true;
+    else if (strcmp(fmt, "gptq_v2") != 0)
+      return quant_refuse(name, fkey, opt(q, fkey),
+                          "only \"gptq\" (v1) and \"gptq_v2\" are supported (marlin, bitblas and "
+                          "other repacked formats are not)");
+    bool flag = false;
+    if ((st = q_bool(q, name, "is_marlin_format", &flag))) return st;
+    if (flag)
+      return quant_refuse(name, "is_marlin_format", opt(q, "is_marlin_format"),
+                          "Marlin-packed GPTQ weights are not supported");
+    flag = false;
+    if ((st = q_bool(q, name, "lm_head", &flag))) return st;
+    if (flag)
+      return quant_refuse(name, "lm_head", opt(q, "lm_head"),
+                          "a quantized lm_head is not supported");
+    const char *pack = NULL;
+    if ((st = q_str(q, name, "pack_dtype", &pack))) return st;
+    if (pack && strcmp(pack, "int32") != 0 && strcmp(pack, "torch.int32") != 0)
+      return quant_refuse(name, "pack_dtype", opt(q, "pack_dtype"),
+                          "only int32 packing is supported");
+    if ((v = opt(q, "dynamic")) && kiln_json_len(v) > 0)
+      return quant_refuse(name, "dynamic", v, "per-module GPTQModel overrides are not supported");
+  } else {
+    const char *version = NULL;
+    if ((st = q_str(q, name, "version", &version))) return st;
+    if (version && strcasecmp(version, "gemm") != 0)
+      return quant_refuse(name, "version", opt(q, "version"),
+                          "only AWQ's GEMM packing is supported (not gemv, gemv_fast, exllama, "
+                          "marlin or ipex)");
+    bool zp = true;
+    if ((st = q_bool(q, name, "zero_point", &zp))) return st;
+    if (!zp)
+      return quant_refuse(name, "zero_point", opt(q, "zero_point"),
+                          "AWQ without zero points is not supported");
+    if (gs < 0)
+      return quant_refuse(name, "group_size", opt(q, "group_size"),
+                          "AWQ needs a positive group size");
+  }
+  if ((v = opt(q, "modules_to_not_convert")) && !kiln_json_is(v, KILN_JSON_ARRAY))
+    return bad_value(name, "quantization_config.modules_to_not_convert", "a list of names", v);
+  return NULL;
+}
+
+void kiln_model_quant_describe(const kiln_quant_config_t *q, char *buf, size_t size) {
+  if (!size) return;
+  if (q->method == KILN_QUANT_NONE) {
+    snprintf(buf, size, "none");
+    return;
+  }
+  char group[32];
+  if (q->group_size > 0)
+    snprintf(group, sizeof(group), "group %d", (int)q->group_size);
+  else
+    snprintf(group, sizeof(group), "one group per row");
+  if (q->method == KILN_QUANT_AWQ)
+    snprintf(buf, size, "awq %d-bit, %s", (int)q->bits, group);
+  else
+    snprintf(buf, size, "gptq %d-bit, %s, %s%s, %s", (int)q->bits, group, q->sym ? "sym" : "asym",
+             q->desc_act ? ", desc_act" : "", q->zero_minus_one ? "gptq (v1)" : "gptq_v2");
+}
+
 /* Keys whose presence changes the computation in a way Kiln does not implement. */
 static kiln_status_t refuse_unsupported(const kiln_json_t *root, const char *name) {
-  const kiln_json_t *q = opt(root, "quantization_config");
-  if (q) {
-    const char *method = NULL;
-    if (kiln_json_is(q, KILN_JSON_OBJECT))
-      method = kiln_json_string(kiln_json_get(q, "quant_method"), NULL);
-    return kiln_status_make(KILN_ERR_UNSUPPORTED,
-                            "%s: quantization_config: quantized checkpoints (quant_method \"%s\") "
-                            "are not supported; use an unquantized (float32/float16/bfloat16) one",
-                            name, method ? method : "?");
-  }
   static const char *const softcaps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
   for (size_t i = 0; i < 2; i++) {
     const kiln_json_t *v = opt(root, softcaps[i]);
@@ -843,7 +975,12 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
   if (!kiln_json_is(root, KILN_JSON_OBJECT))
     return bad_value(name, "(top level)", "an object", root);
   if ((st = parse_arch(root, name, c))) return st;
-  if ((st = refuse_unsupported(root, name))) return st;
+  if ((st = refuse_unsupported(root, name)) || (st = parse_quant(root, name, &c->quant))) return st;
+  if (c->quant.method != KILN_QUANT_NONE && is_vl(c))
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: quantization_config: quantized vision-language checkpoints are "
+                            "not supported",
+                            name);
   c->image_token_id = c->video_token_id = c->vision_start_token_id = c->vision_end_token_id = -1;
 
   /* Vision-language checkpoints keep the text model's keys in "text_config" (transformers 5)
@@ -855,6 +992,11 @@ kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,
       return bad_value(name, "text_config", "an object", tc);
     if (tc && kiln_json_len(tc) > 0) {
       if ((st = refuse_unsupported(tc, name))) return st;
+      if (opt(tc, "quantization_config"))
+        return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                                "%s: text_config.quantization_config: quantized vision-language "
+                                "checkpoints are not supported",
+                                name);
       /* tie_word_embeddings at both levels must agree: which one transformers reads has moved. */
       const kiln_json_t *a = opt(tc, "tie_word_embeddings"), *b = opt(root, "tie_word_embeddings");
       if (a && b && kiln_json_is(a, KILN_JSON_BOOL) && kiln_json_is(b, KILN_JSON_BOOL) &&

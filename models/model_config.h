@@ -81,6 +81,22 @@ typedef struct kiln_vision_config {
   int32_t fullatt_blocks[KILN_MODEL_MAX_LAYERS];
 } kiln_vision_config_t;
 
+/* quantization_config of a GPTQ or AWQ checkpoint (docs/models.md "GPTQ and AWQ"). */
+typedef enum kiln_quant_method {
+  KILN_QUANT_NONE = 0,
+  KILN_QUANT_GPTQ = 1,
+  KILN_QUANT_AWQ = 2,
+} kiln_quant_method_t;
+
+typedef struct kiln_quant_config {
+  int32_t method;     /* kiln_quant_method_t */
+  int32_t bits;       /* GPTQ 4 or 8, AWQ 4 */
+  int32_t group_size; /* > 0, or -1: one group over all of K */
+  bool desc_act;      /* GPTQ act-order: every quantized Linear needs its g_idx */
+  bool sym;           /* GPTQ symmetric (the zeros are read from qzeros either way) */
+  bool zero_minus_one; /* GPTQ checkpoint_format "gptq" (v1): qzeros hold z - 1 */
+} kiln_quant_config_t;
+
 typedef struct kiln_model_config {
   char architecture[64]; /* "LlamaForCausalLM" (GGUF: derived from general.architecture) */
   char model_type[32];   /* "llama", "mistral", "qwen2", "qwen3", "qwen2_vl", "qwen2_5_vl" */
@@ -119,6 +135,7 @@ typedef struct kiln_model_config {
 
   int32_t dtype; /* the checkpoint's torch_dtype / dtype as a KILN_HAL_* float dtype;
                     KILN_HAL_F32 when absent */
+  kiln_quant_config_t quant; /* method KILN_QUANT_NONE without a quantization_config */
 
   /* Token ids; -1 when unknown. eos ids merge config.json and generation_config.json. */
   int32_t bos_token_id;
@@ -132,10 +149,14 @@ typedef struct kiln_model_config {
   int32_t top_k;
 } kiln_model_config_t;
 
+/* "gptq 4-bit, group 128, asym, desc_act, v1" / "awq 4-bit, group 128" / "none" into buf. */
+void kiln_model_quant_describe(const kiln_quant_config_t *q, char *buf, size_t size);
+
 /* Fills *out from a parsed config.json object. name is used in messages ("<dir>/config.json").
  * Errors (KILN_ERR_INVALID_ARGUMENT unless noted): a missing or mistyped required key (names
  * the key and the type found); KILN_ERR_UNSUPPORTED for an unknown model_type / architecture,
- * an unknown or unimplemented rope scaling type, quantization_config, an unsupported
+ * an unknown or unimplemented rope scaling type, a quantization_config other than GPTQ
+ * (4/8-bit, checkpoint_format gptq or gptq_v2) or AWQ (4-bit GEMM), an unsupported
  * hidden_act, and every other setting Kiln cannot run exactly. Calls
  * kiln_model_config_validate() before returning. */
 kiln_status_t kiln_model_config_parse(const kiln_json_t *root, const char *name,

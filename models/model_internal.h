@@ -11,6 +11,15 @@
 
 #define MODEL_NO_TENSOR UINT64_MAX /* an absent optional weight (a bias, a q/k norm) */
 
+/* The rest of a Linear kept in a group format (KILN_HAL_QFMT_INT4_G / INT8_G; hal.h's
+ * kiln_hal_qweight_t): byte offsets in the weight buffer of its F16 scales [N, G], U8 zeros
+ * [N, G] and I32 g_idx [K] (MODEL_NO_TENSOR: none, g = k / group_size). */
+typedef struct model_qlinear {
+  int32_t group_size;
+  int64_t groups;
+  uint64_t scales, zeros, g_idx;
+} model_qlinear_t;
+
 /* Byte offsets of one decoder layer's weights in the model's weight buffer. Fused weights
  * keep PyTorch's [out, in] row-major layout, rows concatenated, so one GEMM computes them. */
 typedef struct model_layer {
@@ -28,8 +37,10 @@ typedef struct model_layer {
   uint64_t down_b;    /* [H] or MODEL_NO_TENSOR */
   int32_t window;     /* sliding window of this layer, 0 = full attention */
   /* kiln_hal_qfmt_t of qkv_w, o_w, gu_w, down_w: KILN_HAL_QFMT_NONE = the serving dtype;
-   * else the GGUF blocks as they are in the file ([rows, K / E blocks], see gemm_quant). */
+   * else the GGUF blocks as they are in the file ([rows, K / E blocks], see gemm_quant), or
+   * a group format (GPTQ / AWQ repacked, its scales / zeros / g_idx in *_q). */
   int32_t qkv_fmt, o_fmt, gu_fmt, down_fmt;
+  model_qlinear_t qkv_q, o_q, gu_q, down_q;
 } model_layer_t;
 
 struct kiln_model {
@@ -98,10 +109,24 @@ struct kiln_kv_cache {
 
 /* ---- the weight plan (model.c): checkpoint tensors scheduled into the weight buffer ------ */
 
+/* One GPTQ / AWQ Linear of the checkpoint (models/qlinear.c): its tensors, checked. */
+typedef struct model_qpart model_qpart_t;
+
+/* What an upload of a model_qpart_t writes (models/qlinear.c). */
+typedef enum model_qwhat {
+  MODEL_Q_CODES = 0, /* [N, row bytes] codes of the group format */
+  MODEL_Q_SCALES,    /* F16 [N, G] */
+  MODEL_Q_ZEROS,     /* U8 [N, G] */
+  MODEL_Q_GIDX,      /* I32 [K] */
+  MODEL_Q_WIDEN,     /* [N, K] dequantized, in the serving dtype */
+} model_qwhat_t;
+
 typedef struct model_upload {
   const kiln_weight_t *w;
   uint64_t dst; /* byte offset in the weight buffer */
   bool raw;     /* copy the tensor's bytes as they are (a quantized weight kept quantized) */
+  const model_qpart_t *q; /* non-NULL: bytes generated from this GPTQ / AWQ Linear (w unused) */
+  int32_t q_what;         /* model_qwhat_t */
 } model_upload_t;
 
 typedef struct model_plan {
@@ -111,9 +136,34 @@ typedef struct model_plan {
   size_t es;
   uint64_t size;  /* bytes so far */
   uint64_t qcaps; /* the device's KILN_HAL_CAP_QUANT bits when the backend has gemm_quant */
+  const kiln_quant_config_t *quant; /* the checkpoint's quantization_config (method NONE: none) */
   model_upload_t *ups;
   size_t n, cap;
+  model_qpart_t **qparts; /* owned (kiln_model_plan_free) */
+  size_t n_qparts, cap_qparts;
+  int64_t q_kept, q_widened; /* GPTQ / AWQ Linears kept in a group format / widened */
+  const char *q_widen_why;   /* why the last one was widened */
+  const char *q_dense_why;   /* set while planning a Linear that must be dense: why */
 } model_plan_t;
+
+/* Frees what a plan owns (ups, qparts). */
+void kiln_model_plan_free(model_plan_t *p);
+
+/* Opens the GPTQ / AWQ Linear `module` (its tensors module.qweight, .qzeros, .scales, .g_idx)
+ * of out_features N and in_features K, checking every tensor's presence, dtype and shape
+ * against p->quant (errors name the tensor); the part is owned by p. */
+kiln_status_t kiln_qpart_open(model_plan_t *p, const char *module, int64_t N, int64_t K,
+                               model_qpart_t **out);
+/* The part's group count and group size, its g_idx (NULL when absent or k / group_size), and
+ * its group format (KILN_HAL_QFMT_INT4_G / INT8_G). */
+int64_t kiln_qpart_groups(const model_qpart_t *q);
+int32_t kiln_qpart_group_size(const model_qpart_t *q);
+const int32_t *kiln_qpart_g_idx(const model_qpart_t *q);
+int32_t kiln_qpart_format(const model_qpart_t *q);
+/* Bytes an upload of `what` writes, and writing them into out (dtype: the serving dtype, for
+ * MODEL_Q_WIDEN). */
+uint64_t kiln_qpart_bytes(const model_qpart_t *q, int32_t what, int32_t dtype);
+kiln_status_t kiln_qpart_write(const model_qpart_t *q, int32_t what, int32_t dtype, void *out);
 
 /* Reserves room for a tensor of numel elements; returns its offset. */
 uint64_t model_plan_reserve(model_plan_t *p, int64_t numel);
@@ -135,9 +185,13 @@ kiln_status_t model_plan_fused(model_plan_t *p, int n, char names[][160], const 
 /* A linear weight made of n stacked [rows_i, cols] parts (as model_plan_fused, required):
  * kept quantized when every part has the same GGUF block type and the device runs gemm_quant
  * on it (*out_fmt = its kiln_hal_qfmt_t), else converted to the serving dtype
- * (*out_fmt = KILN_HAL_QFMT_NONE). */
+ * (*out_fmt = KILN_HAL_QFMT_NONE). With a GPTQ / AWQ quantization_config, a part whose module
+ * has a .qweight (names[i] minus ".weight") is that Linear: kept in a group format (*out_q
+ * says where its scales, zeros and g_idx went) when every part is one with the same groups and
+ * g_idx and the device takes the format, else dequantized to the serving dtype at load. */
 kiln_status_t model_plan_linear(model_plan_t *p, int n, char names[][160], const int64_t *rows,
-                                int64_t cols, uint64_t *out_off, int32_t *out_fmt);
+                                int64_t cols, uint64_t *out_off, int32_t *out_fmt,
+                                model_qlinear_t *out_q);
 
 /* The vision tower (models/vision/vision.c): plans its weights after the decoder's, and frees
  * what it allocated (its scratch buffers) with the model. */

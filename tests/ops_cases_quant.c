@@ -164,6 +164,189 @@ static void gq_bad_args(const oh_backend_t *be, int32_t fmt) {
   oh_free_all();
 }
 
+/* ---- the group formats (INT4_G, INT8_G: GPTQ / AWQ repacked) ----------------------------------
+ * Random codes (every nibble / byte), random zeros (or absent: symmetric), random finite f16
+ * scales of either sign in [2^-12, 2^-4], group_size 32/64/128 or K (GPTQ's -1), g_idx absent
+ * or a random act-order assignment (each group gets group_size columns, shuffled over K). W is
+ * exact in f32 (hal.h), so the tolerance is gemm's, as for the block formats. */
+typedef struct gqg_case {
+  int64_t M, N, K;
+  int32_t group_size; /* 0: K (one group) */
+  bool zeros, g_idx, bias, y_f32;
+  int64_t w_pad, s_pad; /* extra bytes per code row; extra elements per scale / zero row */
+} gqg_case_t;
+
+static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_case_t *g) {
+  const int64_t M = g->M, N = g->N, K = g->K;
+  const int32_t gs = g->group_size ? g->group_size : (int32_t)K;
+  const int64_t G = (K + gs - 1) / gs;
+  const int32_t ydt = g->y_f32 ? KILN_HAL_F32 : dt;
+  const size_t es = kiln_hal_dtype_size(dt), yes = kiln_hal_dtype_size(ydt);
+  if (oh_skip_big((double)M * (double)N * (double)K)) return;
+  oh_case(be, "gemm_quant", dt,
+          "%s M=%lld N=%lld K=%lld group_size=%d zeros=%d g_idx=%d bias=%d y=%s",
+          kiln_hal_qfmt_name(fmt), (long long)M, (long long)N, (long long)K, (int)gs, g->zeros,
+          g->g_idx, g->bias, kiln_hal_dtype_name(ydt));
+  const int64_t rb = kiln_hal_qgroup_row_bytes(fmt, K) + g->w_pad, lds = G + g->s_pad;
+  oh_buf_t *xbuf = oh_buf_new(be, (size_t)(M * K + 1) * es);
+  oh_buf_t *wbuf = oh_buf_new(be, (size_t)(N * rb + 8));
+  oh_buf_t *sbuf = oh_buf_new(be, (size_t)(N * lds + 1) * 2);
+  oh_buf_t *zbuf = oh_buf_new(be, (size_t)(N * lds + 1));
+  oh_buf_t *ibuf = oh_buf_new(be, (size_t)(K + 1) * 4);
+  oh_buf_t *ybuf = oh_buf_new(be, (size_t)(M * N + 3) * yes);
+  oh_buf_t *bbuf = oh_buf_new(be, (size_t)(N + 3) * yes);
+  double *xv = OH_NEW(double, M *K + 1), *biasv = OH_NEW(double, N + 1);
+  double *want = OH_NEW(double, M *N + 1), *got = OH_NEW(double, M *N + 1);
+  double *mag = OH_NEW(double, M *N + 1);
+  int32_t *gidx = OH_NEW(int32_t, K + 1);
+
+  kiln_hal_gemm_quant_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.x = oh_view(xbuf, 0, dt, 2, (const int64_t[]){M, K}, NULL);
+  a.y = oh_view(ybuf, 0, ydt, 2, (const int64_t[]){M, N}, NULL);
+  a.bias = oh_absent();
+  oh_write_rand(xbuf, &a.x, -1, 1, xv);
+  if (g->bias) {
+    a.bias = oh_view(bbuf, 0, ydt, 1, (const int64_t[]){N}, NULL);
+    oh_write_rand(bbuf, &a.bias, -1, 1, biasv);
+  }
+  for (int64_t i = 0; i < N * rb + 8; i++) wbuf->host[i] = (uint8_t)oh_rand_u64();
+  const int zmax = fmt == KILN_HAL_QFMT_INT4_G ? 16 : 255; /* 16: GPTQ v1's stored 15 + 1 */
+  for (int64_t i = 0; i < N * lds; i++) {
+    put_scale(sbuf->host + 2 * i, oh_rand_int(0, 1));
+    zbuf->host[i] = (uint8_t)oh_rand_int(0, zmax);
+  }
+  a.w = (kiln_hal_qweight_t){
+      .buffer = wbuf->b, .format = fmt, .group_size = gs, .n = N, .k = K, .row_stride = rb};
+  a.w.scales =
+      oh_view(sbuf, 0, KILN_HAL_F16, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
+  a.w.zeros = oh_absent();
+  a.w.g_idx = oh_absent();
+  if (g->zeros)
+    a.w.zeros =
+        oh_view(zbuf, 0, KILN_HAL_U8, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
+  if (g->g_idx) { /* k / gs, shuffled (Fisher-Yates): act-order's assignment */
+    for (int64_t k = 0; k < K; k++) gidx[k] = (int32_t)(k / gs);
+    for (int64_t k = K - 1; k > 0; k--) {
+      int64_t j = oh_rand_int(0, k);
+      int32_t t = gidx[k];
+      gidx[k] = gidx[j];
+      gidx[j] = t;
+    }
+    memcpy(ibuf->host, gidx, (size_t)K * 4);
+    a.w.g_idx = oh_view(ibuf, 0, KILN_HAL_I32, 1, (const int64_t[]){K}, NULL);
+  }
+  oh_push(xbuf);
+  oh_push(wbuf);
+  oh_push(sbuf);
+  oh_push(zbuf);
+  oh_push(ibuf);
+  oh_push(ybuf);
+  oh_push(bbuf);
+  if (oh_ok(be->t->gemm_quant(be->stream, &a), "gemm_quant") && oh_pull(ybuf)) {
+    oh_mark(ybuf, &a.y);
+    oh_read(ybuf, &a.y, got);
+    ops_ref_gemm_qgroup(M, N, K, xv, fmt, wbuf->host, rb, sbuf->host, lds,
+                        g->zeros ? zbuf->host : NULL, lds, g->g_idx ? gidx : NULL, gs,
+                        g->bias ? biasv : NULL, want, mag);
+    oh_compare("y", M * N, got, want, mag, oh_tol_gemm(ydt));
+    oh_check_rest(ybuf, "y (tail)");
+  }
+  free(xv);
+  free(biasv);
+  free(want);
+  free(got);
+  free(mag);
+  free(gidx);
+  oh_free_all();
+}
+
+/* Group-format arguments the op must refuse. */
+static void gqg_bad_args(const oh_backend_t *be, int32_t fmt) {
+  oh_case(be, "gemm_quant", KILN_HAL_F32, "%s bad arguments", kiln_hal_qfmt_name(fmt));
+  const int64_t K = 64, N = 4;
+  oh_buf_t *xbuf = oh_buf_new(be, 4 * 2 * K), *ybuf = oh_buf_new(be, 64);
+  oh_buf_t *wbuf = oh_buf_new(be, (size_t)(N * K)), *sbuf = oh_buf_new(be, 64);
+  oh_buf_t *ibuf = oh_buf_new(be, (size_t)K * 4);
+  memset(sbuf->host, 0, 64);
+  for (int64_t k = 0; k < K; k++) ((int32_t *)(void *)ibuf->host)[k] = (int32_t)(k / 32);
+  ((int32_t *)(void *)ibuf->host)[K - 1] = 2; /* one group past the two there are */
+  oh_push(sbuf);
+  oh_push(ibuf);
+  kiln_hal_gemm_quant_args_t good, a;
+  memset(&good, 0, sizeof(good));
+  good.struct_size = sizeof(good);
+  good.x = oh_view(xbuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, K}, NULL);
+  good.y = oh_view(ybuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, N}, NULL);
+  good.w = (kiln_hal_qweight_t){.buffer = wbuf->b,
+                                .format = fmt,
+                                .group_size = 32,
+                                .n = N,
+                                .k = K,
+                                .row_stride = kiln_hal_qgroup_row_bytes(fmt, K)};
+  good.w.scales = oh_view(sbuf, 0, KILN_HAL_F16, 2, (const int64_t[]){N, 2}, NULL);
+  good.w.zeros = oh_absent();
+  good.w.g_idx = oh_absent();
+  a = good, a.w.group_size = 0;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "group_size 0");
+  a = good, a.w.scales = oh_absent();
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "scales absent");
+  a = good, a.w.scales.dtype = KILN_HAL_BF16;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "bf16 scales");
+  a = good, a.w.group_size = 16;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "groups != ceil(K / group_size)");
+  a = good, a.w.zeros = oh_view(sbuf, 0, KILN_HAL_U8, 2, (const int64_t[]){N, 3}, NULL);
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "zeros of another shape");
+  a = good, a.w.row_stride -= 1;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "row_stride below a row");
+  a = good, a.w.g_idx = oh_view(ibuf, 0, KILN_HAL_I32, 1, (const int64_t[]){K - 1}, NULL);
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "g_idx of K - 1 entries");
+  a = good, a.w.g_idx = oh_view(ibuf, 0, KILN_HAL_I32, 1, (const int64_t[]){K}, NULL);
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "g_idx entry outside the groups");
+  if (fmt == KILN_HAL_QFMT_INT4_G) {
+    a = good, a.w.k = K - 1, a.x.shape[1] = K - 1;
+    oh_expect_error(be->t->gemm_quant(be->stream, &a), "odd K");
+  }
+  oh_free_all();
+}
+
+static void gqg_all(const oh_backend_t *be, int32_t fmt) {
+  static const int64_t Ms[] = {1, 3, 17, 64};
+  static const int32_t gss[] = {32, 64, 128, 0};
+  for (int di = 0; di < 3; di++) {
+    const int32_t dt = oh_float_dtypes[di];
+    if (!oh_dtype_ok(be, dt)) continue;
+    for (size_t mi = 0; mi < ARRAY_LEN(Ms); mi++)
+      for (size_t gi = 0; gi < ARRAY_LEN(gss); gi++)
+        for (int v = 0; v < 2; v++) {
+          gqg_case_t g;
+          memset(&g, 0, sizeof(g));
+          g.M = Ms[mi];
+          g.N = oh_rand_int(1, 40);
+          g.K = 256;
+          g.group_size = gss[gi];
+          g.zeros = v == 0 || oh_rand_int(0, 1);
+          g.g_idx = v == 1;
+          g.bias = oh_rand_int(0, 1);
+          g.y_f32 = oh_rand_int(0, 1);
+          g.w_pad = oh_rand_int(0, 3);
+          g.s_pad = oh_rand_int(0, 2);
+          gqg_run(be, fmt, dt, &g);
+        }
+    /* K not a multiple of the group (ceil) nor of 8 or the span, and symmetric. */
+    gqg_case_t odd = {5, 19, 298, 64, false, false, true, false, 1, 0};
+    gqg_run(be, fmt, dt, &odd);
+    odd.M = 20, odd.g_idx = true, odd.zeros = true;
+    gqg_run(be, fmt, dt, &odd);
+  }
+  gqg_case_t big = {1, 256, 4096, 128, true, false, true, false, 0, 0};
+  gqg_run(be, fmt, KILN_HAL_F32, &big);
+  big.M = 5, big.g_idx = true;
+  gqg_run(be, fmt, KILN_HAL_F32, &big);
+  gqg_bad_args(be, fmt);
+}
+
 void test_ops_gemm_quant(void **state) {
   (void)state;
   oh_test_begin("gemm_quant");
@@ -204,6 +387,16 @@ void test_ops_gemm_quant(void **state) {
       big.M = 5;
       gq_run(be, fmt, oh_dtype_ok(be, KILN_HAL_BF16) ? KILN_HAL_BF16 : KILN_HAL_F32, &big);
       gq_bad_args(be, fmt);
+    }
+    for (int32_t fmt = KILN_HAL_QFMT_INT4_G; fmt < KILN_HAL_QFMT_GROUP_END; fmt++) {
+      if (!(be->info.caps & KILN_HAL_CAP_QUANT(fmt))) continue;
+      if (!has_op) {
+        oh_case(be, "gemm_quant", KILN_HAL_F32, "%s", kiln_hal_qfmt_name(fmt));
+        oh_fail("the device claims KILN_HAL_CAP_QUANT(%s) but the table has no gemm_quant",
+                kiln_hal_qfmt_name(fmt));
+        continue;
+      }
+      gqg_all(be, fmt);
     }
   }
   oh_test_end();

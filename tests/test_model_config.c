@@ -558,6 +558,41 @@ static void test_exact_message(void **state) {
   free(json);
 }
 
+static void test_quant_config(void **state) {
+  (void)state;
+  kiln_model_config_t c;
+  char d[96];
+  parse_ok(k_llama2_7b, "", &c);
+  assert_int_equal(c.quant.method, KILN_QUANT_NONE);
+  parse_ok(k_llama2_7b,
+           ", 'quantization_config': {'quant_method': 'gptq', 'bits': 4, 'group_size': 128, "
+           "'desc_act': true, 'sym': false, 'damp_percent': 0.01}",
+           &c);
+  assert_int_equal(c.quant.method, KILN_QUANT_GPTQ);
+  assert_int_equal(c.quant.bits, 4);
+  assert_int_equal(c.quant.group_size, 128);
+  assert_true(c.quant.desc_act && !c.quant.sym && c.quant.zero_minus_one);
+  kiln_model_quant_describe(&c.quant, d, sizeof(d));
+  assert_string_equal(d, "gptq 4-bit, group 128, asym, desc_act, gptq (v1)");
+  parse_ok(k_llama2_7b,
+           ", 'quantization_config': {'quant_method': 'gptq', 'bits': 8, 'group_size': -1, "
+           "'checkpoint_format': 'gptq_v2'}",
+           &c);
+  assert_int_equal(c.quant.bits, 8);
+  assert_int_equal(c.quant.group_size, -1);
+  assert_true(c.quant.sym && !c.quant.desc_act && !c.quant.zero_minus_one);
+  parse_ok(k_llama2_7b,
+           ", 'quantization_config': {'quant_method': 'awq', 'bits': 4, 'group_size': 64, "
+           "'version': 'GEMM', 'zero_point': true, 'modules_to_not_convert': ['lm_head']}",
+           &c);
+  assert_int_equal(c.quant.method, KILN_QUANT_AWQ);
+  assert_int_equal(c.quant.group_size, 64);
+  kiln_model_quant_describe(&c.quant, d, sizeof(d));
+  assert_string_equal(d, "awq 4-bit, group 64");
+  parse_ok(k_llama2_7b, ", 'quantization_config': null", &c);
+  assert_int_equal(c.quant.method, KILN_QUANT_NONE);
+}
+
 static void test_unsupported(void **state) {
   (void)state;
   const kiln_status_code_t U = KILN_ERR_UNSUPPORTED;
@@ -572,8 +607,31 @@ static void test_unsupported(void **state) {
   parse_err(k_llama2_7b, ", 'hidden_act': 'relu'", U, "hidden_act", "\"relu\"");
   parse_err(k_llama2_7b, ", 'torch_dtype': 'float64'", U, "torch_dtype", "float64");
   parse_err(k_llama32_1b_v5, ", 'dtype': 'int8'", U, "dtype", "int8");
-  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'awq', 'bits': 4}", U,
-            "quantization_config", "awq");
+  /* quantization_config: GPTQ 4/8-bit (v1, v2) and AWQ 4-bit GEMM only (test_quant_config). */
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'bitsandbytes'}", U,
+            "quantization_config", "\"bitsandbytes\"");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'gptq', 'bits': 3}", U,
+            "quantization_config.bits", "4 or 8");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'gptq', 'bits': 2}", U,
+            "quantization_config.bits", "2");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'awq', 'bits': 8}", U,
+            "quantization_config.bits", "AWQ runs with 4 bits");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'awq', 'version': 'gemv'}", U,
+            "quantization_config.version", "gemv");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'awq', 'version': 'exllama'}",
+            U, "quantization_config.version", "exllama");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'awq', 'zero_point': false}",
+            U, "quantization_config.zero_point", "without zero points");
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'gptq', 'checkpoint_format': 'marlin'}", U,
+            "quantization_config.checkpoint_format", "marlin");
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'gptq', 'is_marlin_format': true}", U,
+            "quantization_config.is_marlin_format", "Marlin");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'gptq', 'lm_head': true}", U,
+            "quantization_config.lm_head", "lm_head");
+  parse_err(k_llama2_7b, ", 'quantization_config': {'quant_method': 'gptq', 'group_size': 0}", U,
+            "quantization_config.group_size", "-1");
   parse_err(k_llama2_7b, ", 'attn_logit_softcapping': 50.0", U, "attn_logit_softcapping", "50");
   parse_err(k_llama2_7b, ", 'final_logit_softcapping': 30.0", U, "final_logit_softcapping", "30");
   parse_err(k_llama2_7b, ", 'rope_scaling': {'type': 'su', 'factor': 2.0}", U, "rope_scaling.type",
@@ -1263,6 +1321,7 @@ int main(void) {
       cmocka_unit_test(test_rope_parse_variants),
       cmocka_unit_test(test_exact_message),
       cmocka_unit_test(test_unsupported),
+      cmocka_unit_test(test_quant_config),
       cmocka_unit_test(test_invalid),
       cmocka_unit_test(test_validate),
       cmocka_unit_test(test_generation),

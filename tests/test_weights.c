@@ -410,7 +410,29 @@ static void test_wtype_names(void **state) {
   assert_string_equal(kiln_wtype_name(KILN_WTYPE_F16), "f16");
   assert_string_equal(kiln_wtype_name(KILN_WTYPE_BF16), "bf16");
   assert_string_equal(kiln_wtype_name(KILN_WTYPE_Q8_0), "q8_0");
+  assert_string_equal(kiln_wtype_name(KILN_WTYPE_I32), "i32");
   assert_non_null(kiln_wtype_name(99));
+}
+
+/* I32 tensors (GPTQ / AWQ qweight, qzeros, g_idx) load as they are and never convert. */
+static void test_i32(void **state) {
+  (void)state;
+  int32_t q[6] = {0x76543210, -1, 2, 3, 4, 5};
+  st_file_t f = {0};
+  st_add(&f, "m.qweight", "I32", "[2, 3]", q, sizeof(q));
+  st_write(&f, in_dir("i32.safetensors"));
+  st_free(&f);
+  kiln_weights_t *w = open_file(in_dir("i32.safetensors"));
+  const kiln_weight_t *t = kiln_weights_find(w, "m.qweight");
+  assert_non_null(t);
+  assert_int_equal(t->type, KILN_WTYPE_I32);
+  assert_int_equal(t->numel, 6);
+  assert_int_equal(t->nbytes, sizeof(q));
+  assert_memory_equal(t->data, q, sizeof(q));
+  float out[6];
+  expect_status(kiln_weight_convert(t, 0, 6, KILN_HAL_F32, out), KILN_ERR_INVALID_ARGUMENT,
+                "m.qweight", "i32", (const char *)NULL);
+  kiln_weights_free(w);
 }
 
 static void test_expect_shape(void **state) {
@@ -709,6 +731,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_many_tensors, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_convert, make_dir, remove_dir),
       cmocka_unit_test(test_wtype_names),
+      cmocka_unit_test_setup_teardown(test_i32, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_expect_shape, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_sharded, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_shard_errors, make_dir, remove_dir),

@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "hal/gpus.h"
+#include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
 
 /* The PCI addresses of the devices the open plugins listed, to tell which plugin drives each
@@ -41,6 +42,13 @@ static void info_caps(char *buf, size_t n, uint64_t caps) {
     if (!(caps & names[i].bit)) continue;
     size_t len = strlen(buf);
     snprintf(buf + len, n - len, "%s%s", len ? " " : "", names[i].name);
+  }
+  /* The weight formats gemm_quant takes (GGUF blocks; int4_g / int8_g: GPTQ and AWQ). */
+  for (int32_t f = 1; f < KILN_HAL_QFMT_GROUP_END; f++) {
+    if (f >= KILN_HAL_QFMT_COUNT && !kiln_hal_qfmt_is_group(f)) continue;
+    if (!(caps & KILN_HAL_CAP_QUANT(f))) continue;
+    size_t len = strlen(buf);
+    snprintf(buf + len, n - len, "%s%s", len ? " " : "", kiln_hal_qfmt_name(f));
   }
 }
 
@@ -86,7 +94,7 @@ static void info_devices(const kiln_hal_plugin_t *p, info_seen_t *seen) {
       continue;
     }
     info_seen_add(seen, di.pci_bus_id, p->name);
-    char total[32], avail[32], caps[160];
+    char total[32], avail[32], caps[256];
     info_caps(caps, sizeof(caps), di.caps);
     printf("           device %d: %s | arch %s | memory %s (%s free) | %d %s | warp %d\n", i,
            di.name, di.arch, kiln_cli_bytes(total, sizeof(total), di.total_memory),

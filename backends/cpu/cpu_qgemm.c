@@ -1,4 +1,5 @@
-/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats (ABI 1.4).
+/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats and the
+ * group formats INT4_G / INT8_G (GPTQ, AWQ repacked at load; ABI 1.4).
  *
  * W is never widened as a whole. Paths:
  *   M <= 8   decode: the pool runs chunks of weight rows; each row is walked block by block,
@@ -10,7 +11,10 @@
  *            cblas_sgemm of x against it, so every dequantized weight is used M times.
  * The dequantized values are the format's exact f32 values in both paths (the AVX2 code does
  * the same f32 operations as hal_quant.h: integer -> float, then the multiplies and subtract
- * the format defines, never fused); sums are F32, bias added and y rounded once at the end. */
+ * the format defines, never fused); sums are F32, bias added and y rounded once at the end.
+ * The group formats take the same two paths with a span of a row (QG_SPAN weights, or the
+ * panel's whole rows) dequantized at a time instead of a block: (float)(q - z) * s, exact in
+ * f32 either way (AVX2 for groups of a multiple of 8 without g_idx, else hal_quant.h's loop). */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +32,26 @@
 #define QG_SMALL_M 8 /* rows of x up to which the direct kernel runs */
 #define QG_ROWS 16   /* weight rows per task of the direct kernel */
 #define QG_PANEL 64  /* weight rows dequantized per sgemm of the prefill path */
+#define QG_SPAN 256  /* weights of a group-format row dequantized at a time (direct kernel) */
+
+typedef struct qg_ctx {
+  int32_t fmt;
+  int64_t M, N, K;
+  const float *x; /* [M, K] F32, row stride ldx */
+  int64_t ldx;
+  const uint8_t *w;
+  int64_t row_stride;
+  /* Group formats: scales (F16, row stride lds elements), zeros (U8, ldz; NULL: symmetric),
+   * g_idx (NULL: k / group_size). */
+  const uint8_t *scales, *zeros;
+  int64_t lds, ldz;
+  const int32_t *g_idx;
+  int32_t group_size;
+  int64_t G; /* groups per row */
+  const kiln_hal_tensor_t *y, *bias;
+  float *tmp; /* prefill: per thread, K * QG_PANEL dequantized weights + M * QG_PANEL sums */
+  int64_t tmp_floats;
+} qg_ctx_t;
 
 /* ---- block dequantization ----------------------------------------------------------------- */
 
@@ -149,7 +173,130 @@ QG_AVX2 static void qg_row_avx2(int32_t fmt, int64_t M, int64_t K, const float *
     out[m] = _mm_cvtss_f32(s);
   }
 }
+/* The 8 codes of weights k .. k + 7 of a group-format row (k a multiple of 8) as int32s. */
+QG_AVX2_INLINE __m256i qg_codes8(bool four, const uint8_t *row, int64_t k) {
+  if (four) {
+    uint32_t v;
+    memcpy(&v, row + k / 2, 4);
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)v), shifts),
+                            _mm256_set1_epi32(15));
+  }
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)));
+}
 #endif /* QG_X86 */
+
+#define QG_MAXG 1024 /* groups per row the AVX2 path tabulates (more: the portable loop) */
+
+/* A row's groups as f32 scales and int zeros: the values kiln_hal_qgroup_dequant uses. */
+typedef struct qg_row_groups {
+  float s[QG_MAXG];
+  int32_t z[QG_MAXG];
+} qg_row_groups_t;
+
+static bool qg_row_groups(const qg_ctx_t *c, int64_t n, qg_row_groups_t *rg) {
+  if (c->G > QG_MAXG) return false;
+  const uint8_t *srow = c->scales + 2 * n * c->lds, *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
+  const int sym = c->fmt == KILN_HAL_QFMT_INT4_G ? 8 : 128;
+  for (int64_t g = 0; g < c->G; g++) {
+    rg->s[g] = kiln_hal_quant_f16(srow + 2 * g);
+    rg->z[g] = zrow ? zrow[g] : sym;
+  }
+  return true;
+}
+
+#if QG_X86
+/* out[i] = W[n, k0 + i], i < count (k0 a multiple of 8; without g_idx, group_size too): 8
+ * weights at a time, the same f32 operations as kiln_hal_qgroup_dequant (integer q - z to f32,
+ * times the scale), the group's scale and zero broadcast per group, or gathered through g_idx. */
+QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, const qg_row_groups_t *rg,
+                                       int64_t k0, int64_t count, float *out) {
+  const uint8_t *row = c->w + n * c->row_stride;
+  const bool four = c->fmt == KILN_HAL_QFMT_INT4_G;
+  int64_t i = 0;
+  if (c->g_idx) {
+    for (; i + 8 <= count; i += 8) {
+      const __m256i gi = _mm256_loadu_si256((const __m256i *)(c->g_idx + k0 + i));
+      const __m256 sc = _mm256_i32gather_ps(rg->s, gi, 4);
+      const __m256i z = _mm256_i32gather_epi32(rg->z, gi, 4);
+      const __m256i q = qg_codes8(four, row, k0 + i);
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), sc));
+    }
+  } else {
+    while (i + 8 <= count) { /* one group (a multiple of 8 weights) per pass */
+      const int64_t g = (k0 + i) / c->group_size;
+      int64_t end = (g + 1) * c->group_size - k0;
+      if (end > count) end = count;
+      const __m256 sc = _mm256_set1_ps(rg->s[g]);
+      const __m256i z = _mm256_set1_epi32(rg->z[g]);
+      for (; i + 8 <= end; i += 8) {
+        const __m256i q = qg_codes8(four, row, k0 + i);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, z)), sc));
+      }
+    }
+  }
+  if (i < count)
+    kiln_hal_qgroup_dequant(c->fmt, row, c->scales + 2 * n * c->lds,
+                            c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size,
+                            k0 + i, count - i, out + i);
+}
+#endif /* QG_X86 */
+
+/* out[i] = W[n, k0 + i] for i < count, a group format; rg: the row's groups, or NULL. */
+static void qg_group_span(const qg_ctx_t *c, int64_t n, const qg_row_groups_t *rg, int64_t k0,
+                          int64_t count, float *out) {
+#if QG_X86
+  if (rg && cpu_vec_avx2() && k0 % 8 == 0 && (c->g_idx || c->group_size % 8 == 0)) {
+    qg_group_span_avx2(c, n, rg, k0, count, out);
+    return;
+  }
+#else
+  (void)rg;
+#endif
+  kiln_hal_qgroup_dequant(c->fmt, c->w + n * c->row_stride, c->scales + 2 * n * c->lds,
+                          c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size, k0,
+                          count, out);
+}
+
+#if QG_X86
+/* out[m] = sum_k x[m, k] * W[n, k] for one group-format weight row. */
+QG_AVX2 static void qg_group_row_avx2(const qg_ctx_t *c, int64_t n, float *out) {
+  float w[QG_SPAN] __attribute__((aligned(32)));
+  qg_row_groups_t rg;
+  const bool tab = qg_row_groups(c, n, &rg);
+  __m256 acc[QG_SMALL_M];
+  float tail[QG_SMALL_M] = {0};
+  for (int64_t m = 0; m < c->M; m++) acc[m] = _mm256_setzero_ps();
+  for (int64_t k0 = 0; k0 < c->K; k0 += QG_SPAN) {
+    const int cnt = (int)(c->K - k0 < QG_SPAN ? c->K - k0 : QG_SPAN), e8 = cnt & ~7;
+    qg_group_span(c, n, tab ? &rg : NULL, k0, cnt, w);
+    qg_fma_rows(c->M, c->x + k0, c->ldx, w, e8, acc);
+    for (int64_t m = 0; m < c->M; m++)
+      for (int j = e8; j < cnt; j++) tail[m] += c->x[m * c->ldx + k0 + j] * w[j];
+  }
+  for (int64_t m = 0; m < c->M; m++) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[m] = _mm_cvtss_f32(s) + tail[m];
+  }
+}
+#endif
+
+static void qg_group_row_scalar(const qg_ctx_t *c, int64_t n, float *out) {
+  float w[QG_SPAN], acc[QG_SMALL_M] = {0};
+  for (int64_t k0 = 0; k0 < c->K; k0 += QG_SPAN) {
+    const int64_t cnt = c->K - k0 < QG_SPAN ? c->K - k0 : QG_SPAN;
+    qg_group_span(c, n, NULL, k0, cnt, w);
+    for (int64_t m = 0; m < c->M; m++) {
+      const float *xm = c->x + m * c->ldx + k0;
+      float s = 0.0f;
+      for (int64_t j = 0; j < cnt; j++) s += xm[j] * w[j];
+      acc[m] += s;
+    }
+  }
+  for (int64_t m = 0; m < c->M; m++) out[m] = acc[m];
+}
 
 static void qg_dequant(int32_t fmt, const uint8_t *blk, float *out) {
 #if QG_X86
@@ -179,18 +326,6 @@ static void qg_row_scalar(int32_t fmt, int64_t M, int64_t K, const float *x, int
 
 /* ---- the op --------------------------------------------------------------------------------- */
 
-typedef struct qg_ctx {
-  int32_t fmt;
-  int64_t M, N, K;
-  const float *x; /* [M, K] F32, row stride ldx */
-  int64_t ldx;
-  const uint8_t *w;
-  int64_t row_stride;
-  const kiln_hal_tensor_t *y, *bias;
-  float *tmp; /* prefill: per thread, K * QG_PANEL dequantized weights + M * QG_PANEL sums */
-  int64_t tmp_floats;
-} qg_ctx_t;
-
 /* y[m, n] = round(acc + bias[n]). */
 static void qg_store(const qg_ctx_t *c, int64_t m, int64_t n, float acc) {
   const kiln_hal_tensor_t *y = c->y;
@@ -203,8 +338,19 @@ static void qg_small_task(void *vctx, int64_t task, int thread) {
   const qg_ctx_t *c = vctx;
   int64_t n0 = task * QG_ROWS, n1 = n0 + QG_ROWS < c->N ? n0 + QG_ROWS : c->N;
   float out[QG_SMALL_M];
+  const bool group = kiln_hal_qfmt_is_group(c->fmt);
   for (int64_t n = n0; n < n1; n++) {
     const uint8_t *wrow = c->w + n * c->row_stride;
+    if (group) {
+#if QG_X86
+      if (cpu_vec_avx2())
+        qg_group_row_avx2(c, n, out);
+      else
+#endif
+        qg_group_row_scalar(c, n, out);
+      for (int64_t m = 0; m < c->M; m++) qg_store(c, m, n, out[m]);
+      continue;
+    }
 #if QG_X86
     if (cpu_vec_avx2())
       qg_row_avx2(c->fmt, c->M, c->K, c->x, c->ldx, wrow, out);
@@ -221,6 +367,12 @@ static void qg_panel_task(void *vctx, int64_t task, int thread) {
   int64_t n0 = task * QG_PANEL, nr = c->N - n0 < QG_PANEL ? c->N - n0 : QG_PANEL;
   float *wp = c->tmp + (int64_t)thread * c->tmp_floats, *yp = wp + c->K * QG_PANEL;
   for (int64_t r = 0; r < nr; r++) {
+    if (kiln_hal_qfmt_is_group(c->fmt)) {
+      qg_row_groups_t rg;
+      const bool tab = cpu_vec_avx2() && qg_row_groups(c, n0 + r, &rg);
+      qg_group_span(c, n0 + r, tab ? &rg : NULL, 0, c->K, wp + r * c->K);
+      continue;
+    }
     const uint8_t *wrow = c->w + (n0 + r) * c->row_stride;
     for (int64_t b = 0; b < c->K / E; b++) qg_dequant(c->fmt, wrow + b * B, wp + r * c->K + b * E);
   }
@@ -248,6 +400,28 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
   c.M = M, c.N = N, c.K = K;
   c.w = (const uint8_t *)a->w.buffer->data + a->w.offset;
   c.row_stride = a->w.row_stride;
+  if (kiln_hal_qfmt_is_group(c.fmt)) {
+    const kiln_hal_qweight_t *w = &a->w;
+    c.scales = (const uint8_t *)cpu_tensor_ptr(&w->scales);
+    c.lds = w->scales.stride[0];
+    c.zeros = w->zeros.buffer ? (const uint8_t *)cpu_tensor_ptr(&w->zeros) : NULL;
+    c.ldz = w->zeros.buffer ? w->zeros.stride[0] : 0;
+    c.group_size = w->group_size;
+    c.G = w->scales.shape[1];
+    if (w->g_idx.buffer) { /* every group must exist: never read past the scales */
+      const char *gp = cpu_tensor_ptr(&w->g_idx);
+      const int64_t G = w->scales.shape[1], gs = w->g_idx.stride[0];
+      for (int64_t k = 0; k < K; k++) {
+        int32_t g;
+        memcpy(&g, gp + (size_t)(k * gs) * 4, 4);
+        if (g < 0 || g >= G)
+          return kiln_hal_error_new(KILN_HAL_ERR_INVALID_ARGUMENT,
+                                    "gemm_quant: w.g_idx[%lld] = %d lies outside the %lld groups",
+                                    (long long)k, (int)g, (long long)G);
+      }
+      c.g_idx = (const int32_t *)gp; /* stride 1 (hal_check: contiguous when K > 1) */
+    }
+  }
   c.y = &a->y;
   c.bias = &a->bias;
   const bool small = M <= QG_SMALL_M;

@@ -147,6 +147,38 @@ void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_
   free(row);
 }
 
+void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
+                         const uint8_t *w, int64_t row_stride, const uint8_t *scales, int64_t lds,
+                         const uint8_t *zeros, int64_t ldz, const int32_t *g_idx,
+                         int32_t group_size, const double *bias, double *y_out, double *out_mag) {
+  double *row = malloc(sizeof(double) * (size_t)(K > 0 ? K : 1));
+  if (!row) abort(); /* tests only */
+  const bool four = fmt == 16;
+  for (int64_t n = 0; n < N; n++) {
+    const uint8_t *r = w + n * row_stride;
+    for (int64_t k = 0; k < K; k++) {
+      int q = four ? (k % 2 ? r[k / 2] / 16 : r[k / 2] % 16) : r[k];
+      int64_t g = g_idx ? g_idx[k] : k / group_size;
+      int z = zeros ? zeros[n * ldz + g] : four ? 8 : 128;
+      row[k] = (double)(q - z) * ref_f16(scales + 2 * (n * lds + g));
+    }
+    for (int64_t m = 0; m < M; m++) {
+      double acc = 0.0, mag = 0.0;
+      for (int64_t k = 0; k < K; k++) {
+        acc += x[m * K + k] * row[k];
+        mag += fabs(x[m * K + k] * row[k]);
+      }
+      if (bias) {
+        acc += bias[n];
+        mag += fabs(bias[n]);
+      }
+      y_out[m * N + n] = acc;
+      if (out_mag) out_mag[m * N + n] = mag;
+    }
+  }
+  free(row);
+}
+
 void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
                        double *out) {
   for (int64_t t = 0; t < T; t++) {

@@ -39,6 +39,16 @@ void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_
                         const uint8_t *w, int64_t row_stride, const double *bias, double *y_out,
                         double *out_mag);
 
+/* As ops_ref_gemm_quant for a group format (hal.h: KILN_HAL_QFMT_INT4_G = 16 or INT8_G = 17):
+ * row n's codes at w + n * row_stride; scales f16 (little-endian bytes) at scales + 2 * (n *
+ * lds + g); zeros (NULL: symmetric 8 / 128) at zeros[n * ldz + g]; g_idx (NULL: k /
+ * group_size). Decoded here from hal.h's definition with plain arithmetic, in double: the f32
+ * product (q - z) * s is exact, so no rounding is modelled. */
+void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
+                         const uint8_t *w, int64_t row_stride, const uint8_t *scales, int64_t lds,
+                         const uint8_t *zeros, int64_t ldz, const int32_t *g_idx,
+                         int32_t group_size, const double *bias, double *y_out, double *out_mag);
+
 /* out[T,H] = table[ids[t], :], or zeros for an id outside [0, V). */
 void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
                        double *out);

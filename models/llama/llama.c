@@ -63,8 +63,8 @@ static kiln_status_t gemm(kiln_model_t *m, kiln_hal_tensor_t a, kiln_hal_tensor_
 /* y = x @ W^T + bias for a Linear weight W [N, K] at byte offset off of the weight buffer:
  * gemm on the serving dtype, or gemm_quant on GGUF blocks kept quantized (fmt, model.c). */
 static kiln_status_t linear(kiln_model_t *m, kiln_hal_tensor_t x, uint64_t off, int32_t fmt,
-                            int64_t K, int64_t N, kiln_hal_tensor_t y, kiln_hal_tensor_t bias,
-                            int64_t layer, const char *what) {
+                            const model_qlinear_t *q, int64_t K, int64_t N, kiln_hal_tensor_t y,
+                            kiln_hal_tensor_t bias, int64_t layer, const char *what) {
   if (fmt == KILN_HAL_QFMT_NONE) return gemm(m, x, model_weight_t(m, off, K, N), y, bias, layer, what);
   kiln_hal_gemm_quant_args_t g;
   memset(&g, 0, sizeof(g));
@@ -77,7 +77,32 @@ static kiln_status_t linear(kiln_model_t *m, kiln_hal_tensor_t x, uint64_t off, 
   g.w.format = fmt;
   g.w.n = N;
   g.w.k = K;
-  g.w.row_stride = K / kiln_hal_qfmt_block_elems(fmt) * kiln_hal_qfmt_block_bytes(fmt);
+  if (kiln_hal_qfmt_is_group(fmt)) { /* GPTQ / AWQ repacked at load (model.c, qlinear.c) */
+    g.w.row_stride = kiln_hal_qgroup_row_bytes(fmt, K);
+    g.w.group_size = q->group_size;
+    const int64_t G = q->groups;
+    g.w.scales = (kiln_hal_tensor_t){.buffer = m->weights,
+                                     .offset = q->scales,
+                                     .dtype = KILN_HAL_F16,
+                                     .ndim = 2,
+                                     .shape = {N, G},
+                                     .stride = {G, 1}};
+    g.w.zeros = (kiln_hal_tensor_t){.buffer = m->weights,
+                                    .offset = q->zeros,
+                                    .dtype = KILN_HAL_U8,
+                                    .ndim = 2,
+                                    .shape = {N, G},
+                                    .stride = {G, 1}};
+    if (q->g_idx != MODEL_NO_TENSOR)
+      g.w.g_idx = (kiln_hal_tensor_t){.buffer = m->weights,
+                                      .offset = q->g_idx,
+                                      .dtype = KILN_HAL_I32,
+                                      .ndim = 1,
+                                      .shape = {K},
+                                      .stride = {1}};
+  } else {
+    g.w.row_stride = K / kiln_hal_qfmt_block_elems(fmt) * kiln_hal_qfmt_block_bytes(fmt);
+  }
   HAL(m->be->gemm_quant(m->stream, &g), what);
   return NULL;
 }
@@ -166,8 +191,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
 
     if (!split) {
       kiln_hal_tensor_t qkv = model_view2(m->act, m->qkv, dt, T, QKV, QKV);
-      if ((st = linear(m, h, L->qkv_w, L->qkv_fmt, H, QKV, qkv, model_vec(m, L->qkv_b, QKV),
-                     layer, "qkv_proj")))
+      if ((st = linear(m, h, L->qkv_w, L->qkv_fmt, &L->qkv_q, H, QKV, qkv,
+                       model_vec(m, L->qkv_b, QKV), layer, "qkv_proj")))
         return st;
     } else {
       const uint64_t wq = L->qkv_w, wk = wq + (uint64_t)QD * H * es,
@@ -242,12 +267,12 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     aa.sliding_window = L->window;
     HAL(m->be->attention(m->stream, &aa), "attention");
 
-    if ((st = linear(m, attn2, L->o_w, L->o_fmt, QD, H, x, model_vec(m, L->o_b, H), layer,
-                   "o_proj")) ||
+    if ((st = linear(m, attn2, L->o_w, L->o_fmt, &L->o_q, QD, H, x, model_vec(m, L->o_b, H), layer,
+                     "o_proj")) ||
         (st = rmsnorm(m, x, resid, model_vec(m, L->post_norm, H), h, layer,
                       "post_attention_layernorm")) ||
-        (st = linear(m, h, L->gu_w, L->gu_fmt, H, 2 * I, gu, model_vec(m, L->gu_b, 2 * I),
-                   layer, "gate_up_proj")))
+        (st = linear(m, h, L->gu_w, L->gu_fmt, &L->gu_q, H, 2 * I, gu, model_vec(m, L->gu_b, 2 * I),
+                     layer, "gate_up_proj")))
       return st;
     kiln_hal_silu_mul_args_t sm;
     memset(&sm, 0, sizeof(sm));
@@ -256,8 +281,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     sm.out = mlp;
     sm.act = c->hidden_act;
     HAL(m->be->silu_mul(m->stream, &sm), "act_mul");
-    if ((st = linear(m, mlp, L->down_w, L->down_fmt, I, H, x, model_vec(m, L->down_b, H), layer,
-                   "down_proj")))
+    if ((st = linear(m, mlp, L->down_w, L->down_fmt, &L->down_q, I, H, x,
+                     model_vec(m, L->down_b, H), layer, "down_proj")))
       return st;
   }
 

@@ -71,9 +71,12 @@ static kiln_status_t st_tensor(kiln_weights_t *w, const char *file, const char *
     type = KILN_WTYPE_F16;
   } else if (strcmp(dtype, "BF16") == 0) {
     type = KILN_WTYPE_BF16;
+  } else if (strcmp(dtype, "I32") == 0) { /* GPTQ / AWQ packed tensors */
+    type = KILN_WTYPE_I32;
   } else {
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %s: dtype %s is not supported (only F32, F16 and BF16)",
+                            "%s: tensor %s: dtype %s is not supported (only F32, F16, BF16 and, "
+                            "for GPTQ / AWQ packed tensors, I32)",
                             file, name, dtype);
   }
 

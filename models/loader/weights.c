@@ -142,7 +142,8 @@ uint64_t weights_type_nbytes(int32_t type, int64_t numel) {
   if (numel < 0) return UINT64_MAX;
   uint64_t n = (uint64_t)numel;
   switch (type) {
-    case KILN_WTYPE_F32: return n > UINT64_MAX / 4 ? UINT64_MAX : n * 4;
+    case KILN_WTYPE_F32:
+    case KILN_WTYPE_I32: return n > UINT64_MAX / 4 ? UINT64_MAX : n * 4;
     case KILN_WTYPE_F16:
     case KILN_WTYPE_BF16: return n > UINT64_MAX / 2 ? UINT64_MAX : n * 2;
     default: {
@@ -249,6 +250,7 @@ const char *kiln_wtype_name(int32_t type) {
     case KILN_WTYPE_F32: return "f32";
     case KILN_WTYPE_F16: return "f16";
     case KILN_WTYPE_BF16: return "bf16";
+    case KILN_WTYPE_I32: return "i32";
     case KILN_WTYPE_Q8_0:
     case KILN_WTYPE_Q4_0:
     case KILN_WTYPE_Q4_K:
@@ -324,6 +326,10 @@ kiln_status_t kiln_weight_convert(const kiln_weight_t *w, int64_t first, int64_t
   if (w->type < 0 || w->type >= KILN_WTYPE_COUNT)
     return kiln_status_make(KILN_ERR_INTERNAL, "%s: tensor %s has unknown type %d", w->file,
                             w->name, (int)w->type);
+  if (w->type == KILN_WTYPE_I32)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s is i32 (packed quantized data), not a float tensor",
+                            w->file, w->name);
   const int64_t be = kiln_wtype_block_elems(w->type);
   if (first % be || n % be)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,

@@ -41,7 +41,8 @@ typedef enum kiln_wtype {
   KILN_WTYPE_Q4_K = 5, /* 256 values, 144 bytes */
   KILN_WTYPE_Q5_K = 6, /* 256 values, 176 bytes */
   KILN_WTYPE_Q6_K = 7, /* 256 values, 210 bytes */
-  KILN_WTYPE_COUNT = 8,
+  KILN_WTYPE_I32 = 8,  /* safetensors I32: GPTQ / AWQ packed codes, zeros, g_idx (never converted) */
+  KILN_WTYPE_COUNT = 9,
 } kiln_wtype_t;
 
 #define KILN_WEIGHT_MAX_DIMS 5 /* Conv3d weights (a vision tower's patch embedding) */

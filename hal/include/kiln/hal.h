@@ -30,6 +30,9 @@
  *   (kiln_hal_gemm_quant_args_t, kiln_hal_qweight_t), the formats (kiln_hal_qfmt_t, defined
  *   byte for byte in kiln/hal_quant.h) and the capability bits KILN_HAL_CAP_QUANT(fmt)
  *   (optional: a 1.3 plugin has neither, and the host widens quantized weights at load).
+ *   Within 1.4, the group formats KILN_HAL_QFMT_INT4_G / INT8_G (GPTQ, AWQ) were added with
+ *   the meaning of kiln_hal_qweight_t's group_size, scales, zeros and g_idx: a backend that
+ *   does not set their KILN_HAL_CAP_QUANT bits never receives them.
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -144,16 +147,22 @@ typedef enum kiln_hal_dtype {
 
 /* Quantized weight formats (ABI 1.4; kiln_hal_gemm_quant_args_t). The GGUF block types are
  * defined byte for byte, with their exact dequantization, in kiln/hal_quant.h. Values 16 and
- * up are reserved for group-quantized integer formats with separate scale/zero tensors
- * (GPTQ, AWQ int4/int8), which will use kiln_hal_qweight_t's group_size, scales and zeros. */
+ * up are the group-quantized integer formats with separate scale/zero tensors (GPTQ, AWQ
+ * int4/int8, repacked by the host at load into the one layout kiln_hal_qweight_t defines for
+ * them; hal_quant.h says how each checkpoint layout maps onto it). They were added within 1.4:
+ * a backend takes one only when it sets its KILN_HAL_CAP_QUANT bit, which no older backend
+ * does, so the host never sends one to a backend that does not know it. */
 typedef enum kiln_hal_qfmt {
   KILN_HAL_QFMT_NONE = 0,
-  KILN_HAL_QFMT_Q4_0 = 1, /* 32 weights per 18-byte block: f16 d, 16 bytes of nibbles */
-  KILN_HAL_QFMT_Q8_0 = 2, /* 32 weights per 34-byte block: f16 d, 32 int8 */
-  KILN_HAL_QFMT_Q4_K = 3, /* 256 weights per 144-byte super-block, 8 sub-blocks, 6-bit sc/min */
-  KILN_HAL_QFMT_Q5_K = 4, /* 256 weights per 176-byte super-block: Q4_K + 32 bytes of high bits */
-  KILN_HAL_QFMT_Q6_K = 5, /* 256 weights per 210-byte super-block, 16 int8 sub-block scales */
-  KILN_HAL_QFMT_COUNT = 6,
+  KILN_HAL_QFMT_Q4_0 = 1,  /* 32 weights per 18-byte block: f16 d, 16 bytes of nibbles */
+  KILN_HAL_QFMT_Q8_0 = 2,  /* 32 weights per 34-byte block: f16 d, 32 int8 */
+  KILN_HAL_QFMT_Q4_K = 3,  /* 256 weights per 144-byte super-block, 8 sub-blocks, 6-bit sc/min */
+  KILN_HAL_QFMT_Q5_K = 4,  /* 256 weights per 176-byte super-block: Q4_K + 32 bytes of high bits */
+  KILN_HAL_QFMT_Q6_K = 5,  /* 256 weights per 210-byte super-block, 16 int8 sub-block scales */
+  KILN_HAL_QFMT_COUNT = 6, /* the GGUF block formats are 1 .. COUNT - 1 */
+  KILN_HAL_QFMT_INT4_G = 16,    /* 4-bit codes, two per byte along K; per-group f16 scales, zeros */
+  KILN_HAL_QFMT_INT8_G = 17,    /* 8-bit codes, one byte each; per-group f16 scales, zeros */
+  KILN_HAL_QFMT_GROUP_END = 18, /* the group formats are 16 .. GROUP_END - 1 */
 } kiln_hal_qfmt_t;
 
 /* Opaque handles; each plugin defines the structs. */
@@ -285,24 +294,42 @@ typedef struct kiln_hal_gemm_args {
   bool allow_tf32; /* F32 inputs may use reduced-precision matrix units (see CAP_TF32) */
 } kiln_hal_gemm_args_t;
 
-/* A quantized weight matrix W of N rows (outputs) by K columns (inputs) (ABI 1.4): row n is
- * K / E consecutive blocks of `format` (E = its weights per block, B its bytes per block, as
- * kiln/hal_quant.h defines them) starting at byte offset + n * row_stride of buffer, so weight
- * (n, k) is element k % E of block k / E of row n. K must be a positive multiple of E;
- * row_stride >= (K / E) * B (padded rows are fine); no alignment is required (Q4_0 blocks are
- * 18 bytes). The GGUF formats carry their scales inside the blocks: group_size is 0 and
- * scales, zeros and g_idx are absent. The members are there for the group-quantized formats to
- * come (GPTQ, AWQ: int4/int8 codes with per-group scales [K / group_size, N] and zero points,
- * and act-order's g_idx [K]), which will give them their meaning; a backend refuses a present
- * one today with INVALID_ARGUMENT. */
+/* A quantized weight matrix W of N rows (outputs) by K columns (inputs) (ABI 1.4).
+ *
+ * GGUF block formats (1 .. KILN_HAL_QFMT_COUNT - 1): row n is K / E consecutive blocks of
+ * `format` (E = its weights per block, B its bytes per block, as kiln/hal_quant.h defines them)
+ * starting at byte offset + n * row_stride of buffer, so weight (n, k) is element k % E of
+ * block k / E of row n. K must be a positive multiple of E; row_stride >= (K / E) * B (padded
+ * rows are fine); no alignment is required (Q4_0 blocks are 18 bytes). The blocks carry their
+ * scales: group_size is 0 and scales, zeros and g_idx are absent.
+ *
+ * Group formats (KILN_HAL_QFMT_INT4_G, KILN_HAL_QFMT_INT8_G; GPTQ and AWQ checkpoints, which
+ * the host repacks once at load into this [N, K]-major layout):
+ *   codes   row n starts at byte offset + n * row_stride of buffer. INT8_G: the code q of weight
+ *           (n, k) is the unsigned byte k of the row (row_stride >= K). INT4_G: K is even and
+ *           q is byte k / 2's low nibble for even k, its high nibble for odd k, i.e.
+ *           q = (row[k / 2] >> (4 * (k % 2))) & 15 (row_stride >= K / 2).
+ *   scales  F16 [N, G], last dimension contiguous, any row stride: s(n, g). G >= 1.
+ *   zeros   U8 [N, G] (same shape), the zero point z(n, g), any byte value (a GPTQ v1 4-bit
+ *           checkpoint's stored 15 is z = 16), or absent: symmetric, every z is 8 (INT4_G) or
+ *           128 (INT8_G). (GPTQ v1 checkpoints store z - 1; the host has added the 1 back, see
+ *           hal_quant.h.)
+ *   g_idx   I32 [K], the group g(k) of column k (act-order, GPTQ desc_act), each in [0, G);
+ *           or absent: g(k) = k / group_size, and then G == ceil(K / group_size).
+ *   group_size > 0 (K itself for a single group over all K, GPTQ's group_size -1).
+ *   W[n, k] = (float)(q - z(n, g(k))) * s(n, g(k)), one f32 product of an integer in
+ *   [-255, 255] and an f16, hence exact; kiln/hal_quant.h computes it.
+ * A g_idx entry outside [0, G) is a bad argument: the host validates g_idx at load; a backend
+ * that reads one (the CPU backend checks them) returns INVALID_ARGUMENT, never reads out of
+ * bounds on its account. */
 typedef struct kiln_hal_qweight {
   kiln_hal_buffer_t *buffer;
   uint64_t offset;    /* bytes from the start of the buffer to row 0's first block */
   int32_t format;     /* kiln_hal_qfmt_t */
-  int32_t group_size; /* 0 for the GGUF block formats */
+  int32_t group_size; /* 0 for the GGUF block formats; > 0 for the group formats */
   int64_t n, k;       /* W is [N, K] */
   int64_t row_stride; /* bytes between the starts of rows n and n + 1 */
-  kiln_hal_tensor_t scales, zeros, g_idx; /* absent for the GGUF formats (reserved) */
+  kiln_hal_tensor_t scales, zeros, g_idx; /* group formats only: F16 [N,G], U8 [N,G], I32 [K] */
 } kiln_hal_qweight_t;
 
 /* y = x @ dequant(W)^T + bias, with W quantized (ABI 1.4: gemm_quant):

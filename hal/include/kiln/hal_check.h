@@ -680,6 +680,39 @@ static inline kiln_hal_error_t *kiln_hal_check_mask_logits(const kiln_hal_check_
   return kiln_hal_check_vec(env, op, "rows", &a->rows, KILN_HAL_I32, S, true);
 }
 
+/* The scales, zeros, g_idx and group_size of a group-format w (hal.h's kiln_hal_qweight_t). */
+static inline kiln_hal_error_t *kiln_hal_check_qgroup(const kiln_hal_check_env_t *env,
+                                                      const kiln_hal_qweight_t *w) {
+  const char *op = "gemm_quant", *fmt = kiln_hal_qfmt_name(w->format);
+  kiln_hal_error_t *e;
+  if (w->group_size <= 0)
+    return kiln_hal_check_fail("gemm_quant: w is %s: group_size must be > 0 (is %d)", fmt,
+                               (int)w->group_size);
+  if ((e = kiln_hal_check_tensor(env, op, "w.scales", &w->scales, KILN_HAL_DT(KILN_HAL_F16), 2,
+                                 true)))
+    return e;
+  const int64_t G = w->scales.shape[1];
+  if (w->scales.shape[0] != w->n || G < 1)
+    return kiln_hal_check_fail(
+        "gemm_quant: w.scales has shape [%lld, %lld], want [N = %lld, G >= 1]",
+        (long long)w->scales.shape[0], (long long)G, (long long)w->n);
+  if (w->zeros.buffer) {
+    if ((e = kiln_hal_check_tensor(env, op, "w.zeros", &w->zeros, KILN_HAL_DT(KILN_HAL_U8), 2,
+                                   true)) ||
+        (e = kiln_hal_check_same_shape(op, "w.scales", &w->scales, "w.zeros", &w->zeros)))
+      return e;
+  }
+  if (w->g_idx.buffer)
+    return kiln_hal_check_vec(env, op, "w.g_idx", &w->g_idx, KILN_HAL_I32, w->k, false);
+  const int64_t want = (w->k + w->group_size - 1) / w->group_size;
+  if (G != want)
+    return kiln_hal_check_fail(
+        "gemm_quant: w.scales has %lld groups, want ceil(K / group_size) = ceil(%lld / %d) = %lld "
+        "without g_idx",
+        (long long)G, (long long)w->k, (int)w->group_size, (long long)want);
+  return NULL;
+}
+
 /* gemm_quant (ABI 1.4): x [M, K] float, w a kiln_hal_qweight_t [N, K] whose rows lie inside
  * its buffer, y [M, N] in x's dtype or F32 not overlapping x or w, bias absent or [N] in y's
  * dtype. Whether the backend takes the format (KILN_HAL_CAP_QUANT) is the backend's check. */
@@ -691,12 +724,16 @@ static inline kiln_hal_error_t *kiln_hal_check_gemm_quant(const kiln_hal_check_e
   const uint32_t ydt = KILN_HAL_DT(a->x.dtype) | KILN_HAL_DT(KILN_HAL_F32);
   if ((e = kiln_hal_check_tensor(env, op, "y", &a->y, ydt, 2, true))) return e;
   const kiln_hal_qweight_t *w = &a->w;
-  const int64_t E = kiln_hal_qfmt_block_elems(w->format), B = kiln_hal_qfmt_block_bytes(w->format);
+  /* A group format's row is K codes: "blocks" of 2 codes per byte (INT4_G) or 1 (INT8_G). */
+  const bool group = kiln_hal_qfmt_is_group(w->format);
+  const int64_t E =
+      group ? 8 / kiln_hal_qfmt_group_bits(w->format) : kiln_hal_qfmt_block_elems(w->format);
+  const int64_t B = group ? 1 : kiln_hal_qfmt_block_bytes(w->format);
   if (!w->buffer) return kiln_hal_check_fail("gemm_quant: w is absent");
   if (E == 0)
     return kiln_hal_check_fail("gemm_quant: w has unknown format %d", (int)w->format);
   const char *fmt = kiln_hal_qfmt_name(w->format);
-  if (w->group_size != 0 || w->scales.buffer || w->zeros.buffer || w->g_idx.buffer)
+  if (!group && (w->group_size != 0 || w->scales.buffer || w->zeros.buffer || w->g_idx.buffer))
     return kiln_hal_check_fail(
         "gemm_quant: w is %s, whose blocks hold their scales: group_size must be 0 (is %d) and "
         "scales, zeros, g_idx absent",
@@ -720,6 +757,7 @@ static inline kiln_hal_error_t *kiln_hal_check_gemm_quant(const kiln_hal_check_e
     return kiln_hal_check_fail(
         "gemm_quant: w row_stride %lld bytes is below a row of %lld %s blocks (%llu bytes)",
         (long long)w->row_stride, (long long)(K / E), fmt, (unsigned long long)row_bytes);
+  if (group && (e = kiln_hal_check_qgroup(env, w))) return e;
   if (env->check_buffer && (e = env->check_buffer(env->ctx, op, "w", w->buffer))) return e;
   const uint64_t size = env->buffer_size(env->ctx, w->buffer);
   const uint64_t wend = N ? (uint64_t)(N - 1) * (uint64_t)w->row_stride + row_bytes : 0;

@@ -1,5 +1,6 @@
 /* hal_quant.h - header-only definitions of the quantized weight formats (the GGUF block types
- * Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): block geometry and exact dequantization to f32, for hosts and
+ * Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, and the group formats INT4_G / INT8_G that GPTQ and AWQ
+ * checkpoints are repacked into): geometry and exact dequantization to f32, for hosts and
  * backends alike. Everything is static inline (like hal_util.h); installed with the SDK.
  *
  * The formats, as GGUF/ggml define them (little endian, f16 = IEEE binary16; a row of K
@@ -32,6 +33,27 @@
  *         weight of index i in the block.
  * kiln_hal_quant_dequant() computes exactly these f32 values (every product of an f16 and a
  * small integer is exact in f32; the K-quants' two roundings are the ones written above).
+ *
+ * The group formats (KILN_HAL_QFMT_INT4_G, INT8_G; the layout is hal.h's kiln_hal_qweight_t)
+ * have no blocks: W[n, k] = (float)(q - z) * s with q the code, z the zero point and s the f16
+ * scale of (n, g(k)); kiln_hal_qgroup_dequant() computes it (exact in f32). The host builds
+ * that layout from the Hugging Face checkpoints, whose tensors per Linear of in_features K,
+ * out_features N, G groups are (all int32 little endian, bit 0 the lowest):
+ *   GPTQ (AutoGPTQ / GPTQModel / optimum, bits b = 4 or 8, P = 32 / b values per word)
+ *     qweight int32 [K / P, N]: code of (k, n) = (qweight[k / P][n] >> (b * (k % P))) & (2^b-1)
+ *             (packed along K, lowest bits first).
+ *     qzeros  int32 [G, N / P]: stored zero of (g, n) = (qzeros[g][n / P] >> (b * (n % P)))
+ *             & (2^b - 1) (packed along N). checkpoint_format "gptq" (v1, the default) stores
+ *             z - 1, so z = stored + 1 (a symmetric 4-bit checkpoint stores 7 = 0x77777777 per
+ *             word for z = 8; a stored 15 means z = 16, which v1 cannot express otherwise);
+ *             "gptq_v2" stores z itself.
+ *     scales  f16 [G, N].   g_idx int32 [K]: g(k) (k / group_size unless desc_act).
+ *   AWQ (AutoAWQ, version "gemm", 4 bits)
+ *     qweight int32 [K, N / 8], packed along N in AWQ's interleaved order: the 8 nibbles of
+ *             word (k, j), lowest first, hold columns 8j + 0, 2, 4, 6, 1, 3, 5, 7; so column
+ *             8j + c is nibble kiln_hal_awq_nibble(c) = {0, 4, 1, 5, 2, 6, 3, 7}[c].
+ *     qzeros  int32 [G, N / 8] in the same order; z is the stored value as is.
+ *     scales  f16 [G, N]; g(k) = k / group_size (no g_idx).
  */
 #ifndef KILN_HAL_QUANT_H
 #define KILN_HAL_QUANT_H
@@ -77,8 +99,31 @@ static inline const char *kiln_hal_qfmt_name(int32_t fmt) {
     case KILN_HAL_QFMT_Q4_K: return "q4_K";
     case KILN_HAL_QFMT_Q5_K: return "q5_K";
     case KILN_HAL_QFMT_Q6_K: return "q6_K";
+    case KILN_HAL_QFMT_INT4_G: return "int4_g";
+    case KILN_HAL_QFMT_INT8_G: return "int8_g";
     default: return "invalid";
   }
+}
+
+/* Whether fmt is a group format (KILN_HAL_QFMT_INT4_G, INT8_G). */
+static inline int kiln_hal_qfmt_is_group(int32_t fmt) {
+  return fmt == KILN_HAL_QFMT_INT4_G || fmt == KILN_HAL_QFMT_INT8_G;
+}
+
+/* Bits per code of a group format (4 or 8); 0 for any other format. */
+static inline int kiln_hal_qfmt_group_bits(int32_t fmt) {
+  return fmt == KILN_HAL_QFMT_INT4_G ? 4 : fmt == KILN_HAL_QFMT_INT8_G ? 8 : 0;
+}
+
+/* Bytes of a row of K codes of a group format. */
+static inline int64_t kiln_hal_qgroup_row_bytes(int32_t fmt, int64_t K) {
+  return fmt == KILN_HAL_QFMT_INT4_G ? (K + 1) / 2 : K;
+}
+
+/* The nibble (0..7, lowest first) of an AWQ word that holds column c (0..7) of its eight. */
+static inline int kiln_hal_awq_nibble(int c) {
+  static const int8_t pos[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  return pos[c & 7];
 }
 
 static inline float kiln_hal_quant_f16(const uint8_t *p) {
@@ -156,6 +201,26 @@ static inline int kiln_hal_quant_dequant(int32_t fmt, const uint8_t *blk, float 
       return 0;
     }
     default: return -1;
+  }
+}
+
+/* The code q of weight k of a row of a group format (hal.h's layout). */
+static inline int kiln_hal_qgroup_code(int32_t fmt, const uint8_t *row, int64_t k) {
+  return fmt == KILN_HAL_QFMT_INT4_G ? (row[k / 2] >> (4 * (k % 2))) & 15 : row[k];
+}
+
+/* out[i] = W[n, k0 + i] for i < count, from row n's codes (row), its scales (srow: G f16,
+ * unaligned is fine), its zeros (zrow: G bytes, or NULL for the symmetric 8 / 128) and
+ * g_idx (K entries, or NULL: g = k / group_size). The caller has checked every g(k) < G. */
+static inline void kiln_hal_qgroup_dequant(int32_t fmt, const uint8_t *row, const uint8_t *srow,
+                                           const uint8_t *zrow, const int32_t *g_idx,
+                                           int32_t group_size, int64_t k0, int64_t count,
+                                           float *out) {
+  const int sym = fmt == KILN_HAL_QFMT_INT4_G ? 8 : 128;
+  for (int64_t i = 0; i < count; i++) {
+    const int64_t k = k0 + i, g = g_idx ? (int64_t)g_idx[k] : k / group_size;
+    const int z = zrow ? zrow[g] : sym;
+    out[i] = (float)(kiln_hal_qgroup_code(fmt, row, k) - z) * kiln_hal_quant_f16(srow + 2 * g);
   }
 }
 
