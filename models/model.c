@@ -290,7 +290,21 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   if ((st = model_plan_one(p, nm[0], V, H, &m->embed)) ||
       (st = model_plan_one(p, nm[1], H, 0, &m->final_norm)))
     return st;
-  if (c->tie_word_embeddings) {
+  /* lm_head: a GGUF block type the device multiplies stays quantized (a second copy of a tied
+   * embedding, whose lookup keeps the widened rows): at batch 1 it is the largest matrix
+   * streamed per token (Llama 3.2 1B: 128256 x 2048). */
+  m->lm_fmt = KILN_HAL_QFMT_NONE;
+  memset(&m->lm_q, 0, sizeof(m->lm_q));
+  m->lm_q.scales = m->lm_q.zeros = m->lm_q.g_idx = MODEL_NO_TENSOR;
+  snprintf(nm[2], sizeof(nm[2]), "%s", c->tie_word_embeddings ? nm[0] : "lm_head.weight");
+  const kiln_weight_t *lw = kiln_weights_find(p->src, nm[2]);
+  const int32_t lf = lw ? kiln_wtype_qfmt(lw->type) : KILN_HAL_QFMT_NONE;
+  if (lf != KILN_HAL_QFMT_NONE && !kiln_hal_qfmt_is_group(lf) &&
+      (p->qcaps & KILN_HAL_CAP_QUANT(lf)) && H % kiln_hal_qfmt_block_elems(lf) == 0) {
+    const int64_t vrows[1] = {V};
+    if ((st = model_plan_linear(p, 1, &nm[2], vrows, H, &m->lm_head, &m->lm_fmt, &m->lm_q)))
+      return st;
+  } else if (c->tie_word_embeddings) {
     m->lm_head = m->embed;
   } else if ((st = model_plan_one(p, "lm_head.weight", V, H, &m->lm_head))) {
     return st;

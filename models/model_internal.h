@@ -57,7 +57,9 @@ struct kiln_model {
   uint64_t weight_bytes;
   uint64_t embed;      /* [V, H] */
   uint64_t final_norm; /* [H] */
-  uint64_t lm_head;    /* [V, H] (== embed when tied) */
+  uint64_t lm_head;    /* [V, H] (== embed when tied, unless kept quantized) */
+  int32_t lm_fmt;      /* kiln_hal_qfmt_t of lm_head: NONE = the serving dtype (model.c) */
+  model_qlinear_t lm_q;
   model_layer_t *layers;
 
   kiln_hal_buffer_t *rope; /* [max_len, R] F32 */

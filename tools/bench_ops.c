@@ -1,6 +1,7 @@
 /* bench_ops.c - times a backend plugin's main ops against measured machine ceilings.
  *
- * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm|vision]
+ * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only
+ * gemm|qgemm|attn|norm|vision]
  *                      [--no-ceilings]
  *
  * Standalone: it dlopens the plugin and calls kiln_backend_query() like any host would, and
@@ -20,6 +21,7 @@
 #include <time.h>
 
 #include "kiln/hal.h"
+#include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
 
 static const kiln_hal_backend_t *be;
@@ -130,6 +132,7 @@ static void run_memcpy(void *vctx) {
 
 static void run_copy(void *vctx) { check(be->copy(stream, vctx), "copy"); }
 static void run_gemm(void *vctx) { check(be->gemm(stream, vctx), "gemm"); }
+static void run_gemm_quant(void *vctx) { check(be->gemm_quant(stream, vctx), "gemm_quant"); }
 static void run_attention(void *vctx) { check(be->attention(stream, vctx), "attention"); }
 static void run_rmsnorm(void *vctx) { check(be->rmsnorm(stream, vctx), "rmsnorm"); }
 static void run_layernorm(void *vctx) { check(be->layernorm(stream, vctx), "layernorm"); }
@@ -249,6 +252,107 @@ static void bench_gemm(void) {
       be->buffer_free(x);
       be->buffer_free(y);
     }
+}
+
+/* ---- gemm_quant: the GGUF block formats against bf16 ---------------------------------------
+ * The same Linear shapes as the decode rows above in every block format the device claims
+ * (KILN_HAL_CAP_QUANT), weights of random blocks with finite f16 scales (any byte pattern is a
+ * valid block), x bf16; each format's row prints the GB/s of its quantized bytes and its time
+ * against bf16 gemm's on the same shape and M, measured in the same run. */
+
+static void fill_blocks(kiln_hal_buffer_t *b, int32_t fmt, int64_t nblocks) {
+  const int B = kiln_hal_qfmt_block_bytes(fmt);
+  uint8_t *host = malloc((size_t)(nblocks * B));
+  if (!host) die("malloc", NULL);
+  uint64_t x = 0x2545F4914F6CDD1Dull;
+  for (int64_t i = 0; i < nblocks * B; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    host[i] = (uint8_t)(x >> 32);
+  }
+  const uint16_t d = 0x1c00; /* f16 2^-8 */
+  for (int64_t i = 0; i < nblocks; i++) {
+    uint8_t *blk = host + i * B;
+    int at[2] = {0, -1};
+    if (fmt == KILN_HAL_QFMT_Q4_K || fmt == KILN_HAL_QFMT_Q5_K) at[1] = 2;
+    if (fmt == KILN_HAL_QFMT_Q6_K) at[0] = 208;
+    for (int k = 0; k < 2; k++)
+      if (at[k] >= 0) memcpy(blk + at[k], &d, 2);
+  }
+  check(be->copy_h2d(stream, b, 0, host, (uint64_t)(nblocks * B)), "copy_h2d");
+  check(be->stream_sync(stream), "stream_sync");
+  free(host);
+}
+
+static void bench_qgemm(void) {
+  static const int64_t Ms[] = {1, 8, 128};
+  static const int64_t shapes[][2] = {{2048, 8192}, {8192, 2048}, {4096, 4096}, {2048, 128256}};
+  static const int32_t fmts[] = {KILN_HAL_QFMT_Q4_0, KILN_HAL_QFMT_Q8_0, KILN_HAL_QFMT_Q4_K,
+                                 KILN_HAL_QFMT_Q5_K, KILN_HAL_QFMT_Q6_K};
+  kiln_hal_device_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  check(be->device_info(0, &info), "device_info");
+  if (!be->gemm_quant) {
+    printf("gemm_quant: not in this plugin's table\n\n");
+    return;
+  }
+  print_header();
+  for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+    const int64_t K = shapes[s][0], N = shapes[s][1], maxM = quick ? 8 : 128;
+    if (quick && N > 100000) continue;
+    kiln_hal_buffer_t *wb = alloc_buf((uint64_t)(N * K) * 2);
+    kiln_hal_buffer_t *x = alloc_buf((uint64_t)(maxM * K) * 2);
+    kiln_hal_buffer_t *y = alloc_buf((uint64_t)(maxM * N) * 2);
+    fill_random(wb, KILN_HAL_BF16, N * K, 0.05f);
+    fill_random(x, KILN_HAL_BF16, maxM * K, 1.0f);
+    for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
+      const int64_t M = Ms[mi];
+      if (M > maxM || (M > 8 && N > 100000)) continue;
+      int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
+      kiln_hal_gemm_args_t g;
+      memset(&g, 0, sizeof(g));
+      g.struct_size = sizeof(g);
+      g.a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
+      g.b = kiln_hal_tensor_make(wb, 0, KILN_HAL_BF16, 2, bs);
+      g.b.stride[0] = 1;
+      g.b.stride[1] = K;
+      g.c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
+      g.alpha = 1.0f;
+      timing_t tb = time_it(run_gemm, &g);
+      char name[96];
+      snprintf(name, sizeof(name), "gemm bf16 M=%-3lld K=%-5lld N=%-6lld", (long long)M,
+               (long long)K, (long long)N);
+      report(name, tb, 2.0 * (double)(M * N) * (double)K, (double)(N * K * 2), M > 8);
+      for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
+        const int32_t fmt = fmts[f];
+        if (!(info.caps & KILN_HAL_CAP_QUANT(fmt)) || K % kiln_hal_qfmt_block_elems(fmt)) continue;
+        const int64_t row = K / kiln_hal_qfmt_block_elems(fmt) * kiln_hal_qfmt_block_bytes(fmt);
+        kiln_hal_buffer_t *qb = alloc_buf((uint64_t)(row * N));
+        fill_blocks(qb, fmt, N * (K / kiln_hal_qfmt_block_elems(fmt)));
+        kiln_hal_gemm_quant_args_t q;
+        memset(&q, 0, sizeof(q));
+        q.struct_size = sizeof(q);
+        q.x = g.a;
+        q.y = g.c;
+        q.w.buffer = qb;
+        q.w.format = fmt;
+        q.w.n = N;
+        q.w.k = K;
+        q.w.row_stride = row;
+        timing_t tq = time_it(run_gemm_quant, &q);
+        snprintf(name, sizeof(name), "  %-4s (x%.2f of bf16's time)", kiln_hal_qfmt_name(fmt),
+                 tq.median / tb.median);
+        report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)(row * N), M > 8);
+        be->buffer_free(qb);
+      }
+    }
+    be->buffer_free(wb);
+    be->buffer_free(x);
+    be->buffer_free(y);
+  }
+  printf("\n");
 }
 
 /* ---- attention: the serving shapes ------------------------------------------------------------
@@ -557,18 +661,18 @@ int main(int argc, char **argv) {
     else if (argv[i][0] != '-' && !path)
       path = argv[i];
     else {
-      fprintf(
-          stderr,
-          "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm|vision]\n",
-          argv[0]);
+      fprintf(stderr,
+              "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only "
+              "gemm|qgemm|attn|norm|vision]\n",
+              argv[0]);
       return 2;
     }
   }
   if (!path) {
-    fprintf(
-        stderr,
-        "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only gemm|attn|norm|vision]\n",
-        argv[0]);
+    fprintf(stderr,
+            "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only "
+            "gemm|qgemm|attn|norm|vision]\n",
+            argv[0]);
     return 2;
   }
   if (reps < 1) reps = 1;
@@ -605,6 +709,7 @@ int main(int argc, char **argv) {
 
   if (!no_ceilings) measure_ceilings();
   if (!only || !strcmp(only, "gemm")) bench_gemm();
+  if (!only || !strcmp(only, "qgemm")) bench_qgemm();
   if (!only || !strcmp(only, "attn")) bench_attention();
   if (!only || !strcmp(only, "norm")) bench_rmsnorm();
   if (!only || !strcmp(only, "norm")) bench_layernorm();

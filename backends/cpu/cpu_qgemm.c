@@ -50,6 +50,7 @@ typedef struct qg_ctx {
   int64_t G; /* groups per row */
   const kiln_hal_tensor_t *y, *bias;
   float *tmp; /* prefill: per thread, K * QG_PANEL dequantized weights + M * QG_PANEL sums */
+  const float *xs; /* decode, qg_fast_fmt: x's sums over each 16 elements, [M, K / 16] */
   int64_t tmp_floats;
 } qg_ctx_t;
 
@@ -324,6 +325,151 @@ static void qg_row_scalar(int32_t fmt, int64_t M, int64_t K, const float *x, int
   for (int64_t m = 0; m < M; m++) out[m] = acc[m];
 }
 
+/* ---- the decode kernel with the block scales factored out ------------------------------------
+ * For one row of x (M = 1) and the formats whose weights are a * q - b per sub-block (q a small
+ * integer, a and b the sub-block's f32 scale and offset, exactly as kiln/hal_quant.h computes
+ * them): sum_j x_j (a q_j - b) = sum_j x_j (a q_j) - b * sum_j x_j. The integers q go to f32
+ * (exact) in registers, a q_j is the f32 product hal_quant.h forms too, and it meets x in one FMA;
+ * b multiplies sum_j x_j, computed once per call for every 16 elements of each row (xs), not once
+ * per weight row. So the subtraction of b is distributed over the sum (hal.h allows it: ABI
+ * 1.4's gemm_quant), and the weights never go through memory as f32. Q4_0, Q8_0, Q4_K and Q6_K
+ * take it; Q5_K keeps the buffer path. */
+
+static bool qg_fast_fmt(int32_t fmt) {
+  return fmt == KILN_HAL_QFMT_Q4_0 || fmt == KILN_HAL_QFMT_Q8_0 || fmt == KILN_HAL_QFMT_Q4_K ||
+         fmt == KILN_HAL_QFMT_Q6_K;
+}
+
+#if QG_X86
+/* The 8 unsigned bytes in the low half of v as f32. */
+QG_AVX2_INLINE __m256 qg_u8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+/* 32 bytes of q (unsigned, or signed when sgn) as four 8-lane f32 vectors. */
+QG_AVX2_INLINE void qg_q32(__m256i b, bool sgn, __m256 *q) {
+  __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+  if (sgn) {
+    q[0] = qg_i8x8(lo), q[1] = qg_i8x8(_mm_srli_si128(lo, 8));
+    q[2] = qg_i8x8(hi), q[3] = qg_i8x8(_mm_srli_si128(hi, 8));
+  } else {
+    q[0] = qg_u8x8(lo), q[1] = qg_u8x8(_mm_srli_si128(lo, 8));
+    q[2] = qg_u8x8(hi), q[3] = qg_u8x8(_mm_srli_si128(hi, 8));
+  }
+}
+
+/* acc[m][at + c] += (a * q[c]) * x[m] chunk c, for the n chunks of 8 of a sub-block (x at its
+ * first element): a * q is the f32 product kiln/hal_quant.h forms for the weight's scaled part;
+ * four accumulators per row keep the FMAs independent. */
+QG_AVX2_INLINE void qg_sub(int64_t M, const __m256 *q, int n, const float *x, int64_t ldx, float a,
+                           int at, __m256 (*acc)[4]) {
+  const __m256 av = _mm256_set1_ps(a);
+  __m256 w[4];
+  for (int c = 0; c < n; c++) w[c] = _mm256_mul_ps(q[c], av);
+  for (int64_t m = 0; m < M; m++) {
+    const float *xm = x + m * ldx;
+    for (int c = 0; c < n; c++)
+      acc[m][at + c] = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(xm + 8 * c), acc[m][at + c]);
+  }
+}
+
+/* M is a constant where this is inlined (qg_row_fast_avx2: 1), so the accumulators live in
+ * registers. */
+QG_AVX2_INLINE void qg_row_fast_body(const qg_ctx_t *c, const uint8_t *wrow, float *out,
+                                     const int64_t M) {
+  const int64_t K = c->K, ldx = c->ldx, ns = K / 16;
+  const int E = kiln_hal_qfmt_block_elems(c->fmt), B = kiln_hal_qfmt_block_bytes(c->fmt);
+  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[QG_SMALL_M][4], q[4];
+  float off[QG_SMALL_M] = {0}; /* the sum of b * sum(x) terms */
+  for (int64_t m = 0; m < M; m++)
+    for (int j = 0; j < 4; j++) acc[m][j] = _mm256_setzero_ps();
+  for (int64_t blk = 0; blk < K / E; blk++) {
+    const uint8_t *p = wrow + blk * B;
+    const int64_t k0 = blk * E;
+    const float *x = c->x + k0, *xs = c->xs + k0 / 16;
+    switch (c->fmt) {
+      case KILN_HAL_QFMT_Q8_0: {
+        qg_q32(_mm256_loadu_si256((const __m256i *)(p + 2)), true, q);
+        qg_sub(M, q, 4, x, ldx, kiln_hal_quant_f16(p), 0, acc);
+        break;
+      }
+      case KILN_HAL_QFMT_Q4_0: { /* w = d (q - 8): a = d, b = 8 d */
+        const float d = kiln_hal_quant_f16(p);
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + 2));
+        __m128i lo = _mm_and_si128(v, _mm_set1_epi8(15));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15));
+        qg_q32(_mm256_set_m128i(hi, lo), false, q);
+        qg_sub(M, q, 4, x, ldx, d, 0, acc);
+        for (int64_t m = 0; m < M; m++) off[m] += 8.0f * d * (xs[m * ns] + xs[m * ns + 1]);
+        break;
+      }
+      case KILN_HAL_QFMT_Q4_K: { /* sub-block s: a = d sc[s], b = dmin m[s] */
+        const float d = kiln_hal_quant_f16(p), dmin = kiln_hal_quant_f16(p + 2);
+        for (int cc = 0; cc < 4; cc++) {
+          __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * cc));
+          for (int h = 0; h < 2; h++) {
+            const int sb = 2 * cc + h;
+            int sc, mn;
+            kiln_hal_quant_k_scale_min(p + 4, sb, &sc, &mn);
+            qg_q32(h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4),
+                   false, q);
+            qg_sub(M, q, 4, x + 32 * sb, ldx, d * (float)sc, 0, acc);
+            const float b = dmin * (float)mn;
+            for (int64_t m = 0; m < M; m++)
+              off[m] += b * (xs[m * ns + 2 * sb] + xs[m * ns + 2 * sb + 1]);
+          }
+        }
+        break;
+      }
+      case KILN_HAL_QFMT_Q6_K: { /* sub-block i of 16: a = d scales[i], b = 32 a */
+        const float d = kiln_hal_quant_f16(p + 208);
+        const int8_t *sc = (const int8_t *)(p + 192);
+        for (int hf = 0; hf < 2; hf++) {
+          const uint8_t *ql = p + 64 * hf, *qh = p + 128 + 32 * hf;
+          const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+          const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+          const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+          __m256i qq[4];
+          qq[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                  _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+          qq[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                  _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+          qq[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                  _mm256_and_si256(hb, m30));
+          qq[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                  _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+          for (int j = 0; j < 4; j++) { /* weights 128 hf + 32 j .. + 31: sub-blocks i, i + 1 */
+            qg_q32(qq[j], false, q);
+            const int i = 8 * hf + 2 * j;
+            const float a0 = d * (float)sc[i], a1 = d * (float)sc[i + 1];
+            const int64_t k = 128 * hf + 32 * j;
+            qg_sub(M, q, 2, x + k, ldx, a0, 0, acc);
+            qg_sub(M, q + 2, 2, x + k + 16, ldx, a1, 2, acc);
+            for (int64_t m = 0; m < M; m++)
+              off[m] += 32.0f * (a0 * xs[m * ns + i] + a1 * xs[m * ns + i + 1]);
+          }
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+  for (int64_t m = 0; m < M; m++) {
+    __m256 t =
+        _mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), _mm256_add_ps(acc[m][2], acc[m][3]));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[m] = _mm_cvtss_f32(s) - off[m];
+  }
+}
+
+/* One row of x (decode at batch 1). With several, the four accumulators per row would not stay
+ * in registers and the buffer path (qg_row_avx2) is faster. */
+QG_AVX2 static void qg_row_fast_avx2(const qg_ctx_t *c, const uint8_t *wrow, float *out) {
+  qg_row_fast_body(c, wrow, out, 1);
+}
+#endif /* QG_X86 */
+
 /* ---- the op --------------------------------------------------------------------------------- */
 
 /* y[m, n] = round(acc + bias[n]). */
@@ -352,7 +498,9 @@ static void qg_small_task(void *vctx, int64_t task, int thread) {
       continue;
     }
 #if QG_X86
-    if (cpu_vec_avx2())
+    if (c->xs)
+      qg_row_fast_avx2(c, wrow, out);
+    else if (cpu_vec_avx2())
       qg_row_avx2(c->fmt, c->M, c->K, c->x, c->ldx, wrow, out);
     else
 #endif
@@ -430,6 +578,8 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
   size_t xbytes = x_direct ? 0 : ((size_t)(M * K) * sizeof(float) + 63) & ~(size_t)63;
   if (!small) c.tmp_floats = (K * QG_PANEL + M * QG_PANEL + 15) & ~(int64_t)15;
   size_t tbytes = (size_t)(c.tmp_floats * threads) * sizeof(float);
+  const bool fast = M == 1 && QG_X86 && cpu_vec_avx2() && qg_fast_fmt(c.fmt);
+  if (fast) tbytes += (size_t)(M * (K / 16)) * sizeof(float);
   char *scratch = (xbytes + tbytes) ? cpu_scratch(s, xbytes + tbytes + 64) : NULL;
   if ((xbytes + tbytes) && !scratch)
     return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY,
@@ -447,6 +597,17 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
     c.ldx = K;
   }
   c.tmp = (float *)(scratch + xbytes);
+  if (fast) { /* every block format's K is a multiple of 32: the sums of 16 tile it */
+    float *xs = c.tmp;
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t j = 0; j < K / 16; j++) {
+        const float *v = c.x + m * c.ldx + 16 * j;
+        float t = 0.0f;
+        for (int i = 0; i < 16; i++) t += v[i];
+        xs[m * (K / 16) + j] = t;
+      }
+    c.xs = xs;
+  }
   if (small)
     cpu_pool_run(cpu_g_pool, (N + QG_ROWS - 1) / QG_ROWS, qg_small_task, &c);
   else

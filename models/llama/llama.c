@@ -303,5 +303,5 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     HAL(m->be->embedding(m->stream, &ga), "gather logits rows");
   }
   kiln_hal_tensor_t logits = model_view2(m->logits, 0, KILN_HAL_F32, R, V, V);
-  return gemm(m, rows, model_weight_t(m, m->lm_head, H, V), logits, none, layer, "lm_head");
+  return linear(m, rows, m->lm_head, m->lm_fmt, &m->lm_q, H, V, logits, none, layer, "lm_head");
 }

@@ -341,7 +341,9 @@ typedef struct kiln_hal_qweight {
  * For every (m, n): y[m, n] = round_y(sum_k x[m, k] * W[n, k] + bias[n]), where W[n, k] is the
  * f32 value kiln/hal_quant.h's dequantization gives weight (n, k) (exactly: the format's
  * definition), x[m, k] is used as stored (widened to f32, never re-quantized), products and
- * their sum are accumulated in F32 or wider, in any order, and round_y is one rounding to y's
+ * their sum are accumulated in F32 or wider, in any order (a block format's weight being
+ * a * q - b per sub-block, a backend may also distribute b over the sum: sum x (a q) -
+ * b sum x, with a q the f32 product the format defines), and round_y is one rounding to y's
  * dtype at the end. M == 0 is a no-op. A backend takes a format only when its device has
  * KILN_HAL_CAP_QUANT(format); others are KILN_HAL_ERR_UNSUPPORTED. */
 typedef struct kiln_hal_gemm_quant_args {
