@@ -273,6 +273,20 @@ kiln_status_t model_plan_linear(plan_t *p, int n, char names[][160], const int64
   return NULL;
 }
 
+/* True when the three parts are GGUF block types the device multiplies, not all the same one. */
+static bool qkv_mixed_blocks(const plan_t *p, char names[][160]) {
+  int32_t f[3];
+  for (int i = 0; i < 3; i++) {
+    const kiln_weight_t *w = kiln_weights_find(p->src, names[i]);
+    f[i] = w ? kiln_wtype_qfmt(w->type) : KILN_HAL_QFMT_NONE;
+    if (f[i] == KILN_HAL_QFMT_NONE || kiln_hal_qfmt_is_group(f[i]) ||
+        !(p->qcaps & KILN_HAL_CAP_QUANT(f[i])) ||
+        w->shape[w->ndim - 1] % kiln_hal_qfmt_block_elems(f[i]))
+      return false;
+  }
+  return f[0] != f[1] || f[1] != f[2];
+}
+
 static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   const kiln_model_config_t *c = &m->cfg;
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
@@ -329,6 +343,16 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
       p->qcaps = caps;
       p->q_dense_why = NULL;
       if (st) return st;
+    } else if (qkv_mixed_blocks(p, nm)) {
+      /* GGUF q/k/v in different block types (Q4_K_M's attn_v is Q6_K in some layers): each
+       * part kept in its own, three GEMMs into the fused output's columns (llama.c). */
+      L->qkv_fmt = KILN_HAL_QFMT_NONE;
+      L->qkv_mixed = true;
+      for (int i = 0; i < 3; i++)
+        if ((st = model_plan_linear(p, 1, &nm[i], &qkv_rows[i], H, &L->qkv_pw[i], &L->qkv_pf[i],
+                                    &L->qkv_q)))
+          return st;
+      L->qkv_w = L->qkv_pw[0];
     } else if ((st = model_plan_linear(p, 3, nm, qkv_rows, H, &L->qkv_w, &L->qkv_fmt, &L->qkv_q))) {
       return st;
     }

@@ -41,6 +41,10 @@ typedef struct model_layer {
    * a group format (GPTQ / AWQ repacked, its scales / zeros / g_idx in *_q). */
   int32_t qkv_fmt, o_fmt, gu_fmt, down_fmt;
   model_qlinear_t qkv_q, o_q, gu_q, down_q;
+  /* q/k/v kept apart in GGUF block types that differ: offsets and formats of each part */
+  bool qkv_mixed;
+  uint64_t qkv_pw[3];
+  int32_t qkv_pf[3];
 } model_layer_t;
 
 struct kiln_model {

@@ -20,9 +20,11 @@
 #include "base/json.h"
 #include "base/strbuf.h"
 #include "hal/loader.h"
+#include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
 #include "models/loader/gguf.h"
 #include "models/model.h"
+#include "models/model_internal.h"
 #include "models/loader/weights.h"
 #include "models/model_tokenizer.h"
 
@@ -84,7 +86,15 @@ enum {
   GT_I64 = 11,
   GT_F64 = 12,
 };
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q4_K = 12, GGML_BF16 = 30 };
+enum {
+  GGML_F32 = 0,
+  GGML_F16 = 1,
+  GGML_Q4_0 = 2,
+  GGML_Q8_0 = 8,
+  GGML_Q2_K = 10,
+  GGML_Q4_K = 12,
+  GGML_BF16 = 30
+};
 
 #define GG_AUTO UINT64_MAX
 
@@ -225,6 +235,30 @@ static bool g_loadable;
 
 /* n random values stored as type; *out_f32 gets them as f32 (exactly what the bytes hold). */
 static void *make_data(uint32_t type, size_t n, float *out_f32, size_t *out_nbytes) {
+  if (type == GGML_Q4_0 && g_widen_q8) { /* the widened twin of a Q4_0 tensor, like Q8_0's */
+    float *f = malloc(n * sizeof(float));
+    assert_non_null(f);
+    g_widen_q8 = false;
+    size_t nb;
+    free(make_data(GGML_Q4_0, n, f, &nb));
+    g_widen_q8 = true;
+    if (out_f32) memcpy(out_f32, f, n * sizeof(float));
+    *out_nbytes = n * sizeof(float);
+    return f;
+  }
+  if (type == GGML_Q4_0) { /* random nibbles, a random finite f16 scale per block */
+    assert_int_equal(n % 32, 0);
+    uint8_t *q = malloc(n / 32 * 18);
+    assert_non_null(q);
+    for (size_t b = 0; b < n / 32; b++) {
+      uint16_t d = kiln_hal_f32_to_f16(0.001f + fabsf(rnd_unit()) * 0.05f);
+      memcpy(q + b * 18, &d, 2);
+      for (int j = 0; j < 16; j++) q[b * 18 + 2 + j] = (uint8_t)(rnd() & 0xff);
+      if (out_f32) kiln_hal_quant_dequant(KILN_HAL_QFMT_Q4_0, q + b * 18, out_f32 + b * 32);
+    }
+    *out_nbytes = n / 32 * 18;
+    return q;
+  }
   if (type == GGML_Q8_0 && g_widen_q8) {
     float *f = malloc(n * sizeof(float));
     assert_non_null(f);
@@ -278,7 +312,8 @@ static float *add_random(gg_t *g, const char *name, uint32_t type, uint32_t n_di
   for (uint32_t i = 0; i < n_dims; i++) n *= ne[i];
   float *vals = want_values ? malloc(n * sizeof(float)) : NULL;
   void *bytes = make_data(type, n, vals, &nbytes);
-  gg_tensor(g, name, type == GGML_Q8_0 && g_widen_q8 ? GGML_F32 : type, n_dims, ne, bytes, nbytes);
+  gg_tensor(g, name, (type == GGML_Q8_0 || type == GGML_Q4_0) && g_widen_q8 ? GGML_F32 : type,
+            n_dims, ne, bytes, nbytes);
   free(bytes);
   return vals;
 }
@@ -323,10 +358,13 @@ static void build_llama(gg_t *g, llama_values_t *vals) {
     char name[64];
 #define LAYER(fmt) (snprintf(name, sizeof(name), "blk.%d." fmt, l), name)
     free(add_random(g, LAYER("attn_norm.weight"), GGML_F32, 1, (const uint64_t[]){64}, false));
-    float *q = add_random(g, LAYER("attn_q.weight"), GGML_BF16, 2, (const uint64_t[]){64, 64},
-                          keep && l == 0);
+    /* A loadable file's layer 1 has q, k and v in three block types (kept apart, llama.c). */
+    const bool mixed = g_loadable && l == 1;
+    float *q = add_random(g, LAYER("attn_q.weight"), mixed ? GGML_Q8_0 : GGML_BF16, 2,
+                          (const uint64_t[]){64, 64}, keep && l == 0);
     if (l == 0) vals->attn_q = q;
-    free(add_random(g, LAYER("attn_k.weight"), GGML_BF16, 2, (const uint64_t[]){64, 32}, false));
+    free(add_random(g, LAYER("attn_k.weight"), mixed ? GGML_Q4_0 : GGML_BF16, 2,
+                    (const uint64_t[]){64, 32}, false));
     free(add_random(g, LAYER("attn_v.weight"), GGML_Q8_0, 2, (const uint64_t[]){64, 32}, false));
     free(
         add_random(g, LAYER("attn_output.weight"), GGML_F16, 2, (const uint64_t[]){64, 64}, false));
@@ -998,14 +1036,19 @@ static void test_errors(void **state) {
  * file with every Q8_0 tensor written as F32 holding the dequantized values. Both run in f32;
  * they differ only in the order of f32 sums (gemm_quant vs sgemm), so 1e-4 relative to the
  * logits' scale is ample (the logits are O(1), K <= 128). */
+/* quantized: the file's blocks are kept as they are (layer 1's q/k/v apart in their three types,
+ * lm_head in Q8_0), which the widened twin's are not. */
 static void score_file(const char *path, const kiln_hal_backend_t *be, kiln_hal_device_t *dev,
-                       kiln_hal_stream_t *stream, int32_t chunk, float *out) {
+                       kiln_hal_stream_t *stream, int32_t chunk, bool quantized, float *out) {
   kiln_model_options_t o = {
       .dtype = KILN_HAL_F32, .max_tokens = 12, .max_seqs = 1, .max_blocks_per_seq = 8};
   kiln_model_t *m = NULL;
   kiln_status_t st = kiln_model_load(path, be, dev, stream, &o, &m);
   if (st) fprintf(stderr, "%s\n", kiln_status_message(st));
   assert_null(st);
+  assert_int_equal(m->layers[1].qkv_mixed, quantized);
+  assert_int_equal(m->layers[1].qkv_pf[1], quantized ? KILN_HAL_QFMT_Q4_0 : 0);
+  assert_int_equal(m->lm_fmt, quantized ? KILN_HAL_QFMT_Q8_0 : KILN_HAL_QFMT_NONE);
   static const int32_t ids[12] = {3, 7, 1, 30, 12, 5, 9, 17, 22, 4, 0, 31};
   assert_null(kiln_model_score(m, ids, 12, chunk, 16, out));
   kiln_model_free(m);
@@ -1041,9 +1084,9 @@ static void test_quantized_model(void **state) {
   }
   g_loadable = false;
   float q[12 * 32], w[12 * 32], q1[12 * 32];
-  score_file(g_path, &pl->table, dev, stream, 0, q);  /* prefill: M = 12 rows */
-  score_file(g_path, &pl->table, dev, stream, 1, q1); /* decode: M = 1 */
-  score_file(wide, &pl->table, dev, stream, 0, w);
+  score_file(g_path, &pl->table, dev, stream, 0, true, q);  /* prefill: M = 12 rows */
+  score_file(g_path, &pl->table, dev, stream, 1, true, q1); /* decode: M = 1 */
+  score_file(wide, &pl->table, dev, stream, 0, false, w);
   double scale = 0;
   for (int i = 0; i < 12 * 32; i++) scale = fmax(scale, fabs(w[i]));
   assert_true(scale > 0.1);

@@ -189,7 +189,20 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     if ((st = rmsnorm(m, x, resid, model_vec(m, L->in_norm, H), h, layer, "input_layernorm")))
       return st;
 
-    if (!split) {
+    if (!split && L->qkv_mixed) { /* parts in different block types: into qkv's columns */
+      static const char *const what[3] = {"q_proj", "k_proj", "v_proj"};
+      const int64_t cols[3] = {QD, KD, KD}, at[3] = {0, QD, QD + KD};
+      for (int i = 0; i < 3; i++) {
+        kiln_hal_tensor_t y =
+            model_view2(m->act, m->qkv + (uint64_t)at[i] * es, dt, T, cols[i], QKV);
+        kiln_hal_tensor_t b = L->qkv_b == MODEL_NO_TENSOR
+                                  ? none
+                                  : model_vec(m, L->qkv_b + (uint64_t)at[i] * es, cols[i]);
+        if ((st = linear(m, h, L->qkv_pw[i], L->qkv_pf[i], &L->qkv_q, H, cols[i], y, b, layer,
+                         what[i])))
+          return st;
+      }
+    } else if (!split) {
       kiln_hal_tensor_t qkv = model_view2(m->act, m->qkv, dt, T, QKV, QKV);
       if ((st = linear(m, h, L->qkv_w, L->qkv_fmt, &L->qkv_q, H, QKV, qkv,
                        model_vec(m, L->qkv_b, QKV), layer, "qkv_proj")))
