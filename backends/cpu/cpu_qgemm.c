@@ -332,12 +332,12 @@ static void qg_row_scalar(int32_t fmt, int64_t M, int64_t K, const float *x, int
  * (exact) in registers, a q_j is the f32 product hal_quant.h forms too, and it meets x in one FMA;
  * b multiplies sum_j x_j, computed once per call for every 16 elements of each row (xs), not once
  * per weight row. So the subtraction of b is distributed over the sum (hal.h allows it: ABI
- * 1.4's gemm_quant), and the weights never go through memory as f32. Q4_0, Q8_0, Q4_K and Q6_K
- * take it; Q5_K keeps the buffer path. */
+ * 1.4's gemm_quant), and the weights never go through memory as f32. Q4_0, Q8_0, Q4_K, Q6_K
+ * and Q5_K take it. */
 
 static bool qg_fast_fmt(int32_t fmt) {
   return fmt == KILN_HAL_QFMT_Q4_0 || fmt == KILN_HAL_QFMT_Q8_0 || fmt == KILN_HAL_QFMT_Q4_K ||
-         fmt == KILN_HAL_QFMT_Q6_K;
+         fmt == KILN_HAL_QFMT_Q5_K || fmt == KILN_HAL_QFMT_Q6_K;
 }
 
 #if QG_X86
@@ -402,16 +402,23 @@ QG_AVX2_INLINE void qg_row_fast_body(const qg_ctx_t *c, const uint8_t *wrow, flo
         for (int64_t m = 0; m < M; m++) off[m] += 8.0f * d * (xs[m * ns] + xs[m * ns + 1]);
         break;
       }
-      case KILN_HAL_QFMT_Q4_K: { /* sub-block s: a = d sc[s], b = dmin m[s] */
+      case KILN_HAL_QFMT_Q4_K:
+      case KILN_HAL_QFMT_Q5_K: { /* sub-block s: a = d sc[s], b = dmin m[s] */
+        const bool five = c->fmt == KILN_HAL_QFMT_Q5_K;
         const float d = kiln_hal_quant_f16(p), dmin = kiln_hal_quant_f16(p + 2);
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : m4;
         for (int cc = 0; cc < 4; cc++) {
-          __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * cc));
+          __m256i v = _mm256_loadu_si256((const __m256i *)(p + (five ? 48 : 16) + 32 * cc));
           for (int h = 0; h < 2; h++) {
             const int sb = 2 * cc + h;
             int sc, mn;
             kiln_hal_quant_k_scale_min(p + 4, sb, &sc, &mn);
-            qg_q32(h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4),
-                   false, q);
+            __m256i nib = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+            if (five) /* bit sb of qh[l] is weight l's fifth bit: 16 more */
+              nib = _mm256_or_si256(
+                  nib, _mm256_slli_epi16(
+                           _mm256_and_si256(_mm256_srli_epi16(qh, sb), _mm256_set1_epi8(1)), 4));
+            qg_q32(nib, false, q);
             qg_sub(M, q, 4, x + 32 * sb, ldx, d * (float)sc, 0, acc);
             const float b = dmin * (float)mn;
             for (int64_t m = 0; m < M; m++)
