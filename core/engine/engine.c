@@ -1122,9 +1122,9 @@ static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_pa
     return bad("logprobs must be in [0, 20], got %d", p->logprobs);
   if (p->prompt_logprobs < -1 || p->prompt_logprobs > 20)
     return bad("prompt_logprobs must be in [0, 20], got %d", p->prompt_logprobs);
-  if (p->beam_width < 0 || p->beam_width > e->max_seqs)
-    return bad("beam_width must be in [0, %d] (max_num_seqs; 0 = off), got %d", e->max_seqs,
-               p->beam_width);
+  if (p->beam_width < 0 || p->beam_width > e->max_seqs || p->beam_width > 1024)
+    return bad("beam_width must be in [0, %d] (max_num_seqs, at most 1024; 0 = off), got %d",
+               e->max_seqs < 1024 ? e->max_seqs : 1024, p->beam_width);
   if (p->beam_width > 0) {
     int32_t num_eos = p->ignore_eos ? 0 : e->num_eos;
     int32_t k = (num_eos + p->num_stop_token_ids + 1 > 2 ? num_eos + p->num_stop_token_ids + 1 : 2) *
