@@ -16,6 +16,15 @@ there is one; about a minute):
         --out tests/fixtures/beam/kiln_tiny_beam.json
 Options: --dtype float32|bfloat16 (default float32: Kiln's CPU path computes in fp32),
 --width 4, --max-new-tokens 24.
+
+Then, anywhere with a Kiln build (no torch needed), compare Kiln's beam search with it:
+    python3 tools/dev/beam_fixture.py --compare build-cpu/bin/kiln \
+        --out tests/fixtures/beam/kiln_tiny_beam.json [--model share/models/kiln-tiny]
+runs `kiln generate --ids ... --beam-width W --n W --length-penalty lp --early-stopping es
+--max-tokens M --dtype float32 --json` per case and reports, per case, whether the hypotheses'
+tokens are the same and the largest score difference (exit 1 on a token mismatch or a score
+off by more than --tol, default 1e-3; near-ties between hypotheses can legitimately swap under
+different float summation orders, so look at the report rather than only the exit code).
 """
 import argparse
 import json
@@ -30,7 +39,11 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--width", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--compare", metavar="KILN", help="compare the kiln binary with --out")
+    ap.add_argument("--tol", type=float, default=1e-3)
     a = ap.parse_args()
+    if a.compare:
+        sys.exit(compare(a))
 
     import torch
     import transformers
@@ -77,6 +90,41 @@ def main():
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {len(cases)} cases to {a.out}", file=sys.stderr)
+
+
+def compare(a):
+    import subprocess
+    with open(a.out) as f:
+        doc = json.load(f)
+    bad = 0
+    for i, c in enumerate(doc["cases"]):
+        es = c["early_stopping"]
+        es = "never" if es == "never" else ("true" if es else "false")
+        w = doc["num_beams"]
+        cmd = [a.compare, "generate", "--model", a.model, "--ids",
+               ",".join(str(t) for t in c["prompt_ids"]), "--beam-width", str(w), "--n", str(w),
+               "--length-penalty", repr(c["length_penalty"]), "--early-stopping", es,
+               "--max-tokens", str(doc["max_new_tokens"]), "--dtype", "float32", "--json"]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"case {i}: kiln failed: {out.stderr.strip()}")
+            bad += 1
+            continue
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        toks, scores = got["token_ids"], got["beam_score"]
+        if w == 1:
+            toks, scores = [toks], [scores]
+        same = toks == c["sequences"]
+        diff = max(abs(x - y) for x, y in zip(scores, c["sequences_scores"]))
+        ok = same and diff <= a.tol
+        bad += not ok
+        print(f"case {i} ({c['prompt']!r}, lp {c['length_penalty']}, early_stopping {es}): "
+              f"tokens {'same' if same else 'DIFFER'}, max score diff {diff:.2e}"
+              f"{'' if ok else '  <-- FAIL'}")
+        if not same:
+            print(f"   transformers: {c['sequences']}\n   kiln:         {toks}")
+    print(f"{len(doc['cases']) - bad} of {len(doc['cases'])} cases agree")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
