@@ -27,7 +27,9 @@
  *
  * Outputs. Each request delivers a stream of kiln_output_t events, one per sequence per
  * token it produced (n > 1 gives n sequences, told apart by `index`), in order: one per engine
- * step, or several in one step when speculative decoding accepted several tokens; the last event of a request has request_finished set. Every accepted request gets
+ * step, or several in one step when speculative decoding accepted several tokens; the last event of a request has request_finished set.
+ * A beam search (kiln_sampling_params_t.beam_width) instead delivers nothing while it runs,
+ * then one event per returned hypothesis, best first, each with all its tokens. Every accepted request gets
  * exactly one such last event, whatever happens (stop, length, cancel, an error, engine
  * shutdown). Events go either to the request's callback (called on the engine thread; the
  * event is borrowed for the call; the callback must not block and must not call
