@@ -637,6 +637,83 @@ static bool parse_guide(const kiln_json_t *root, kiln_api_request_t *r, kiln_api
   return true;
 }
 
+/* Beam search (vLLM's legacy use_beam_search with best_of as the width, or the beam_width
+ * extra; length_penalty, early_stopping true / false / "never"). Without it, best_of is
+ * accepted only when it asks for nothing more than n. */
+static bool parse_beam(const kiln_json_t *root, kiln_api_request_t *r, const kiln_api_limits_t *l,
+                       kiln_api_error_t *err) {
+  kiln_sampling_params_t *sp = &r->sp;
+  bool use = false;
+  if (!get_bool(root, "use_beam_search", &use, err)) return false;
+  int64_t best_of = -1, width = -1;
+  if (!get_int(root, "best_of", 1, INT32_MAX, &best_of, err)) return false;
+  if (!get_int(root, "beam_width", 1, l->max_n, &width, err)) return false;
+  bool beam = use || width > 0;
+  if (!beam) {
+    if (best_of > 0 && best_of != sp->n)
+      return BAD("best_of",
+                 "best_of: only best_of == n is supported without beam search, got best_of %lld "
+                 "with n %d",
+                 (long long)best_of, sp->n);
+    static const char *const beam_only[] = {"length_penalty", "early_stopping"};
+    for (size_t i = 0; i < 2; i++)
+      if (!absent(kiln_json_get(root, beam_only[i])))
+        return BAD(beam_only[i], "%s: needs beam search (use_beam_search or beam_width)",
+                   beam_only[i]);
+    return true;
+  }
+  if (width > 0 && best_of > 0 && best_of != width)
+    return BAD("best_of", "best_of: with beam_width %lld it must be absent or equal, got %lld",
+               (long long)width, (long long)best_of);
+  if (width < 0) width = best_of > 0 ? best_of : sp->n;
+  if (width > l->max_n)
+    return BAD("best_of", "best_of: the beam width must be at most %d, got %lld", l->max_n,
+               (long long)width);
+  if (sp->n > width)
+    return BAD("n", "n: must be at most the beam width (%lld) with beam search, got %d",
+               (long long)width, sp->n);
+  sp->beam_width = (int32_t)width;
+  double d = 1.0;
+  if (!get_num(root, "length_penalty", -1e6, 1e6, false, &d, err)) return false;
+  sp->length_penalty = (float)d;
+  const kiln_json_t *es = kiln_json_get(root, "early_stopping");
+  if (!absent(es)) {
+    const char *str = NULL;
+    if (kiln_json_is(es, KILN_JSON_BOOL)) {
+      bool b = false;
+      if (!get_bool(root, "early_stopping", &b, err)) return false;
+      sp->early_stopping = b ? KILN_EARLY_STOPPING_TRUE : KILN_EARLY_STOPPING_FALSE;
+    } else if (kiln_json_is(es, KILN_JSON_STRING) && (str = kiln_json_string(es, NULL)) &&
+               !strcmp(str, "never")) {
+      sp->early_stopping = KILN_EARLY_STOPPING_NEVER;
+    } else {
+      return BAD("early_stopping", "early_stopping: must be true, false or \"never\"");
+    }
+  }
+  return true;
+}
+
+/* What beam search cannot go with (after every field is read). */
+static bool check_beam(const kiln_json_t *root, const kiln_api_request_t *r, kiln_api_error_t *err) {
+  if (r->sp.beam_width <= 0) return true;
+  if (r->stream) return BAD("stream", "stream: is not supported with beam search");
+  if (r->logprobs >= 0) return BAD("logprobs", "logprobs: is not supported with beam search");
+  if (r->sp.prompt_logprobs >= 0)
+    return BAD("prompt_logprobs", "prompt_logprobs: is not supported with beam search");
+  if (r->sp.num_stop) return BAD("stop", "stop: is not supported with beam search");
+  if (r->sp.min_tokens > 0) return BAD("min_tokens", "min_tokens: is not supported with beam search");
+  if (r->sp.num_logit_bias) return BAD("logit_bias", "logit_bias: is not supported with beam search");
+  if (r->sp.guide != KILN_GUIDE_NONE)
+    return BAD(NULL, "structured output (guided_* / response_format) is not supported with beam "
+                     "search");
+  static const char *const pen[] = {"presence_penalty", "frequency_penalty", "repetition_penalty"};
+  if (r->sp.presence_penalty != 0 || r->sp.frequency_penalty != 0 || r->sp.repetition_penalty != 1)
+    for (size_t i = 0; i < 3; i++)
+      if (!absent(kiln_json_get(root, pen[i])))
+        return BAD(pen[i], "%s: is not supported with beam search", pen[i]);
+  return true;
+}
+
 /* The sampling fields shared by completions and chat. */
 static bool parse_sampling(const kiln_json_t *root, kiln_api_request_t *r,
                            const kiln_api_limits_t *l, kiln_api_error_t *err) {
@@ -677,12 +754,7 @@ static bool parse_sampling(const kiln_json_t *root, kiln_api_request_t *r,
   x = 1;
   if (!get_int(root, "n", 1, l->max_n, &x, err)) return false;
   sp->n = (int32_t)x;
-  /* best_of is accepted only when it asks for nothing more than n */
-  x = sp->n;
-  if (!get_int(root, "best_of", 1, INT32_MAX, &x, err)) return false;
-  if (x != sp->n)
-    return BAD("best_of", "best_of: only best_of == n is supported, got best_of %lld with n %d",
-               (long long)x, sp->n);
+  if (!parse_beam(root, r, l, err)) return false;
   d = 0;
   if (!get_num(root, "presence_penalty", -2, 2, false, &d, err)) return false;
   sp->presence_penalty = (float)d;
@@ -805,7 +877,8 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
       r->sp.max_tokens = 16; /* OpenAI's and vLLM's default for completions */
       r->add_special_tokens = true;
       if (!parse_prompts(root, r, limits, err) || !get_bool(root, "echo", &r->echo, err) ||
-          !parse_sampling(root, r, limits, err) || !parse_logprobs(root, r, limits, err))
+          !parse_sampling(root, r, limits, err) || !parse_logprobs(root, r, limits, err) ||
+          !check_beam(root, r, err))
         goto done;
       if (!absent(kiln_json_get(root, "suffix"))) {
         BAD("suffix", "suffix: is not supported");
@@ -816,7 +889,7 @@ bool kiln_api_parse(kiln_api_kind_t kind, const char *body, size_t len,
       r->sp.max_tokens = -1; /* the rest of the context */
       r->add_special_tokens = false;
       if (!parse_messages(root, r, limits, err) || !parse_sampling(root, r, limits, err) ||
-          !parse_logprobs(root, r, limits, err) ||
+          !parse_logprobs(root, r, limits, err) || !check_beam(root, r, err) ||
           !get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err) ||
           !get_bool(root, "add_special_tokens", &r->add_special_tokens, err) ||
           !kiln_api_parse_tools(root, r, err) ||

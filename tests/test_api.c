@@ -133,6 +133,51 @@ static void test_every_field(void **state) {
   kiln_api_request_free(r);
 }
 
+/* Beam search: vLLM's use_beam_search with best_of as the width, the beam_width extra,
+ * length_penalty and early_stopping; what it cannot go with is a 400 naming the field. */
+static void test_beam_fields(void **state) {
+  (void)state;
+  const kiln_api_kind_t C = KILN_API_COMPLETIONS, H = KILN_API_CHAT;
+  kiln_api_request_t *r = parse_ok(
+      C, "{\"prompt\": \"x\", \"use_beam_search\": true, \"best_of\": 4, \"n\": 2, "
+         "\"length_penalty\": 0.5, \"early_stopping\": \"never\", \"temperature\": 0}");
+  assert_int_equal(r->sp.beam_width, 4);
+  assert_int_equal(r->sp.n, 2);
+  assert_true(r->sp.length_penalty == 0.5f);
+  assert_int_equal(r->sp.early_stopping, KILN_EARLY_STOPPING_NEVER);
+  kiln_api_request_free(r);
+  r = parse_ok(C, "{\"prompt\": \"x\", \"beam_width\": 3, \"early_stopping\": true}");
+  assert_int_equal(r->sp.beam_width, 3);
+  assert_int_equal(r->sp.n, 1);
+  assert_int_equal(r->sp.early_stopping, KILN_EARLY_STOPPING_TRUE);
+  kiln_api_request_free(r);
+  r = parse_ok(C, "{\"prompt\": \"x\", \"use_beam_search\": true, \"n\": 3}"); /* width n */
+  assert_int_equal(r->sp.beam_width, 3);
+  kiln_api_request_free(r);
+  r = parse_ok(H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                  "\"beam_width\": 2}");
+  assert_int_equal(r->sp.beam_width, 2);
+  kiln_api_request_free(r);
+  parse_bad(C, "{\"prompt\": \"x\", \"use_beam_search\": true, \"best_of\": 2, \"n\": 3}", 400,
+            "n", "beam width");
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 2, \"best_of\": 3}", 400, "best_of", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 9}", 400, "beam_width", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 2, \"stream\": true}", 400, "stream",
+            "beam search");
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 2, \"logprobs\": 1}", 400, "logprobs", NULL);
+  parse_bad(H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+               "\"beam_width\": 2, \"logprobs\": true}",
+            400, "logprobs", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 2, \"stop\": [\"a\"]}", 400, "stop", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 2, \"presence_penalty\": 1}", 400,
+            "presence_penalty", NULL);
+  parse_bad(C, "{\"prompt\": \"x\", \"beam_width\": 2, \"early_stopping\": \"soon\"}", 400,
+            "early_stopping", "never");
+  parse_bad(C, "{\"prompt\": \"x\", \"length_penalty\": 2}", 400, "length_penalty",
+            "beam search");
+  parse_bad(C, "{\"prompt\": \"x\", \"early_stopping\": true}", 400, "early_stopping", NULL);
+}
+
 static void test_field_errors(void **state) {
   (void)state;
   const kiln_api_kind_t C = KILN_API_COMPLETIONS, H = KILN_API_CHAT;
@@ -1048,6 +1093,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_completion_defaults), cmocka_unit_test(test_every_field),
       cmocka_unit_test(test_field_errors),        cmocka_unit_test(test_messages_normalized),
+      cmocka_unit_test(test_beam_fields),
       cmocka_unit_test(test_image_parts),         cmocka_unit_test(test_base64),
       cmocka_unit_test(test_write_completion),    cmocka_unit_test(test_write_chat_stream),
       cmocka_unit_test(test_tools_parse),         cmocka_unit_test(test_tools_prepare),

@@ -77,7 +77,7 @@ declare -A want_opts=(
   [score]="--model --ids --out --dtype --chunk --image"
   [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
-    --max-in-flight --image --messages --json-schema --json-object --regex --grammar --choice"
+    --max-in-flight --beam-width --length-penalty --early-stopping --image --messages --json-schema --json-object --regex --grammar --choice"
   [chat]="--model --dtype --system --max-tokens --temperature --top-p --top-k --min-p
     --repetition-penalty --seed --ignore-eos"
   [perplexity]="--model --file --ctx --chunk --dtype --json"
@@ -142,6 +142,14 @@ check "--name=value where the command takes it" 1 "tokenize: unknown or incomple
   -- "$kiln" tokenize --tokenizer=. --json=1
 check "--name=value where it does not" 1 "generate: unknown or incomplete option '--model=x'" \
   -- "$kiln" generate --model=x
+# beam search on the default model: each hypothesis with its score; the option checks
+check "generate --beam-width prints each hypothesis with its score" 0 \
+  "--- hypothesis 1 \((stop|length), score -[0-9.]+, logprob -[0-9.]+\) ---" \
+  -- "$kiln" generate --prompt "Once upon a time" --beam-width 3 --n 2 --max-tokens 6
+check "generate --early-stopping is checked" 1 "generate: --early-stopping must be true, false or never" \
+  -- "$kiln" generate --prompt x --beam-width 2 --early-stopping soon
+check "generate --n beyond --beam-width is refused" 1 "generate: --n \(3\) must be <= --beam-width \(2\)" \
+  -- "$kiln" generate --prompt x --beam-width 2 --n 3
 for opt in --config --set --log-level; do
   check "common option $opt without its value" 1 "^kiln: $opt needs a value" -- "$kiln" generate $opt
 done

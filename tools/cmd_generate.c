@@ -39,6 +39,10 @@ typedef struct gen_args {
   const char *output;
   int64_t max_tokens, min_tokens, chunk, seed, top_k, n, logprobs, window;
   double temperature, top_p, min_p;
+  int64_t beam_width;          /* --beam-width (0 = off) */
+  double length_penalty;       /* --length-penalty */
+  const char *early_stopping;  /* --early-stopping true|false|never */
+  kiln_early_stopping_t early; /* parsed */
   bool has_seed, ignore_eos, json, help;
   kiln_opt_list_t stop;   /* --stop values (borrowed from argv) */
   kiln_opt_list_t images; /* --image paths (borrowed from argv) */
@@ -64,6 +68,7 @@ typedef struct gen_seq {
   kiln_strbuf_t text;
   kiln_strbuf_t lp; /* the logprobs entries, comma-separated JSON objects */
   kiln_finish_reason_t finish;
+  double cum_logprob, beam_score; /* beam search's */
 } gen_seq_t;
 
 struct gen_batch;
@@ -143,6 +148,14 @@ static const kiln_opt_t gen_rows[] = {
     KILN_OPT_INT_SEEN("--seed", "S", gen_args_t, seed, has_seed, 0, INT64_MAX,
                       "the same tokens whatever else runs (default: [engine] seed)"),
     KILN_OPT_INT("--n", "N", gen_args_t, n, 1, 65536, "sequences per prompt (default 1)"),
+    KILN_OPT_INT("--beam-width", "W", gen_args_t, beam_width, 0, 1024,
+                 "beam search with W beams; prints the --n best hypotheses, best\n"
+                 "first, with their scores (deterministic: sampling options are\n"
+                 "ignored; no --logprobs, --stop, --min-tokens or constraints)"),
+    KILN_OPT_FLOAT("--length-penalty", "F", gen_args_t, length_penalty, -1e6, 1e6,
+                   "beam search: score = logprob sum / length^F (default 1)"),
+    KILN_OPT_STRING("--early-stopping", "true|false|never", gen_args_t, early_stopping,
+                    "beam search: transformers' early_stopping (default false)"),
     KILN_OPT_LIST("--stop", "STR", gen_args_t, stop,
                   "finish when the text contains STR (repeatable; needs a tokenizer)"),
     KILN_OPT_FLAG("--ignore-eos", gen_args_t, ignore_eos, "keep going past end-of-sequence tokens"),
@@ -246,8 +259,28 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   a->n = 1;
   a->logprobs = -1;
   a->window = GEN_DEFAULT_WINDOW;
+  a->length_penalty = 1.0;
   kiln_status_t st = kiln_opts_parse(&gen_opts, cli->argc, cli->argv, a, &a->help);
   if (st || a->help) return st;
+  if (a->early_stopping) {
+    if (!strcmp(a->early_stopping, "false"))
+      a->early = KILN_EARLY_STOPPING_FALSE;
+    else if (!strcmp(a->early_stopping, "true"))
+      a->early = KILN_EARLY_STOPPING_TRUE;
+    else if (!strcmp(a->early_stopping, "never"))
+      a->early = KILN_EARLY_STOPPING_NEVER;
+    else
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: --early-stopping must be true, false or never (got \"%s\")",
+                              cmd, a->early_stopping);
+  }
+  if (!a->beam_width && (a->early_stopping || a->length_penalty != 1.0))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: --length-penalty and --early-stopping go with --beam-width", cmd);
+  if (a->beam_width && a->n > a->beam_width)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: --n (%lld) must be <= --beam-width (%lld)", cmd, (long long)a->n,
+                            (long long)a->beam_width);
   if ((st = gen_guide_args(a))) return kiln_status_annotate(st, "%s", cmd);
   int32_t dtype; /* checked here; the engine takes the name */
   if (a->dtype && (st = kiln_cli_dtype(a->dtype, &dtype)))
@@ -320,6 +353,9 @@ static void gen_base_params(const gen_args_t *a, kiln_sampling_params_t *p) {
   p->logprobs = (int32_t)a->logprobs;
   p->guide = a->guide;
   p->guide_spec = a->guide_spec;
+  p->beam_width = (int32_t)a->beam_width;
+  p->length_penalty = (float)a->length_penalty;
+  p->early_stopping = a->early;
 }
 
 /* Creates the engine from the config file, the --set overrides and the options that map onto
@@ -334,7 +370,8 @@ static kiln_status_t gen_engine(kiln_cli_t *cli, const gen_args_t *a, bool singl
   int32_t n = 0;
   if (!ov) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   if (single) {
-    snprintf(seqs, sizeof(seqs), "engine.max_num_seqs=%lld", (long long)a->n);
+    snprintf(seqs, sizeof(seqs), "engine.max_num_seqs=%lld",
+             (long long)(a->beam_width > a->n ? a->beam_width : a->n));
     ov[n++] = seqs;
   }
   for (int i = 0; i < cli->num_sets; i++) ov[n++] = cli->sets[i];
@@ -429,6 +466,8 @@ static void gen_job_take(gen_job_t *j, const kiln_output_t *o) {
     }
   }
   if (o->finish_reason != KILN_FINISH_NONE) s->finish = o->finish_reason;
+  s->cum_logprob = o->cumulative_logprob;
+  s->beam_score = o->beam_score;
   j->usage = o->usage;
 }
 
@@ -477,6 +516,14 @@ static void gen_write_lp(kiln_strbuf_t *b, const gen_seq_t *s) {
 
 /* Tokenizes a --prompt the way the engine does, for the prompt_ids of the JSON output and to
  * fit max_tokens into the context. */
+static void gen_write_cum(kiln_strbuf_t *b, const gen_seq_t *s) {
+  kiln_json_write_number(b, s->cum_logprob);
+}
+
+static void gen_write_score(kiln_strbuf_t *b, const gen_seq_t *s) {
+  kiln_json_write_number(b, s->beam_score);
+}
+
 static kiln_status_t gen_tokenize(kiln_engine_t *eng, const char *prompt, gen_ids_t *out) {
   int32_t *ids = NULL, n = 0;
   kiln_status_t st = kiln_engine_tokenize(eng, prompt, strlen(prompt), true, &ids, &n);
@@ -504,14 +551,20 @@ static kiln_status_t gen_single_print(const gen_args_t *a, const kiln_engine_inf
     kiln_strbuf_printf(&b, ", \"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d}",
                        j->usage.prompt_tokens, j->usage.completion_tokens);
     if (j->want_logprobs) gen_write_per_seq(&b, j, "logprobs", gen_write_lp);
+    if (a->beam_width) {
+      gen_write_per_seq(&b, j, "cumulative_logprob", gen_write_cum);
+      gen_write_per_seq(&b, j, "beam_score", gen_write_score);
+    }
     kiln_strbuf_printf(&b, ", \"time_to_first_token_s\": %.6f, \"total_time_s\": %.6f}\n", ttft,
                        all);
-  } else if (j->n > 1) {
+  } else if (j->n > 1 || a->beam_width) {
     for (int32_t i = 0; i < j->n; i++) {
-      kiln_strbuf_printf(&b, "--- sequence %d (%s) ---\n", i,
-                         kiln_finish_reason_name(j->seqs[i].finish)
-                             ? kiln_finish_reason_name(j->seqs[i].finish)
-                             : "?");
+      const char *fin = kiln_finish_reason_name(j->seqs[i].finish);
+      if (a->beam_width)
+        kiln_strbuf_printf(&b, "--- hypothesis %d (%s, score %.6f, logprob %.6f) ---\n", i,
+                           fin ? fin : "?", j->seqs[i].beam_score, j->seqs[i].cum_logprob);
+      else
+        kiln_strbuf_printf(&b, "--- sequence %d (%s) ---\n", i, fin ? fin : "?");
       if (info->has_tokenizer) {
         kiln_strbuf_printf(&b, "%s%s\n", a->prompt ? a->prompt : "",
                            kiln_strbuf_cstr(&j->seqs[i].text));
@@ -594,7 +647,7 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
     st = kiln_status_annotate(kiln_cli_images_error(&imgs, st), "%s", cmd);
   /* Stream one sequence as it comes (text, or ids without a tokenizer); n > 1 prints at the
    * end. */
-  bool stream = !st && !a->json && a->n == 1;
+  bool stream = !st && !a->json && a->n == 1 && !a->beam_width;
   size_t streamed = 0;
   if (stream && a->prompt && !chat) fputs(a->prompt, stdout), fflush(stdout);
   while (!st) {
@@ -626,7 +679,8 @@ static int gen_single(kiln_cli_t *cli, const gen_args_t *a) {
     int32_t gen = j->usage.completion_tokens;
     fprintf(stderr, "kiln: %zu prompt + %d generated tokens, first token %.1f ms, %.1f tokens/s\n",
             pids.len, gen, 1e3 * ttft,
-            gen > a->n && all > ttft ? (double)(gen - a->n) / (all - ttft) : 0.0);
+            !a->beam_width && gen > a->n && all > ttft ? (double)(gen - a->n) / (all - ttft)
+                                                       : 0.0);
   }
   if (req) kiln_request_release(req);
   kiln_engine_destroy(eng);

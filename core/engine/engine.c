@@ -28,6 +28,7 @@
 #include "core/engine/metrics.h"
 #include "core/engine/textout.h"
 #include "core/guide/guide.h"
+#include "core/sample/beam.h"
 #include "base/log.h"
 #include "core/sched/scheduler.h"
 #include "base/strbuf.h"
@@ -102,6 +103,14 @@ struct kiln_request {
   int32_t max_tokens;  /* resolved */
   int32_t spec_k;      /* most proposals per step (0 = this request does not speculate) */
   kiln_guide_t *guide; /* constrained decoding (released when the request ends) */
+  /* beam search (p.beam_width > 0; p.n is then the beam width, beam_n the sequences to
+   * return): the search, each running beam's last logits row and whether it has it */
+  kiln_beam_t *beam;
+  int32_t beam_n;
+  float *blogits; /* [W, V] */
+  bool *bhave;    /* [W] */
+  int32_t *bparent, *btoken;
+  bool beam_touched; /* a beam got its row this step */
   uint64_t seed;
   kiln_output_fn cb;
   kiln_notify_fn notify; /* poll mode: called after each event is queued */
@@ -228,6 +237,7 @@ void kiln_sampling_params_init(kiln_sampling_params_t *p) {
   p->logprobs = -1;
   p->prompt_logprobs = -1;
   p->num_speculative_tokens = -1;
+  p->length_penalty = 1.0f;
 }
 
 const char *kiln_finish_reason_name(kiln_finish_reason_t r) {
@@ -459,6 +469,11 @@ static void req_free(kiln_request_t *r) {
   free(r->plp_ids);
   free(r->plp_top);
   free(r->spare);
+  kiln_beam_free(r->beam);
+  free(r->blogits);
+  free(r->bhave);
+  free(r->bparent);
+  free(r->btoken);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   free(r);
@@ -866,9 +881,18 @@ static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_
     if (!error) error = "out of memory while delivering an output";
   }
   bool with_plp = !r->plp_sent && r->plp && i == 0 && r->plp_rows >= r->num_prompt - 1;
-  ev_node_t *n = ev_make(r, i, kiln_strbuf_ok(&rest) ? kiln_strbuf_cstr(&rest) : "",
-                         kiln_strbuf_ok(&rest) ? rest.len : 0, with_plp, error);
+  /* A beam search's beams are not its outputs: only the request's last event goes out (its
+   * hypotheses go out through beam_finish instead). */
+  ev_node_t *n = r->beam && !last
+                     ? NULL
+                     : ev_make(r, i, kiln_strbuf_ok(&rest) ? kiln_strbuf_cstr(&rest) : "",
+                               kiln_strbuf_ok(&rest) ? rest.len : 0, with_plp, error);
   kiln_strbuf_free(&rest);
+  if (n && r->beam) n->out.index = 0;
+  if (r->beam && !last) {
+    ss->has_token = false;
+    return;
+  }
   if (with_plp) r->plp_sent = true;
   ss->has_token = false;
   if (last) {
@@ -899,6 +923,141 @@ static void req_end(kiln_engine_t *e, kiln_request_t *r, kiln_finish_reason_t wh
   for (int32_t i = 0; i < live; i++)
     if (!r->ss[i].done) seq_end(e, r, i, why, error, NULL, 0);
   req_unref(r);
+}
+
+/* ---- beam search ---------------------------------------------------------------------------- */
+
+static bool is_eos(const kiln_engine_t *e, const kiln_request_t *r, int32_t t);
+
+/* The search is over: every beam's blocks go back, then the n best hypotheses go out, best
+ * first, one event each (all their tokens, their text, their scores); the last one ends the
+ * request. */
+static void beam_finish(kiln_engine_t *e, kiln_request_t *r) {
+  for (int32_t i = 0; i < r->num_live; i++)
+    if (r->seqs[i].state != KILN_SEQ_FINISHED) kiln_scheduler_finish(e->sched, &r->seqs[i]);
+  int32_t nh = kiln_beam_num_hyps(r->beam);
+  if (nh > r->beam_n) nh = r->beam_n;
+  if (nh == 0) {
+    req_end(e, r, KILN_FINISH_ERROR, "beam search ended without a hypothesis");
+    return;
+  }
+  int32_t completion = 0;
+  for (int32_t h = 0; h < nh; h++) completion += kiln_beam_hyp(r->beam, h)->len;
+  ev_node_t **evs = calloc((size_t)nh, sizeof(*evs));
+  bool ok = evs != NULL;
+  for (int32_t h = 0; ok && h < nh; h++) {
+    const kiln_beam_hyp_t *hy = kiln_beam_hyp(r->beam, h);
+    char *text = NULL;
+    if (e->tok && r->p.detokenize) {
+      kiln_status_t st =
+          kiln_engine_detokenize(e, hy->tokens, (size_t)hy->len, r->p.skip_special_tokens, &text);
+      if (st) {
+        kiln_status_free(st);
+        ok = false;
+        break;
+      }
+    }
+    size_t tl = text ? strlen(text) : 0;
+    ev_node_t *n = calloc(1, sizeof(ev_node_t) + (size_t)hy->len * 4 + tl + 1);
+    if (!n) {
+      free(text);
+      ok = false;
+      break;
+    }
+    char *p = (char *)(n + 1);
+    kiln_output_t *o = &n->out;
+    memcpy(p, hy->tokens, (size_t)hy->len * 4);
+    o->token_ids = (const int32_t *)(const void *)p;
+    o->num_tokens = hy->len;
+    p += (size_t)hy->len * 4;
+    if (tl) memcpy(p, text, tl);
+    p[tl] = '\0';
+    free(text);
+    o->text = p;
+    o->text_len = tl;
+    o->request = r;
+    o->request_seq = r->seqno;
+    o->user = r->user;
+    o->index = h;
+    int32_t last_tok = hy->tokens[hy->len - 1];
+    o->finish_reason = is_eos(e, r, last_tok) ? KILN_FINISH_STOP : KILN_FINISH_LENGTH;
+    o->stop_token = o->finish_reason == KILN_FINISH_STOP ? last_tok : -1;
+    o->cumulative_logprob = hy->sum_logprob;
+    o->beam_score = hy->score;
+    o->usage.prompt_tokens = r->num_prompt;
+    o->usage.completion_tokens = completion;
+    o->usage.cached_tokens = r->seqs[0].num_cached;
+    o->queue_time = r->t_sched > 0 ? r->t_sched - r->t_arrival : 0;
+    o->first_token_time = r->t_first > 0 ? r->t_first - r->t_arrival : 0;
+    o->time = now_s() - r->t_arrival;
+    o->request_finished = h == nh - 1;
+    evs[h] = n;
+  }
+  if (!ok) {
+    for (int32_t h = 0; evs && h < nh; h++) free(evs[h]);
+    free(evs);
+    req_end(e, r, KILN_FINISH_ERROR, "out of memory while delivering the beam search's results");
+    return;
+  }
+  for (int32_t i = 0; i < r->num_live; i++) {
+    r->ss[i].done = true;
+    r->ss[i].finish = evs[0]->out.finish_reason;
+  }
+  r->num_done = r->num_live;
+  req_guide_free(r);
+  enc_release_all(e, r);
+  if (!r->started) atomic_fetch_sub(&e->num_queued, 1);
+  r->started = true;
+  metrics_finish(e, r, evs[0]->out.finish_reason);
+  act_unlink(e, r);
+  for (int32_t h = 0; h < nh; h++) ev_deliver(r, evs[h]);
+  free(evs);
+  req_unref(r); /* the engine's reference */
+}
+
+/* Every running beam has its logits row: one step of the search, then the beams are
+ * reshuffled (each new beam a copy-on-write fork of its parent's block table) and take their
+ * new tokens. Returns the tokens generated. */
+static uint64_t beam_advance(kiln_engine_t *e, kiln_request_t *r, double t1) {
+  const int32_t R = kiln_beam_num_running(r->beam), W = r->p.n;
+  for (int32_t i = 0; i < R; i++)
+    if (!r->bhave[i] || r->seqs[i].state != KILN_SEQ_RUNNING) return 0; /* not yet */
+  int32_t nn = 0;
+  kiln_status_t st =
+      kiln_beam_step(r->beam, r->blogits, e->vocab, e->vocab, r->bparent, r->btoken, &nn);
+  for (int32_t i = 0; i < W; i++) r->bhave[i] = false;
+  if (st) {
+    req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(st));
+    kiln_status_free(st);
+    return 0;
+  }
+  pthread_mutex_lock(&e->mu);
+  if (r->t_first == 0) {
+    r->t_first = t1;
+    kiln_histogram_observe(&e->metrics.time_to_first_token, t1 - r->t_arrival);
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (nn == 0) {
+    beam_finish(e, r);
+    return (uint64_t)R;
+  }
+  if (nn != r->num_live) { /* the vocabulary check at submission makes this impossible */
+    req_end(e, r, KILN_FINISH_ERROR, "internal error: beam search lost a beam");
+    return 0;
+  }
+  kiln_seq_t *ptr[1024];
+  for (int32_t j = 0; j < nn; j++) ptr[j] = &r->seqs[j];
+  if (!(st = kiln_scheduler_reparent(e->sched, ptr, nn, r->bparent)))
+    for (int32_t j = 0; j < nn && !st; j++) {
+      st = kiln_seq_append(&r->seqs[j], r->btoken[j]);
+      r->ss[j].num_out = r->seqs[j].num_tokens - r->num_prompt;
+    }
+  if (st) {
+    req_end(e, r, KILN_FINISH_ERROR, kiln_status_message(st));
+    kiln_status_free(st);
+    return 0;
+  }
+  return (uint64_t)nn;
 }
 
 /* ---- submission --------------------------------------------------------------------------- */
@@ -963,6 +1122,35 @@ static kiln_status_t check_params(const kiln_engine_t *e, const kiln_sampling_pa
     return bad("logprobs must be in [0, 20], got %d", p->logprobs);
   if (p->prompt_logprobs < -1 || p->prompt_logprobs > 20)
     return bad("prompt_logprobs must be in [0, 20], got %d", p->prompt_logprobs);
+  if (p->beam_width < 0 || p->beam_width > e->max_seqs || p->beam_width > 1024)
+    return bad("beam_width must be in [0, %d] (max_num_seqs, at most 1024; 0 = off), got %d",
+               e->max_seqs < 1024 ? e->max_seqs : 1024, p->beam_width);
+  if (p->beam_width > 0) {
+    int32_t num_eos = p->ignore_eos ? 0 : e->num_eos;
+    int32_t k = (num_eos + p->num_stop_token_ids + 1 > 2 ? num_eos + p->num_stop_token_ids + 1 : 2) *
+                p->beam_width;
+    if (p->n > p->beam_width)
+      return bad("n (%d) must be <= beam_width (%d) with beam search", p->n, p->beam_width);
+    if (k > e->vocab)
+      return bad("beam_width %d needs a vocabulary of at least %d tokens (the model has %d)",
+                 p->beam_width, k, e->vocab);
+    if (!isfinite(p->length_penalty))
+      return bad("length_penalty must be a finite number, got %g", (double)p->length_penalty);
+    if (p->early_stopping < KILN_EARLY_STOPPING_FALSE || p->early_stopping > KILN_EARLY_STOPPING_NEVER)
+      return bad("early_stopping must be 0 (false), 1 (true) or 2 (never), got %d",
+                 p->early_stopping);
+    if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
+      return bad("beam search does not take repetition_penalty, presence_penalty or "
+                 "frequency_penalty");
+    if (p->num_logit_bias) return bad("beam search does not take logit_bias");
+    if (p->logprobs >= 0) return bad("beam search does not take logprobs");
+    if (p->prompt_logprobs >= 0) return bad("beam search does not take prompt_logprobs");
+    if (p->min_tokens > 0) return bad("beam search does not take min_tokens");
+    if (p->num_stop) return bad("beam search does not take stop strings (stop)");
+    if (p->guide != KILN_GUIDE_NONE) return bad("beam search does not take a guide");
+  } else if (p->early_stopping != 0 || p->length_penalty != 1.0f) {
+    return bad("length_penalty and early_stopping need beam search (beam_width > 0)");
+  }
   if (p->num_speculative_tokens < -1 || p->num_speculative_tokens > 32)
     return bad("num_speculative_tokens must be in [0, 32], or -1 for the engine's "
                "([speculative] num_speculative_tokens), got %d",
@@ -1158,6 +1346,9 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   kiln_guide_t *guide = NULL;
   kiln_status_t st = check_params(e, p);
   if (st) goto rejected;
+  /* Beam search runs beam_width sequences (forked from the prompt like n > 1) and returns n. */
+  const int32_t beam_n = given.beam_width > 0 ? given.n : 0;
+  if (beam_n) given.n = given.beam_width;
   if (p->guide != KILN_GUIDE_NONE &&
       ((st = guide_setup(e)) ||
        (st = kiln_guide_compile(e->gvocab, p->guide, p->guide_spec, p->guide_spec_len, &guide))))
@@ -1213,6 +1404,17 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
              (long long)blocks, (long long)np + max_tokens, e->bs, kiln_kv_num_blocks(e->kv));
     goto rejected;
   }
+  if (beam_n) { /* every beam may diverge right after the prompt */
+    int64_t pb = np / e->bs, gb = (max_tokens + e->bs - 1) / e->bs + 1;
+    if (pb + (int64_t)p->n * gb > kiln_kv_num_blocks(e->kv)) {
+      kiln_tokens_free(&ids);
+      st = bad("beam search with beam_width %d over %d prompt tokens and max_tokens %lld may "
+               "need %lld KV blocks but the pool has %d",
+               p->n, np, (long long)max_tokens, (long long)(pb + (int64_t)p->n * gb),
+               kiln_kv_num_blocks(e->kv));
+      goto rejected;
+    }
+  }
   if (!e->chunked && np > e->max_tokens) {
     kiln_tokens_free(&ids);
     st =
@@ -1252,7 +1454,8 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
   r->spec_k = p->num_speculative_tokens >= 0 && p->num_speculative_tokens < e->spec_k
                   ? p->num_speculative_tokens
                   : e->spec_k;
-  if (guide) r->spec_k = 0;
+  if (guide || beam_n) r->spec_k = 0;
+  r->beam_n = beam_n;
   bool oom = false;
   if (ip.ids) {
     r->prompt = ip.ids; /* take the expanded prompt and the images */
@@ -1294,7 +1497,7 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
       oom |= !(ss->top_ids = calloc((size_t)topk, 4));
       oom |= !(ss->top_lps = calloc((size_t)topk, 4));
     }
-    if (!oom && e->tok && p->detokenize) {
+    if (!oom && e->tok && p->detokenize && !beam_n) {
       st = kiln_textout_create(e->tok, p->skip_special_tokens, (const char *const *)r->stop,
                                r->p.num_stop, p->include_stop_str_in_output, &ss->text);
       if (st) {
@@ -1317,6 +1520,21 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
       oom |= !(r->plp_ids = calloc(((size_t)np - 1) * k, 4));
       oom |= !(r->plp_top = calloc(((size_t)np - 1) * k, 4));
     }
+  }
+  if (!oom && beam_n) {
+    int32_t eos[64], ne = 0;
+    for (int32_t i = 0; i < p->num_stop_token_ids && ne < 64; i++) eos[ne++] = p->stop_token_ids[i];
+    for (int32_t i = 0; !p->ignore_eos && i < e->num_eos && ne < 64; i++) eos[ne++] = e->eos[i];
+    kiln_beam_opts_t bo = {.width = p->n, .length_penalty = p->length_penalty,
+                           .early_stopping = (kiln_beam_early_stop_t)p->early_stopping,
+                           .max_new_tokens = (int32_t)max_tokens, .eos = eos, .num_eos = ne};
+    kiln_status_t bst = kiln_beam_create(&bo, &r->beam);
+    oom |= bst != NULL;
+    kiln_status_free(bst);
+    oom |= !(r->blogits = malloc((size_t)p->n * (size_t)e->vocab * sizeof(float)));
+    oom |= !(r->bhave = calloc((size_t)p->n, sizeof(bool)));
+    oom |= !(r->bparent = calloc((size_t)p->n, sizeof(int32_t)));
+    oom |= !(r->btoken = calloc((size_t)p->n, sizeof(int32_t)));
   }
   kiln_seq_t *q = r->seqs ? &r->seqs[0] : NULL;
   if (!oom) {
@@ -1760,6 +1978,8 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   kiln_scheduler_update_computed(e->sched, step);
   if (e->enc_used) step_images_done(e, step);
   /* Sample rows (forking n > 1 prompts first: the children share the parent's row). */
+  kiln_sample_logits_t lg;
+  bool have_lg = false;
   for (int32_t s = 0; s < step->num_items && !st; s++) {
     const kiln_sched_item_t *it = &step->items[s];
     kiln_seq_t *q = it->seq;
@@ -1777,6 +1997,20 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       }
       kiln_scheduler_fork_done(e->sched, q, r->num_live - 1);
       last = r->num_live - 1;
+    }
+    if (r->beam) { /* beam search: keep the row of each running beam this item computed */
+      if (!have_lg) {
+        e->runner.logits(e->runner.ctx, R, &lg);
+        have_lg = true;
+      }
+      int32_t nr = kiln_beam_num_running(r->beam);
+      if (q->index < nr) {
+        st = kiln_sampler_read_row(e->sampler, &lg, e->item_row[s],
+                                   r->blogits + (size_t)q->index * (size_t)e->vocab);
+        r->bhave[q->index] = true;
+        r->beam_touched = true;
+      }
+      continue;
     }
     const uint32_t *mask = guided ? e->item_mask[s] : NULL;
     const char *gerr = NULL;
@@ -1804,8 +2038,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
     fail_step(e, step, st);
     return NULL;
   }
-  kiln_sample_logits_t lg;
-  e->runner.logits(e->runner.ctx, R, &lg);
+  if (!have_lg) e->runner.logits(e->runner.ctx, R, &lg);
   if ((nsamp || nscore) &&
       (st = kiln_sampler_run(e->sampler, &lg, e->srows, nsamp, e->crows, nscore, &e->so))) {
     fail_step(e, step, st);
@@ -1860,6 +2093,13 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       if (!seq_take(e, q, j + t, &text, t1, &gen)) break;
   }
   kiln_strbuf_free(&text);
+  /* Beam searches whose beams all have their rows take a step. */
+  for (int32_t s = 0; s < step->num_items; s++) {
+    kiln_request_t *r = step->items[s].seq->owner;
+    if (!r->beam || !r->beam_touched) continue;
+    r->beam_touched = false;
+    if (r->num_done < r->num_live) gen += beam_advance(e, r, t1);
+  }
   /* A prompt-logprobs sequence that finished its prompt rows no longer needs them. */
   for (int32_t s = 0; s < step->num_items; s++) {
     kiln_seq_t *q = step->items[s].seq;

@@ -539,6 +539,36 @@ static int cmp_i64(const void *pa, const void *pb) {
   return (a > b) - (a < b);
 }
 
+kiln_status_t kiln_sampler_read_row(kiln_sampler_t *s, const kiln_sample_logits_t *lg,
+                                    int32_t row, float *dst) {
+  const int32_t V = s->vocab;
+  if (row < 0 || row >= lg->num_rows)
+    return bad("read_row: row %d outside [0, %d)", (int)row, (int)lg->num_rows);
+  if (lg->host) {
+    memcpy(dst, lg->host + (int64_t)row * V, (size_t)V * sizeof(float));
+    return NULL;
+  }
+  if (!lg->tensor.buffer) return bad("logits has neither host rows nor a tensor");
+  if (!s->be) return bad("logits is a device tensor but the sampler has no backend");
+  const kiln_hal_tensor_t *t = &lg->tensor;
+  kiln_hal_error_t *e = s->be->stream_sync(s->stream);
+  if (e) return kiln_hal_status_from_error(e, "sampler: stream_sync");
+  char *hp = s->be->buffer_host_ptr ? s->be->buffer_host_ptr(t->buffer) : NULL;
+  uint64_t off = t->offset + (uint64_t)row * (uint64_t)t->stride[0] * sizeof(float);
+  if (hp) {
+    memcpy(dst, hp + off, (size_t)V * sizeof(float));
+    return NULL;
+  }
+  e = s->be->copy_d2h(s->stream, dst, t->buffer, off, (uint64_t)V * sizeof(float));
+  if (!e) e = s->be->stream_sync(s->stream);
+  if (e) {
+    kiln_status_t st = kiln_hal_status_from_error(e, "sampler: reading a logits row");
+    kiln_hal_error_free(s->be->stream_sync(s->stream));
+    return st;
+  }
+  return NULL;
+}
+
 /* Points s->rowp[i] (i over samples then scores) at each request row's logits on the host:
  * the caller's host array, the tensor's own memory when it is host-visible, or copies read
  * into s->rows (each distinct row once; consecutive rows of a dense tensor in one copy). */

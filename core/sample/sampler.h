@@ -109,6 +109,12 @@ kiln_status_t kiln_sampler_run(kiln_sampler_t *s, const kiln_sample_logits_t *lo
                                const kiln_score_row_t *scores, int32_t num_scores,
                                kiln_sample_out_t *out);
 
+/* Copies logits row `row` (V floats) to dst on the host: from the caller's host rows, the
+ * tensor's host-visible memory, or with a device copy (after a stream sync). Errors: a row out
+ * of range, device errors. */
+kiln_status_t kiln_sampler_read_row(kiln_sampler_t *s, const kiln_sample_logits_t *logits,
+                                    int32_t row, float *dst);
+
 /* splitmix64: each sequence's generator; returns a uniform in [0, 1) with 53 random bits
  * rounded down to a float below 1. */
 float kiln_sample_uniform(uint64_t *state);

@@ -208,6 +208,49 @@ kiln_status_t kiln_scheduler_fork(kiln_scheduler_t *s, const kiln_seq_t *parent,
   return NULL;
 }
 
+kiln_status_t kiln_scheduler_reparent(kiln_scheduler_t *s, kiln_seq_t *const *seqs, int32_t n,
+                                      const int32_t *parent) {
+  if (n <= 0) return NULL;
+  for (int32_t j = 0; j < n; j++)
+    if (parent[j] < 0 || parent[j] >= n)
+      return kiln_status_make(KILN_ERR_INTERNAL, "reparent: beam %d's parent %d is not in [0, %d)",
+                              (int)j, (int)parent[j], (int)n);
+  kiln_seq_t *tmp = calloc((size_t)n, sizeof(*tmp));
+  if (!tmp) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "reparent: out of memory");
+  for (int32_t j = 0; j < n; j++) {
+    kiln_status_t st = kiln_scheduler_fork(s, seqs[parent[j]], &tmp[j]);
+    if (st) {
+      for (int32_t k = 0; k < j; k++) {
+        seq_release_blocks(s, &tmp[k]);
+        kiln_seq_free(&tmp[k]);
+      }
+      free(tmp);
+      return st;
+    }
+  }
+  for (int32_t j = 0; j < n; j++) {
+    kiln_seq_t *q = seqs[j];
+    for (int32_t i = q->num_blocks - 1; i >= 0; i--) kiln_kv_release(s->kv, q->blocks[i]);
+    q->num_blocks = 0;
+    kiln_seq_free(q);
+    kiln_seq_t *c = &tmp[j];
+    q->tokens = c->tokens;
+    q->num_tokens = c->num_tokens;
+    q->cap_tokens = c->cap_tokens;
+    q->num_draft = c->num_draft;
+    q->num_computed = c->num_computed;
+    q->blocks = c->blocks;
+    q->num_blocks = c->num_blocks;
+    q->cap_blocks = c->cap_blocks;
+    q->hashes = c->hashes;
+    q->num_hashes = c->num_hashes;
+    q->cap_hashes = c->cap_hashes;
+    q->num_committed = c->num_committed;
+  }
+  free(tmp);
+  return NULL;
+}
+
 /* ---- scheduling --------------------------------------------------------------------------- */
 
 void kiln_seq_drop_drafts(kiln_seq_t *q) {

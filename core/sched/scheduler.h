@@ -149,6 +149,14 @@ kiln_status_t kiln_seq_append(kiln_seq_t *seq, int32_t token);
 /* Makes `child` (zeroed by the caller) a fork of `parent`: the same tokens, blocks (one more
  * reference each) and hashes. Errors: KILN_ERR_OUT_OF_MEMORY. */
 kiln_status_t kiln_scheduler_fork(kiln_scheduler_t *s, const kiln_seq_t *parent, kiln_seq_t *child);
+/* Beam search's reshuffle of one request's beams: seqs[0..n) (all RUNNING, every token
+ * computed) each become a fork of seqs[parent[j]] as they were before the call (tokens, block
+ * table with one more reference per block, hashes), keeping their own place in the running
+ * list; their old blocks are released after every new table took its references, so a block
+ * that some new beam still uses stays. Nothing else changes (no counters move). Errors:
+ * KILN_ERR_OUT_OF_MEMORY (nothing changed), KILN_ERR_INTERNAL for a parent out of range. */
+kiln_status_t kiln_scheduler_reparent(kiln_scheduler_t *s, kiln_seq_t *const *seqs, int32_t n,
+                                      const int32_t *parent);
 /* Ends a parent's fork after `made` children were added (kiln_scheduler_add_running_after):
  * the slots promised at admission for children not made are given back. */
 void kiln_scheduler_fork_done(kiln_scheduler_t *s, kiln_seq_t *parent, int32_t made);

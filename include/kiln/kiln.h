@@ -27,7 +27,9 @@
  *
  * Outputs. Each request delivers a stream of kiln_output_t events, one per sequence per
  * token it produced (n > 1 gives n sequences, told apart by `index`), in order: one per engine
- * step, or several in one step when speculative decoding accepted several tokens; the last event of a request has request_finished set. Every accepted request gets
+ * step, or several in one step when speculative decoding accepted several tokens; the last event of a request has request_finished set.
+ * A beam search (kiln_sampling_params_t.beam_width) instead delivers nothing while it runs,
+ * then one event per returned hypothesis, best first, each with all its tokens. Every accepted request gets
  * exactly one such last event, whatever happens (stop, length, cancel, an error, engine
  * shutdown). Events go either to the request's callback (called on the engine thread; the
  * event is borrowed for the call; the callback must not block and must not call
@@ -120,7 +122,24 @@ typedef struct kiln_sampling_params {
    * same either way. (A caller built against a kiln.h without this field passes a shorter
    * struct_size and gets -1.) */
   int32_t num_speculative_tokens;
+  /* Beam search (docs/engine.md "Beam search"; transformers' generate(num_beams=beam_width,
+   * num_return_sequences=n, length_penalty, early_stopping)): 0 = off (the default); W >= 1
+   * searches with W beams and returns the n <= W best finished hypotheses, best first, each
+   * as one event (index 0 = best) carrying all its tokens and its scores (kiln_output_t's
+   * cumulative_logprob, beam_score). Beam search is deterministic: temperature, top_p, top_k,
+   * min_p and seed are ignored; penalties, logit_bias, logprobs, prompt_logprobs, min_tokens,
+   * stop strings and guides are refused; it never speculates. W = 1 is greedy search.
+   * (Read only when struct_size covers them; an older caller gets beam search off.) */
+  int32_t beam_width;
+  float length_penalty;   /* score = cumulative logprob / generated_len ^ length_penalty (1) */
+  int32_t early_stopping; /* a kiln_early_stopping_t */
 } kiln_sampling_params_t;
+
+typedef enum kiln_early_stopping {
+  KILN_EARLY_STOPPING_FALSE = 0, /* stop when no running beam can beat the worst kept one */
+  KILN_EARLY_STOPPING_TRUE = 1,  /* stop as soon as beam_width hypotheses are finished */
+  KILN_EARLY_STOPPING_NEVER = 2, /* like FALSE, bounding by max_tokens when length_penalty > 0 */
+} kiln_early_stopping_t;
 
 void kiln_sampling_params_init(kiln_sampling_params_t *p);
 
@@ -178,6 +197,10 @@ typedef struct kiln_output {
   double queue_time;  /* until first scheduled */
   double first_token_time;
   double time;        /* when this event was made */
+  /* Beam search (beam_width > 0): this hypothesis's cumulative logprob and its length-
+   * penalised score (cumulative_logprob / num_tokens ^ length_penalty); 0 otherwise. */
+  double cumulative_logprob;
+  double beam_score;
 } kiln_output_t;
 
 typedef void (*kiln_output_fn)(void *user, const kiln_output_t *out);

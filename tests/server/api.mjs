@@ -288,6 +288,36 @@ test('completions: several prompts in one request (x n = 2), text and token-id p
   }
 });
 
+test('completions: beam search (use_beam_search + best_of, beam_width), best first', async () => {
+  const r = await ai.completions.create({
+    model: MODEL,
+    prompt: PROMPT,
+    max_tokens: 8,
+    n: 3,
+    best_of: 4,
+    use_beam_search: true,
+    length_penalty: 1.0,
+    early_stopping: 'never',
+  });
+  assert.deepEqual(
+    r.choices.map((c) => c.index),
+    [0, 1, 2],
+  );
+  for (const c of r.choices) {
+    assert.ok(c.text.length > 0);
+    assert.ok(c.finish_reason === 'stop' || c.finish_reason === 'length');
+  }
+  // width 1 is greedy search
+  const g = await ai.completions.create({
+    model: MODEL,
+    prompt: PROMPT,
+    max_tokens: 48,
+    ignore_eos: true,
+    beam_width: 1,
+  });
+  assert.equal(g.choices[0].text, greedy);
+});
+
 test('completions: a token-id prompt gives the same text as the text prompt', async () => {
   const ids = await tokenize({ prompt: PROMPT });
   const r = await ai.completions.create({
