@@ -597,11 +597,12 @@ typedef struct kiln_hal_mask_args {
  * ranks: the cpu backend checks and fails every participating rank with INVALID_ARGUMENT
  * naming both sizes; NCCL/RCCL do not check (a mismatch there is undefined: the host must
  * never issue one). A peer that does not arrive within timeout_ms fails the waiting ranks with
- * KILN_HAL_ERR_DEVICE naming the rank(s) (asynchronously on GPU backends: at stream_sync);
- * the communicator is then unusable and must be destroyed.
- * Summation: each backend states its order and precision in its device_info-independent docs
- * (docs/parallel.md): the cpu backend sums in F32 in rank order 0..W-1 and rounds F16/BF16
- * once, bit-identical on every rank; NCCL promises neither an order nor an F32 accumulator.
+ * KILN_HAL_ERR_DEVICE naming the rank(s); the communicator is then unusable and must be
+ * destroyed. (The cuda/rocm backends cannot do this yet: NCCL has no per-call timeout, so a
+ * missing peer blocks the stream; docs/parallel.md.)
+ * Summation order and precision are the backend's, stated in docs/parallel.md: the cpu
+ * backend sums in F32 in rank order 0..W-1 and rounds F16/BF16 once, bit-identical on every
+ * rank; NCCL promises neither an order nor an F32 accumulator.
  * ==========================================================================================*/
 
 /* The device supports communicators and the collectives (the table members below are set). */
