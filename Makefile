@@ -70,7 +70,7 @@ test-asan: deps
 # corpus check (bash + python) and the selftest are left to the sanitizer build), for leaks and
 # uninitialised reads. The engine simulation runs 2,000 requests there instead of 100,000.
 test-memcheck: build
-	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_fuzz_corpus|make_gguf_vocabs|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_hub_download|test_hub_npm|test_python|test_chat|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil' --output-on-failure -j $(JOBS)
+	cd $(BUILD) && KILN_PCRE2_JIT=0 KILN_SIM_REQUESTS=2000 ctest -T memcheck -E 'test_layers|test_fuzz_corpus|make_gguf_vocabs|test_cli|test_sdk|test_gpus_info|test_trace|test_plugin_folders|test_generate_batch|test_server|test_bench_serve|test_hub_download|test_hub_npm|test_python|test_chat|test_bench_offline|test_default_model|kiln_selftest|fetch_|test_ops_cpu_|test_image_pil|test_collectives_exec' --output-on-failure -j $(JOBS)
 
 # The libFuzzer targets (tests/fuzz, Debian's clang 14 with its compiler-rt), built alone, then
 # FUZZ_SECS seconds of fuzzing each from the committed seeds after replaying every kept crash

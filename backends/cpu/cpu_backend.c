@@ -150,7 +150,7 @@ static kiln_hal_error_t *be_device_info(int32_t index, kiln_hal_device_info_t *o
   read_meminfo(&info.total_memory, &info.free_memory);
   info.caps = KILN_HAL_CAP_F16 | KILN_HAL_CAP_BF16 | KILN_HAL_CAP_GRAPHS |
               KILN_HAL_CAP_HOST_MEMORY | KILN_HAL_CAP_DEVICE_SAMPLING |
-              KILN_HAL_CAP_MIXED_BATCH_GRAPHS;
+              KILN_HAL_CAP_MIXED_BATCH_GRAPHS | KILN_HAL_CAP_COLLECTIVES;
   for (int32_t f = KILN_HAL_QFMT_Q4_0; f < KILN_HAL_QFMT_COUNT; f++)
     info.caps |= KILN_HAL_CAP_QUANT(f);
   info.caps |= KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_INT4_G) | KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_INT8_G);
@@ -339,6 +339,7 @@ static kiln_hal_error_t *run_op(kiln_hal_stream_t *s, const cpu_op_t *op, bool d
     case CPU_OP_ACTIVATION: return cpu_activation(s, &op->u.activation, dry_run);
     case CPU_OP_MASK_LOGITS: return cpu_mask_logits(s, &op->u.mask_logits, dry_run);
     case CPU_OP_GEMM_QUANT: return cpu_gemm_quant(s, &op->u.gemm_quant, dry_run);
+    case CPU_OP_COLL: return cpu_coll_run(s, op->u.coll.op, &op->u.coll.args, dry_run);
   }
   return kiln_hal_error_new(KILN_HAL_ERR_INTERNAL, "cpu: unknown recorded op %d", (int)op->kind);
 }
@@ -413,6 +414,26 @@ CPU_OP_ENTRY(layernorm, CPU_OP_LAYERNORM, kiln_hal_layernorm_args_t)
 CPU_OP_ENTRY(activation, CPU_OP_ACTIVATION, kiln_hal_activation_args_t)
 CPU_OP_ENTRY(mask_logits, CPU_OP_MASK_LOGITS, kiln_hal_mask_args_t)
 CPU_OP_ENTRY(gemm_quant, CPU_OP_GEMM_QUANT, kiln_hal_gemm_quant_args_t)
+
+/* The collectives (ABI 1.5): recorded in graphs like any op; a replay runs them again, so
+ * every rank must replay its graph (and issue its other collectives) in the same order. */
+#define CPU_COLL_ENTRY(name, OPNUM)                                                       \
+  static kiln_hal_error_t *be_##name(kiln_hal_stream_t *s, const kiln_hal_coll_args_t *args) { \
+    if (!s) return cpu_err(#name ": stream is NULL");                                     \
+    cpu_op_t op;                                                                          \
+    memset(&op, 0, sizeof(op));                                                           \
+    op.kind = CPU_OP_COLL;                                                                \
+    op.u.coll.op = OPNUM;                                                                 \
+    kiln_hal_error_t *e =                                                                 \
+        kiln_hal_args_copy(#name, &op.u.coll.args, sizeof(op.u.coll.args), args);         \
+    return e ? e : submit(s, &op);                                                        \
+  }
+
+CPU_COLL_ENTRY(all_reduce, 1)
+CPU_COLL_ENTRY(all_gather, 2)
+CPU_COLL_ENTRY(broadcast, 3)
+CPU_COLL_ENTRY(send, 4)
+CPU_COLL_ENTRY(recv, 5)
 
 static kiln_hal_error_t *be_graph_begin(kiln_hal_stream_t *s) {
   if (!s) return cpu_err("graph_begin: stream is NULL");
@@ -521,6 +542,14 @@ static const kiln_hal_backend_t g_table = {
     .activation = be_activation,
     .mask_logits = be_mask_logits,
     .gemm_quant = be_gemm_quant,
+    .comm_get_unique_id = cpu_comm_get_unique_id,
+    .comm_create = cpu_comm_create,
+    .comm_destroy = cpu_comm_destroy,
+    .all_reduce = be_all_reduce,
+    .all_gather = be_all_gather,
+    .broadcast = be_broadcast,
+    .send = be_send,
+    .recv = be_recv,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

@@ -51,6 +51,7 @@ typedef enum cpu_op_kind {
   CPU_OP_ACTIVATION,
   CPU_OP_MASK_LOGITS,
   CPU_OP_GEMM_QUANT,
+  CPU_OP_COLL, /* ABI 1.5 collectives (cpu_comm.c) */
 } cpu_op_kind_t;
 
 typedef struct cpu_raw_copy {
@@ -80,6 +81,10 @@ typedef struct cpu_op {
     kiln_hal_activation_args_t activation;
     kiln_hal_mask_args_t mask_logits;
     kiln_hal_gemm_quant_args_t gemm_quant;
+    struct {
+      int op; /* cpu_comm.c's COLL_* */
+      kiln_hal_coll_args_t args;
+    } coll;
   } u;
 } cpu_op_t;
 
@@ -163,6 +168,15 @@ kiln_hal_error_t *cpu_mask_logits(kiln_hal_stream_t *s, const kiln_hal_mask_args
 /* gemm_quant (cpu_qgemm.c): the GGUF block formats, every one of them (KILN_HAL_CAP_QUANT). */
 kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant_args_t *a,
                                  bool dry_run);
+
+/* Collectives over POSIX shared memory (cpu_comm.c, docs/parallel.md). op: 1 all_reduce,
+ * 2 all_gather, 3 broadcast, 4 send, 5 recv. */
+kiln_hal_error_t *cpu_comm_get_unique_id(kiln_hal_comm_id_t *out_id);
+kiln_hal_error_t *cpu_comm_create(kiln_hal_device_t *device, const kiln_hal_comm_args_t *args,
+                                  kiln_hal_comm_t **out_comm);
+void cpu_comm_destroy(kiln_hal_comm_t *comm);
+kiln_hal_error_t *cpu_coll_run(kiln_hal_stream_t *s, int op, const kiln_hal_coll_args_t *a,
+                               bool dry_run);
 
 /* OpenBLAS configuration (cpu_gemm.c): called by init with the pool's thread count. */
 void cpu_gemm_init(int threads);

@@ -269,6 +269,7 @@ static kiln_hal_error_t *cuda_device_info(int32_t index, kiln_hal_device_info_t 
 #else
   if (p.major >= 8) info.caps |= KILN_HAL_CAP_BF16 | KILN_HAL_CAP_TF32;
 #endif
+  if (cuda_nccl_available()) info.caps |= KILN_HAL_CAP_COLLECTIVES;
   info.warp_size = p.warpSize;
   info.compute_units = p.multiProcessorCount;
   info.pci_bus_id =
@@ -966,6 +967,16 @@ static const kiln_hal_backend_t g_table = {
     .graph_destroy = cuda_graph_destroy,
     .layernorm = cuda_layernorm,
     .activation = cuda_activation,
+    /* 1.5: collectives on NCCL/RCCL (cuda_nccl.c); without the library they return
+     * UNSUPPORTED and device_info leaves KILN_HAL_CAP_COLLECTIVES clear. */
+    .comm_get_unique_id = cuda_comm_get_unique_id,
+    .comm_create = cuda_comm_create,
+    .comm_destroy = cuda_comm_destroy,
+    .all_reduce = cuda_all_reduce,
+    .all_gather = cuda_all_gather,
+    .broadcast = cuda_broadcast,
+    .send = cuda_send,
+    .recv = cuda_recv,
 };
 
 __attribute__((visibility("default"))) const kiln_hal_backend_t *kiln_backend_query(

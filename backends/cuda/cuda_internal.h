@@ -122,4 +122,19 @@ kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t 
 /* "cuBLASLt 13.0", "rocBLAS 4.1 (librocblas.so.4)", for build_info and logs. */
 const char *cuda_blas_describe(void);
 
+/* ---- collectives (cuda_nccl.c: NCCL, or RCCL on ROCm, loaded at first use) ------------ */
+
+/* Whether the library loaded (sets KILN_HAL_CAP_COLLECTIVES); "NCCL 2.21.5 (libnccl.so.2)". */
+bool cuda_nccl_available(void);
+const char *cuda_nccl_describe(void);
+kiln_hal_error_t *cuda_comm_get_unique_id(kiln_hal_comm_id_t *out_id);
+kiln_hal_error_t *cuda_comm_create(kiln_hal_device_t *device, const kiln_hal_comm_args_t *args,
+                                   kiln_hal_comm_t **out_comm);
+void cuda_comm_destroy(kiln_hal_comm_t *comm);
+kiln_hal_error_t *cuda_all_reduce(kiln_hal_stream_t *s, const kiln_hal_coll_args_t *a);
+kiln_hal_error_t *cuda_all_gather(kiln_hal_stream_t *s, const kiln_hal_coll_args_t *a);
+kiln_hal_error_t *cuda_broadcast(kiln_hal_stream_t *s, const kiln_hal_coll_args_t *a);
+kiln_hal_error_t *cuda_send(kiln_hal_stream_t *s, const kiln_hal_coll_args_t *a);
+kiln_hal_error_t *cuda_recv(kiln_hal_stream_t *s, const kiln_hal_coll_args_t *a);
+
 #endif /* KILN_CUDA_INTERNAL_H */

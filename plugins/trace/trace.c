@@ -798,6 +798,10 @@ static kiln_hal_error_t *tr_device_info(int32_t index, kiln_hal_device_info_t *o
     if (!trace_has_graphs())
       out_info->caps &= ~(uint64_t)(KILN_HAL_CAP_GRAPHS | KILN_HAL_CAP_MIXED_BATCH_GRAPHS);
     if (!g_inner.buffer_host_ptr) out_info->caps &= ~(uint64_t)KILN_HAL_CAP_HOST_MEMORY;
+#ifdef KILN_HAL_CAP_COLLECTIVES
+    /* The collectives (ABI 1.5) are not traced or forwarded yet. */
+    out_info->caps &= ~(uint64_t)KILN_HAL_CAP_COLLECTIVES;
+#endif
   }
   return err;
 }

@@ -354,6 +354,8 @@ static kiln_hal_error_t *wrap_device_info(int32_t index, kiln_hal_device_info_t 
   if (KILN_HAL_HAS(out, kind)) out->kind = KILN_HAL_DEVICE_GPU;
   if (KILN_HAL_HAS(out, caps) && !wrapped->graph_begin)
     out->caps &= ~(uint64_t)(KILN_HAL_CAP_GRAPHS | KILN_HAL_CAP_MIXED_BATCH_GRAPHS);
+  /* The wrapper does not forward the collectives (ABI 1.5). */
+  if (KILN_HAL_HAS(out, caps)) out->caps &= ~(uint64_t)KILN_HAL_CAP_COLLECTIVES;
   return NULL;
 }
 

@@ -33,6 +33,10 @@
  *   Within 1.4, the group formats KILN_HAL_QFMT_INT4_G / INT8_G (GPTQ, AWQ) were added with
  *   the meaning of kiln_hal_qweight_t's group_size, scales, zeros and g_idx: a backend that
  *   does not set their KILN_HAL_CAP_QUANT bits never receives them.
+ *   1.5 appended the collectives (tensor/pipeline parallelism, docs/parallel.md): the
+ *   capability bit KILN_HAL_CAP_COLLECTIVES, kiln_hal_comm_id_t, kiln_hal_comm_t,
+ *   kiln_hal_comm_args_t, kiln_hal_coll_args_t and the table members comm_get_unique_id ..
+ *   recv (optional: a 1.4 plugin's table ends at gemm_quant; the host then runs one rank).
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -99,7 +103,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 4
+#define KILN_HAL_ABI_MINOR 5
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -570,6 +574,71 @@ typedef struct kiln_hal_mask_args {
 } kiln_hal_mask_args_t;
 
 /* ============================================================================================
+ * Collectives (ABI 1.5; docs/parallel.md). Everything of 1.5 is in this block, the table
+ * members below and the pins at the end.
+ *
+ * A communicator joins world_size ranks (threads or processes, one device each) that created
+ * it from the same kiln_hal_comm_id_t (made once by comm_get_unique_id on any rank and handed
+ * to the others out of band: fork, a file, a socket). comm_create blocks until every rank has
+ * joined or timeout_ms has passed (then KILN_HAL_ERR_DEVICE, naming the ranks that never
+ * arrived). The collectives are enqueued on a stream like any op and ordered with the
+ * stream's other work; every rank must issue the same collectives on a communicator in the
+ * same order (send/recv: matching pairs, ordered so that no cycle of ranks all send first).
+ * A communicator is used by one stream (one thread) at a time.
+ *   all_reduce  dst = sum over ranks of src. src and dst: same dtype (F32, F16, BF16) and
+ *               shape; dst == src (same buffer and offset) is in place.
+ *   all_gather  dst[r*n .. (r+1)*n) = src of rank r along dimension 0, src [n, ...] and dst
+ *               [world_size*n, ...] (same other dims, same dtype: any). src may be rank r's
+ *               own slice of dst (in place).
+ *   broadcast   dst on every rank = dst of rank `peer` (the root), in place; src is ignored.
+ *   send        src to rank `peer`; returns when the peer's matching recv has the data.
+ *   recv        dst from rank `peer`.
+ * Tensors are dense (row-major without padding). Sizes, dtypes and roots must agree across
+ * ranks: the cpu backend checks and fails every participating rank with INVALID_ARGUMENT
+ * naming both sizes; NCCL/RCCL do not check (a mismatch there is undefined: the host must
+ * never issue one). A peer that does not arrive within timeout_ms fails the waiting ranks with
+ * KILN_HAL_ERR_DEVICE naming the rank(s); the communicator is then unusable and must be
+ * destroyed. (The cuda/rocm backends cannot do this yet: NCCL has no per-call timeout, so a
+ * missing peer blocks the stream; docs/parallel.md.)
+ * Summation order and precision are the backend's, stated in docs/parallel.md: the cpu
+ * backend sums in F32 in rank order 0..W-1 and rounds F16/BF16 once, bit-identical on every
+ * rank; NCCL promises neither an order nor an F32 accumulator.
+ * ==========================================================================================*/
+
+/* The device supports communicators and the collectives (the table members below are set). */
+#define KILN_HAL_CAP_COLLECTIVES ((uint64_t)1 << 7)
+
+#define KILN_HAL_COMM_ID_BYTES 128
+/* Opaque bytes naming one communicator's rendezvous (NCCL: its ncclUniqueId; cpu: the name
+ * of a shared-memory segment). Copyable between processes. */
+typedef struct kiln_hal_comm_id {
+  uint8_t bytes[KILN_HAL_COMM_ID_BYTES];
+} kiln_hal_comm_id_t;
+
+typedef struct kiln_hal_comm kiln_hal_comm_t;
+
+/* Timeout used when kiln_hal_comm_args_t.timeout_ms is 0. */
+#define KILN_HAL_COMM_DEFAULT_TIMEOUT_MS 300000
+
+typedef struct kiln_hal_comm_args {
+  uint32_t struct_size;
+  int32_t world_size; /* 1..KILN_HAL_COMM_MAX_RANKS */
+  int32_t rank;       /* 0..world_size-1, distinct per participant */
+  int32_t timeout_ms; /* how long any wait for a peer may take; 0 = the default; < 0 invalid */
+  kiln_hal_comm_id_t id;
+} kiln_hal_comm_args_t;
+
+#define KILN_HAL_COMM_MAX_RANKS 64
+
+/* Arguments of every collective (which members each reads: see above). */
+typedef struct kiln_hal_coll_args {
+  uint32_t struct_size;
+  int32_t peer; /* broadcast: the root; send: the destination; recv: the source */
+  kiln_hal_comm_t *comm;
+  kiln_hal_tensor_t src, dst;
+} kiln_hal_coll_args_t;
+
+/* ============================================================================================
  * The backend table
  * ==========================================================================================*/
 
@@ -684,6 +753,20 @@ typedef struct kiln_hal_backend {
    * dequantize such weights to the serving dtype at load and use gemm. */
   kiln_hal_error_t *(*gemm_quant)(kiln_hal_stream_t *stream,
                                   const kiln_hal_gemm_quant_args_t *args);
+
+  /* ---- 1.5: collectives (see the block above kiln_hal_backend_t) ---- */
+  /* Optional as a group: all NULL (a 1.4 plugin's table ends at gemm_quant) or a device
+   * without KILN_HAL_CAP_COLLECTIVES means one rank only. */
+  kiln_hal_error_t *(*comm_get_unique_id)(kiln_hal_comm_id_t *out_id);
+  kiln_hal_error_t *(*comm_create)(kiln_hal_device_t *device, const kiln_hal_comm_args_t *args,
+                                   kiln_hal_comm_t **out_comm);
+  /* Releases the rank's share; never blocks on peers. Before the device is closed. */
+  void (*comm_destroy)(kiln_hal_comm_t *comm);
+  kiln_hal_error_t *(*all_reduce)(kiln_hal_stream_t *stream, const kiln_hal_coll_args_t *args);
+  kiln_hal_error_t *(*all_gather)(kiln_hal_stream_t *stream, const kiln_hal_coll_args_t *args);
+  kiln_hal_error_t *(*broadcast)(kiln_hal_stream_t *stream, const kiln_hal_coll_args_t *args);
+  kiln_hal_error_t *(*send)(kiln_hal_stream_t *stream, const kiln_hal_coll_args_t *args);
+  kiln_hal_error_t *(*recv)(kiln_hal_stream_t *stream, const kiln_hal_coll_args_t *args);
 } kiln_hal_backend_t;
 
 typedef const kiln_hal_backend_t *(*kiln_hal_query_fn)(uint32_t host_major, uint32_t host_minor);
@@ -754,7 +837,13 @@ KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_quant_args_t, w) == 96, "gemm_quan
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_quant_args_t, bias) == 496,
                        "gemm_quant args 1.4 changed");
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, gemm_quant) == 328, "backend table 1.4 changed");
-KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 336, "backend table 1.4 changed");
+/* 1.5: collectives */
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_comm_id_t) == 128, "comm id 1.5 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_comm_args_t, id) == 16, "comm args 1.5 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_coll_args_t, dst) == 104, "coll args 1.5 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, comm_get_unique_id) == 336,
+                       "backend table 1.5 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 400, "backend table 1.5 changed");
 #endif
 
 #ifdef __cplusplus
