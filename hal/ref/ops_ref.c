@@ -56,6 +56,25 @@ void ops_ref_gemm(int64_t M, int64_t N, int64_t K, const double *a, const double
   }
 }
 
+/* Column n of y for every row of x: y[m, n] = sum_k x[m, k] * row[k] (+ bias[n]), in fp64,
+ * with the sum of the terms' magnitudes (the tolerance's scale) in out_mag. */
+static void ref_rows_times(int64_t M, int64_t N, int64_t K, const double *x, const double *row,
+                           int64_t n, const double *bias, double *y_out, double *out_mag) {
+  for (int64_t m = 0; m < M; m++) {
+    double acc = 0.0, mag = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+      acc += x[m * K + k] * row[k];
+      mag += fabs(x[m * K + k] * row[k]);
+    }
+    if (bias) {
+      acc += bias[n];
+      mag += fabs(bias[n]);
+    }
+    y_out[m * N + n] = acc;
+    if (out_mag) out_mag[m * N + n] = mag;
+  }
+}
+
 /* An f16 (little endian at p) as a double. */
 static double ref_f16(const uint8_t *p) {
   unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8;
@@ -130,19 +149,7 @@ void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_
       for (int j = 0; j < e && k < K; j++) row[k++] = blk[j];
       if (!e) break;
     }
-    for (int64_t m = 0; m < M; m++) {
-      double acc = 0.0, mag = 0.0;
-      for (int64_t k = 0; k < K; k++) {
-        acc += x[m * K + k] * row[k];
-        mag += fabs(x[m * K + k] * row[k]);
-      }
-      if (bias) {
-        acc += bias[n];
-        mag += fabs(bias[n]);
-      }
-      y_out[m * N + n] = acc;
-      if (out_mag) out_mag[m * N + n] = mag;
-    }
+    ref_rows_times(M, N, K, x, row, n, bias, y_out, out_mag);
   }
   free(row);
 }
@@ -162,19 +169,7 @@ void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32
       int z = zeros ? zeros[n * ldz + g] : four ? 8 : 128;
       row[k] = (double)(q - z) * ref_f16(scales + 2 * (n * lds + g));
     }
-    for (int64_t m = 0; m < M; m++) {
-      double acc = 0.0, mag = 0.0;
-      for (int64_t k = 0; k < K; k++) {
-        acc += x[m * K + k] * row[k];
-        mag += fabs(x[m * K + k] * row[k]);
-      }
-      if (bias) {
-        acc += bias[n];
-        mag += fabs(bias[n]);
-      }
-      y_out[m * N + n] = acc;
-      if (out_mag) out_mag[m * N + n] = mag;
-    }
+    ref_rows_times(M, N, K, x, row, n, bias, y_out, out_mag);
   }
   free(row);
 }
