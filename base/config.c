@@ -87,6 +87,7 @@ static const char *const config_spec_methods[] = {"off", "ngram", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config_log_formats[] = {"text", "json", NULL};
 static const char *const config_hub_progress[] = {"auto", "bar", "lines", "none", NULL};
+static const char *const config_warmup[] = {"auto", "on", "off", NULL};
 
 static const char *config_check_endpoint(const char *value) {
   return !value[0] || !strncmp(value, "http://", 7) || !strncmp(value, "https://", 8)
@@ -151,6 +152,11 @@ static const config_row_t config_rows[] = {
             "Most tokens (prefill + decode) processed in one engine step"),
     ROW_INT("engine", "seed", "0", 0, INT64_MAX,
             "Random seed for sampling, used by requests that do not set their own"),
+    ROW_ENUM("engine", "warmup", "auto", config_warmup,
+             "Run a few dummy requests at start-up (prefills of several lengths, a sampled "
+             "decode, an image on vision-language models) so that the first real request does "
+             "not pay for kernel loading and GEMM algorithm choice: auto = on for GPUs, off on "
+             "the CPU backend; on; off"),
 
     ROW_ENUM("cache", "block_size", "16", config_block_sizes, "Tokens per KV-cache block"),
     ROW_FLOAT("cache", "gpu_memory_utilization", "0.9", 0.01, 1.0,

@@ -210,6 +210,58 @@ static void test_batching_is_invisible(void **state) {
   kiln_engine_destroy(e);
 }
 
+/* [engine] warmup: the dummy requests leave no trace. The same jobs (seeded and unseeded
+ * sampling: an unseeded request's seed derives from its number) give the same tokens, the
+ * metrics count only them, no warm-up prefix is cached; a pool too small for the larger
+ * warm-up prompts skips them. */
+static void test_warmup(void **state) {
+  (void)state;
+  job_t jobs[NJOBS];
+  make_jobs(jobs, NJOBS, 11);
+  for (int32_t j = 0; j < 3; j++) {
+    jobs[j].p.temperature = 0.8f;
+    jobs[j].p.has_seed = false;
+  }
+  static result_t off[NJOBS], on[NJOBS];
+  const char *o1[] = {"engine.warmup=off"}, *o2[] = {"engine.warmup=on"};
+  kiln_engine_t *e = make_engine(o1, 1);
+  run_jobs(e, jobs, NJOBS, true, off);
+  kiln_metrics_t m_off, m_on;
+  kiln_engine_get_metrics(e, &m_off);
+  assert_int_equal(m_off.warmup_requests, 0);
+  kiln_engine_destroy(e);
+  e = make_engine(o2, 1);
+  kiln_metrics_t m0;
+  kiln_engine_get_metrics(e, &m0);
+  assert_int_equal(m0.requests_submitted, 0);
+  assert_int_equal(m0.steps, 0);
+  assert_int_equal(m0.prefix_cache_queries, 0);
+  /* the distinct prefill lengths that fit the fixture's context, and the sampled one */
+  const uint64_t full = m0.warmup_requests;
+  assert_true(full >= 3);
+  assert_true(m0.warmup_seconds > 0);
+  kiln_kv_stats_t ks;
+  kiln_kv_stats(kiln_engine_kv(e), &ks);
+  assert_int_equal(ks.num_cached, 0);
+  assert_int_equal(ks.lookups, 0);
+  run_jobs(e, jobs, NJOBS, true, on);
+  kiln_engine_get_metrics(e, &m_on);
+  expect_same(off, on, NJOBS, "warm-up");
+  assert_int_equal(m_on.requests_submitted, m_off.requests_submitted);
+  assert_int_equal(m_on.requests_finished[KILN_FINISH_LENGTH], NJOBS);
+  assert_int_equal(m_on.prompt_tokens, m_off.prompt_tokens);
+  assert_int_equal(m_on.prefix_cache_hits, m_off.prefix_cache_hits);
+  expect_all_free(e);
+  kiln_engine_destroy(e);
+  const char *tiny[] = {"engine.warmup=on", "cache.num_blocks=3"};
+  e = make_engine(tiny, 2);
+  kiln_engine_get_metrics(e, &m0);
+  assert_true(m0.warmup_requests >= 1 && m0.warmup_requests < full); /* the long ones skipped */
+  run_jobs(e, jobs, 2, false, on);
+  expect_same(off, on, 2, "warm-up, 3 blocks");
+  kiln_engine_destroy(e);
+}
+
 /* A prompt served from the prefix cache gives the logprobs of a cold run. */
 static void test_prefix_cache(void **state) {
   (void)state;
@@ -786,6 +838,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batching_is_invisible),
       cmocka_unit_test(test_prefix_cache),
+      cmocka_unit_test(test_warmup),
       cmocka_unit_test(test_n_sequences),
       cmocka_unit_test(test_cancel_and_shutdown),
       cmocka_unit_test(test_refusals),

@@ -405,6 +405,8 @@ static void test_prometheus(void **state) {
   m.spec_drafts = 10;
   m.spec_draft_tokens = 40;
   m.spec_accepted_tokens = 30;
+  m.warmup_requests = 6;
+  m.warmup_seconds = 0.5;
   for (int i = 0; i < 100; i++) {
     kiln_histogram_observe(&m.time_to_first_token, 0.003 * i);
     kiln_histogram_observe(&m.inter_token_latency, 0.0007 * i);
@@ -441,6 +443,8 @@ static void test_prometheus(void **state) {
       {"kiln:spec_decode_num_accepted_tokens_total", "counter"},
       {"kiln:spec_decode_draft_acceptance_rate", "gauge"},
       {"kiln:spec_decode_mean_acceptance_length", "gauge"},
+      {"kiln:warmup_requests", "gauge"},
+      {"kiln:warmup_seconds", "gauge"},
       {"kiln:time_to_first_token_seconds", "histogram"},
       {"kiln:inter_token_latency_seconds", "histogram"},
       {"kiln:e2e_request_latency_seconds", "histogram"},
@@ -466,6 +470,8 @@ static void test_prometheus(void **state) {
   assert_true(VALUE("kv_cache_usage_perc", "") == 0.25);
   assert_true(VALUE("kv_cache_waste_perc", "") == 0.0625);
   assert_true(VALUE("prompt_tokens_total", "") == 12345);
+  assert_true(VALUE("warmup_requests", "") == 6);
+  assert_true(VALUE("warmup_seconds", "") == 0.5);
   assert_true(VALUE("generation_tokens_total", "") == 678);
   assert_true(VALUE("prefix_cache_queries_total", "") == 1000);
   assert_true(VALUE("prefix_cache_hits_total", "") == 300);

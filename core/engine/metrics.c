@@ -241,6 +241,12 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
         "accepted / verifications (0 when none).",
         m->spec_drafts ? 1.0 + (double)m->spec_accepted_tokens / (double)m->spec_drafts : 0.0);
 
+  gauge(&p, "warmup_requests",
+        "Dummy requests run at start-up so that the first real one does not pay for kernel "
+        "loading and GEMM algorithm choice ([engine] warmup).",
+        (double)m->warmup_requests);
+  gauge(&p, "warmup_seconds", "Seconds the start-up warm-up took.", m->warmup_seconds);
+
   histogram(&p, "time_to_first_token_seconds", "Time to first token in seconds.",
             &m->time_to_first_token);
   histogram(&p, "inter_token_latency_seconds", "Time between successive output tokens in seconds.",

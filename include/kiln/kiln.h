@@ -391,6 +391,10 @@ typedef struct kiln_metrics {
   uint64_t spec_drafts;
   uint64_t spec_draft_tokens;
   uint64_t spec_accepted_tokens;
+  /* start-up warm-up ([engine] warmup): the dummy requests run before the engine took any
+   * (none of them counted above), and the seconds they took */
+  uint64_t warmup_requests;
+  double warmup_seconds;
 } kiln_metrics_t;
 
 /* Copies the metrics into out, whose size is size bytes (sizeof(kiln_metrics_t) of the header
