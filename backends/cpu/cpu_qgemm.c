@@ -1,5 +1,6 @@
-/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats and the
- * group formats INT4_G / INT8_G (GPTQ, AWQ repacked at load; ABI 1.4).
+/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats, the
+ * group formats INT4_G / INT8_G (GPTQ, AWQ repacked at load; ABI 1.4) and FP8_E4M3 (FP8
+ * checkpoints; within ABI 1.5).
  *
  * W is never widened as a whole. Paths:
  *   M <= 8   decode: the pool runs chunks of weight rows; each row is walked block by block,
@@ -14,7 +15,10 @@
  * the format defines, never fused); sums are F32, bias added and y rounded once at the end.
  * The group formats take the same two paths with a span of a row (QG_SPAN weights, or the
  * panel's whole rows) dequantized at a time instead of a block: (float)(q - z) * s, exact in
- * f32 either way (AVX2 for groups of a multiple of 8 without g_idx, else hal_quant.h's loop). */
+ * f32 either way (AVX2 for groups of a multiple of 8 without g_idx, else hal_quant.h's loop).
+ * FP8_E4M3 is a group format with f32 scales and no zeros: the AVX2 code widens 8 codes to f32
+ * exactly (an E4M3FN byte moved into an f16's bit positions, F16C, times 2^8) and multiplies
+ * by the group's scale once, as kiln_hal_fp8_dequant. */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,10 +45,10 @@ typedef struct qg_ctx {
   int64_t ldx;
   const uint8_t *w;
   int64_t row_stride;
-  /* Group formats: scales (F16, row stride lds elements), zeros (U8, ldz; NULL: symmetric),
-   * g_idx (NULL: k / group_size). */
+  /* Group formats: scales (F16, or F32 for FP8; row stride lds elements, ses bytes each),
+   * zeros (U8, ldz; NULL: symmetric), g_idx (NULL: k / group_size). */
   const uint8_t *scales, *zeros;
-  int64_t lds, ldz;
+  int64_t lds, ldz, ses;
   const int32_t *g_idx;
   int32_t group_size;
   int64_t G; /* groups per row */
@@ -185,6 +189,16 @@ QG_AVX2_INLINE __m256i qg_codes8(bool four, const uint8_t *row, int64_t k) {
   }
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)));
 }
+
+/* The 8 E4M3FN codes row[k .. k + 7] (not NaN) as their exact f32 values: the code's
+ * exponent and mantissa moved into an f16's (bits 14..7), the sign to bit 15, widened by F16C
+ * (f16 subnormals included) and scaled by 2^8 (the biases differ by 15 - 7), all exact. */
+QG_AVX2_INLINE __m256 qg_fp8x8(const uint8_t *row, int64_t k) {
+  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + k)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
 #endif /* QG_X86 */
 
 #define QG_MAXG 1024 /* groups per row the AVX2 path tabulates (more: the portable loop) */
@@ -197,8 +211,13 @@ typedef struct qg_row_groups {
 
 static bool qg_row_groups(const qg_ctx_t *c, int64_t n, qg_row_groups_t *rg) {
   if (c->G > QG_MAXG) return false;
-  const uint8_t *srow = c->scales + 2 * n * c->lds, *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
+  const uint8_t *srow = c->scales + c->ses * n * c->lds,
+                *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
   const int sym = c->fmt == KILN_HAL_QFMT_INT4_G ? 8 : 128;
+  if (c->fmt == KILN_HAL_QFMT_FP8_E4M3) {
+    memcpy(rg->s, srow, (size_t)c->G * 4);
+    return true;
+  }
   for (int64_t g = 0; g < c->G; g++) {
     rg->s[g] = kiln_hal_quant_f16(srow + 2 * g);
     rg->z[g] = zrow ? zrow[g] : sym;
@@ -215,7 +234,16 @@ QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, const qg_ro
   const uint8_t *row = c->w + n * c->row_stride;
   const bool four = c->fmt == KILN_HAL_QFMT_INT4_G;
   int64_t i = 0;
-  if (c->g_idx) {
+  if (c->fmt == KILN_HAL_QFMT_FP8_E4M3) { /* no g_idx, no zeros */
+    while (i + 8 <= count) {
+      const int64_t g = (k0 + i) / c->group_size;
+      int64_t end = (g + 1) * c->group_size - k0;
+      if (end > count) end = count;
+      const __m256 sc = _mm256_set1_ps(rg->s[g]);
+      for (; i + 8 <= end; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(qg_fp8x8(row, k0 + i), sc));
+    }
+  } else if (c->g_idx) {
     for (; i + 8 <= count; i += 8) {
       const __m256i gi = _mm256_loadu_si256((const __m256i *)(c->g_idx + k0 + i));
       const __m256 sc = _mm256_i32gather_ps(rg->s, gi, 4);
@@ -237,7 +265,7 @@ QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, const qg_ro
     }
   }
   if (i < count)
-    kiln_hal_qgroup_dequant(c->fmt, row, c->scales + 2 * n * c->lds,
+    kiln_hal_qgroup_dequant(c->fmt, row, c->scales + c->ses * n * c->lds,
                             c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size,
                             k0 + i, count - i, out + i);
 }
@@ -254,7 +282,7 @@ static void qg_group_span(const qg_ctx_t *c, int64_t n, const qg_row_groups_t *r
 #else
   (void)rg;
 #endif
-  kiln_hal_qgroup_dequant(c->fmt, c->w + n * c->row_stride, c->scales + 2 * n * c->lds,
+  kiln_hal_qgroup_dequant(c->fmt, c->w + n * c->row_stride, c->scales + c->ses * n * c->lds,
                           c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size, k0,
                           count, out);
 }
@@ -559,6 +587,7 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
     const kiln_hal_qweight_t *w = &a->w;
     c.scales = (const uint8_t *)cpu_tensor_ptr(&w->scales);
     c.lds = w->scales.stride[0];
+    c.ses = (int64_t)kiln_hal_dtype_size(w->scales.dtype);
     c.zeros = w->zeros.buffer ? (const uint8_t *)cpu_tensor_ptr(&w->zeros) : NULL;
     c.ldz = w->zeros.buffer ? w->zeros.stride[0] : 0;
     c.group_size = w->group_size;
