@@ -628,7 +628,7 @@ static void test_file_errors(void **state) {
   }
 
   /* A dtype other than F32/F16/BF16. */
-  const char *dtypes[] = {"I64", "F8_E4M3", "BOOL", "F64", "U8"};
+  const char *dtypes[] = {"I64", "F8_E4M3FNUZ", "BOOL", "F64", "U8"};
   for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
     memset(&f, 0, sizeof(f));
     st_add(&f, "model.pos_ids", dtypes[i], "[2]", i64, sizeof(i64));
