@@ -466,8 +466,7 @@ static void test_f8(void **state) {
   st_add(&f, "m.weight", "F8_E4M3", "[2, 4]", q, sizeof(q));
   st_write(&f, in_dir("f8bad.safetensors"));
   st_free(&f);
-  expect_open_error(in_dir("f8bad.safetensors"), KILN_ERR_INVALID_ARGUMENT, "m.weight", NULL,
-                    NULL);
+  expect_open_error(in_dir("f8bad.safetensors"), KILN_ERR_INVALID_ARGUMENT, "m.weight", NULL, NULL);
 }
 
 static void test_expect_shape(void **state) {
