@@ -81,6 +81,7 @@ static const char *const config_sections[] = {
     "log",   NULL};
 
 static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloat16", NULL};
+static const char *const config_quantizations[] = {"none", "fp8", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
 static const char *const config_spec_methods[] = {"off", "ngram", NULL};
@@ -122,6 +123,10 @@ static const config_row_t config_rows[] = {
                "[@REVISION] (docs/hub.md); empty = the embedded default model"),
     ROW_ENUM("model", "dtype", "auto", config_dtypes,
              "Weight and activation dtype; auto = the dtype in the model's config"),
+    ROW_ENUM("model", "quantization", "none", config_quantizations,
+             "Quantize a float checkpoint at load: fp8 = its decoder Linear weights to FP8 e4m3 "
+             "with per-channel scales (weight-only; docs/models.md); none = as stored (FP8, GPTQ, "
+             "AWQ and GGUF checkpoints are always run as they are quantized)"),
     ROW_INT("model", "max_model_len", "0", 0, 16777216,
             "Longest sequence (prompt + output) in tokens; 0 = from the model's config"),
     ROW_INT("model", "max_images_per_prompt", "8", 0, 1024,

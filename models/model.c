@@ -93,10 +93,10 @@ kiln_status_t model_plan_tensor_nd(plan_t *p, const char *name, int ndim, const 
   const kiln_weight_t *w = kiln_weights_find(p->src, name);
   if (found) *found = w != NULL;
   if (!w) return required ? plan_missing(p, name) : NULL;
-  if (w->type == KILN_WTYPE_I32)
+  if (w->type == KILN_WTYPE_I32 || w->type == KILN_WTYPE_F8_E4M3 || w->type == KILN_WTYPE_F8_E5M2)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
-                            "%s: tensor %s has dtype I32, want a float tensor (F32, F16 or BF16)",
-                            w->file, name);
+                            "%s: tensor %s has dtype %s, want a float tensor (F32, F16 or BF16)",
+                            w->file, name, kiln_wtype_name(w->type));
   kiln_status_t st = kiln_weight_expect_shape(w, ndim, shape);
   if (st) return st;
   return plan_push(p, w, dst);
@@ -142,7 +142,7 @@ kiln_status_t model_plan_fused(plan_t *p, int n, char names[][160], const int64_
   return NULL;
 }
 
-/* The GPTQ / AWQ side of model_plan_linear: *done false when no part is such a Linear. */
+/* The GPTQ / AWQ / FP8 side of model_plan_linear: *done false when no part is such a Linear. */
 static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int64_t *rows,
                                   int64_t cols, uint64_t *out_off, int32_t *out_fmt,
                                   model_qlinear_t *out_q, bool *done) {
@@ -154,9 +154,26 @@ static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int
     size_t len = strlen(names[i]);
     if (len < 7 || strcmp(names[i] + len - 7, ".weight") != 0) continue;
     snprintf(mod, sizeof(mod), "%.*s", (int)(len - 7), names[i]);
-    snprintf(qn, sizeof(qn), "%s.qweight", mod);
-    if (!kiln_weights_find(p->src, qn)) continue;
-    kiln_status_t st = kiln_qpart_open(p, mod, rows[i], cols, &qp[i]);
+    kiln_status_t st;
+    if (p->quant->method == KILN_QUANT_FP8) {
+      /* FP8: a Linear whose weight is F8 (or, on the fly, any float Linear) */
+      const kiln_weight_t *w = kiln_weights_find(p->src, names[i]);
+      if (!w) continue; /* model_plan_fused names it */
+      const bool f8 = w->type == KILN_WTYPE_F8_E4M3 || w->type == KILN_WTYPE_F8_E5M2;
+      const bool flt = w->type == KILN_WTYPE_F32 || w->type == KILN_WTYPE_F16 ||
+                       w->type == KILN_WTYPE_BF16;
+      if (p->quant->fp8_scheme == KILN_FP8_ON_THE_FLY ? !flt : !f8) continue;
+      if (f8 && kiln_quant_ignored(p->quant, mod))
+        return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                                "%s: tensor %s is %s, but quantization_config lists %s among the "
+                                "modules left unquantized",
+                                w->file, names[i], kiln_wtype_name(w->type), mod);
+      st = kiln_qpart_open_fp8(p, mod, rows[i], cols, &qp[i]);
+    } else {
+      snprintf(qn, sizeof(qn), "%s.qweight", mod);
+      if (!kiln_weights_find(p->src, qn)) continue;
+      st = kiln_qpart_open(p, mod, rows[i], cols, &qp[i]);
+    }
     if (st) return st;
     nq++;
   }
@@ -197,12 +214,14 @@ static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int
   for (int i = 0; i < n; i++) total += rows[i];
   const int64_t G = kiln_qpart_groups(qp[0]);
   const uint64_t rb = (uint64_t)kiln_hal_qgroup_row_bytes(fmt, cols);
+  const bool fp8 = fmt == KILN_HAL_QFMT_FP8_E4M3; /* F32 scales, no zeros */
+  const uint64_t ses = fp8 ? 4 : 2, zes = fp8 ? 0 : 1;
   uint64_t codes = p->size;
   p->size = align_up(p->size + (uint64_t)total * rb);
   uint64_t scales = p->size;
-  p->size = align_up(p->size + (uint64_t)(total * G) * 2);
+  p->size = align_up(p->size + (uint64_t)(total * G) * ses);
   uint64_t zeros = p->size;
-  p->size = align_up(p->size + (uint64_t)(total * G));
+  p->size = align_up(p->size + (uint64_t)(total * G) * zes);
   uint64_t g_idx = MODEL_NO_TENSOR;
   if (kiln_qpart_g_idx(qp[0])) {
     g_idx = p->size;
@@ -213,18 +232,18 @@ static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int
   for (int i = 0; i < n && !st; i++) {
     if ((st = plan_push_q(p, qp[i], MODEL_Q_CODES, codes)) ||
         (st = plan_push_q(p, qp[i], MODEL_Q_SCALES, scales)) ||
-        (st = plan_push_q(p, qp[i], MODEL_Q_ZEROS, zeros)))
+        (!fp8 && (st = plan_push_q(p, qp[i], MODEL_Q_ZEROS, zeros))))
       break;
     codes += (uint64_t)rows[i] * rb;
-    scales += (uint64_t)(rows[i] * G) * 2;
-    zeros += (uint64_t)(rows[i] * G);
+    scales += (uint64_t)(rows[i] * G) * ses;
+    zeros += (uint64_t)(rows[i] * G) * zes;
   }
   if (st) return st;
   *out_fmt = fmt;
   out_q->group_size = kiln_qpart_group_size(qp[0]);
   out_q->groups = G;
-  out_q->scales = scales - (uint64_t)(total * G) * 2;
-  out_q->zeros = zeros - (uint64_t)(total * G);
+  out_q->scales = scales - (uint64_t)(total * G) * ses;
+  out_q->zeros = fp8 ? MODEL_NO_TENSOR : zeros - (uint64_t)(total * G);
   out_q->g_idx = g_idx;
   return NULL;
 }
@@ -313,8 +332,12 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   snprintf(nm[2], sizeof(nm[2]), "%s", c->tie_word_embeddings ? nm[0] : "lm_head.weight");
   const kiln_weight_t *lw = kiln_weights_find(p->src, nm[2]);
   const int32_t lf = lw ? kiln_wtype_qfmt(lw->type) : KILN_HAL_QFMT_NONE;
-  if (lf != KILN_HAL_QFMT_NONE && !kiln_hal_qfmt_is_group(lf) &&
-      (p->qcaps & KILN_HAL_CAP_QUANT(lf)) && H % kiln_hal_qfmt_block_elems(lf) == 0) {
+  /* An FP8 checkpoint's lm_head in F8 (not in its ignore list) is an FP8 Linear like the
+   * others; [model] quantization = fp8 leaves lm_head as it is. */
+  const bool lm_fp8 = lw && !c->tie_word_embeddings && c->quant.method == KILN_QUANT_FP8 &&
+                      (lw->type == KILN_WTYPE_F8_E4M3 || lw->type == KILN_WTYPE_F8_E5M2);
+  if (lm_fp8 || (lf != KILN_HAL_QFMT_NONE && !kiln_hal_qfmt_is_group(lf) &&
+                 (p->qcaps & KILN_HAL_CAP_QUANT(lf)) && H % kiln_hal_qfmt_block_elems(lf) == 0)) {
     const int64_t vrows[1] = {V};
     if ((st = model_plan_linear(p, 1, &nm[2], vrows, H, &m->lm_head, &m->lm_fmt, &m->lm_q)))
       return st;
@@ -589,6 +612,34 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
     if (!st) st = kiln_weights_open_dir(path, &src);
   }
   if (st) goto fail;
+  if (options->quantization == KILN_QUANT_FP8) { /* [model] quantization = fp8 */
+    char qdesc[128];
+    kiln_model_quant_describe(&m->cfg.quant, qdesc, sizeof(qdesc));
+    if (m->cfg.quant.method != KILN_QUANT_NONE || is_gguf(path)) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "[model] quantization = fp8 quantizes a float (f32, f16, bf16) "
+                            "safetensors checkpoint at load, but %s is already quantized (%s); "
+                            "use quantization = none",
+                            path, is_gguf(path) ? "GGUF" : qdesc);
+      goto fail;
+    }
+    if (m->cfg.vision.present) {
+      st = kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "[model] quantization = fp8: vision-language models are not "
+                            "supported yet (%s); use quantization = none",
+                            path);
+      goto fail;
+    }
+    m->cfg.quant.method = KILN_QUANT_FP8;
+    m->cfg.quant.bits = 8;
+    m->cfg.quant.sym = true;
+    m->cfg.quant.fp8_scheme = KILN_FP8_ON_THE_FLY;
+  } else if (options->quantization != KILN_QUANT_NONE) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "model options: quantization %d is not one of none (0) and fp8 (%d)",
+                          (int)options->quantization, (int)KILN_QUANT_FP8);
+    goto fail;
+  }
   const kiln_model_config_t *c = &m->cfg;
 
   /* The serving dtype and whether the device computes in it. */
@@ -647,13 +698,14 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   if ((st = model_plan(m, &plan))) goto fail;
   m->weight_bytes = plan.size;
   if (c->quant.method != KILN_QUANT_NONE) {
-    char qdesc[96];
+    char qdesc[128];
     kiln_model_quant_describe(&c->quant, qdesc, sizeof(qdesc));
+    const int32_t qf = c->quant.method == KILN_QUANT_FP8 ? KILN_HAL_QFMT_FP8_E4M3
+                       : c->quant.bits == 4              ? KILN_HAL_QFMT_INT4_G
+                                                         : KILN_HAL_QFMT_INT8_G;
     if (plan.q_kept)
-      kiln_log(
-          KILN_LOG_INFO, "quantization %s: %lld Linear weights kept quantized (%s)", qdesc,
-          (long long)plan.q_kept,
-          kiln_hal_qfmt_name(c->quant.bits == 4 ? KILN_HAL_QFMT_INT4_G : KILN_HAL_QFMT_INT8_G));
+      kiln_log(KILN_LOG_INFO, "quantization %s: %lld Linear weights kept quantized (%s)", qdesc,
+               (long long)plan.q_kept, kiln_hal_qfmt_name(qf));
     if (plan.q_widened)
       kiln_log(KILN_LOG_INFO, "quantization %s: %lld Linear weights dequantized to %s at load (%s)",
                qdesc, (long long)plan.q_widened, kiln_hal_dtype_name(m->dtype), plan.q_widen_why);

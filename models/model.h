@@ -45,6 +45,10 @@ typedef struct kiln_model kiln_model_t;
 
 typedef struct kiln_model_options {
   int32_t dtype;              /* serving dtype: KILN_HAL_F32/F16/BF16, or -1 = the checkpoint's */
+  /* [model] quantization: KILN_QUANT_NONE (0: the checkpoint as it is) or KILN_QUANT_FP8 (a
+   * float checkpoint's decoder Linears quantized to FP8 e4m3 at load, per-channel scales;
+   * docs/models.md "FP8"). */
+  int32_t quantization;
   int32_t max_tokens;         /* most tokens in one forward (sizes the activations) */
   int32_t max_seqs;           /* most sequences in one forward */
   int32_t max_blocks_per_seq; /* widest block table a forward takes */

@@ -17,6 +17,9 @@
 #include <string.h>
 #include <strings.h>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "kiln/hal.h"
 
 /* ---- the architectures ----------------------------------------------------------------- */
@@ -305,6 +308,238 @@ static kiln_status_t q_bool(const kiln_json_t *q, const char *name, const char *
   return NULL;
 }
 
+/* ---- FP8 (docs/models.md "FP8") ---------------------------------------------------------- */
+
+/* Appends the names / "re:" patterns of list (a JSON array of strings, or absent) to out's
+ * ignore list; a "re:" pattern must compile (PCRE2). key names the list in messages. */
+static kiln_status_t fp8_ignore_list(const kiln_json_t *list, const char *name, const char *key,
+                                     kiln_quant_config_t *out) {
+  if (!list) return NULL;
+  if (!kiln_json_is(list, KILN_JSON_ARRAY))
+    return bad_value(name, key, "a list of module names", list);
+  size_t used = 0;
+  for (int32_t i = 0; i < out->n_ignore; i++) used += strlen(out->ignore + used) + 1;
+  for (size_t i = 0; i < kiln_json_len(list); i++) {
+    const kiln_json_t *v = kiln_json_at(list, i);
+    char full[128];
+    snprintf(full, sizeof(full), "%s[%zu]", key, i);
+    size_t len = 0;
+    const char *s = kiln_json_string(v, &len);
+    if (!s || len == 0 || strlen(s) != len) return bad_value(name, full, "a module name", v);
+    if (used + len + 1 > sizeof(out->ignore))
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "%s: %s: the list is longer than the %zu bytes Kiln keeps", name,
+                              key, sizeof(out->ignore));
+    if (strncmp(s, "re:", 3) == 0) {
+      int err;
+      PCRE2_SIZE off;
+      pcre2_code *re = pcre2_compile((PCRE2_SPTR)(s + 3), len - 3, PCRE2_UTF, &err, &off, NULL);
+      if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(err, msg, sizeof(msg));
+        return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                                "%s: %s: \"%s\" is not a regular expression (%s at offset %zu)",
+                                name, full, s, (const char *)msg, (size_t)off);
+      }
+      pcre2_code_free(re);
+    }
+    memcpy(out->ignore + used, s, len + 1);
+    used += len + 1;
+    out->n_ignore++;
+  }
+  return NULL;
+}
+
+bool kiln_quant_ignored(const kiln_quant_config_t *q, const char *module) {
+  const char *e = q->ignore;
+  for (int32_t i = 0; i < q->n_ignore; e += strlen(e) + 1, i++) {
+    if (strncmp(e, "re:", 3) != 0) {
+      if (strcmp(e, module) == 0) return true;
+      continue;
+    }
+    /* As compressed-tensors' re.match: anchored at the start, not necessarily the end. */
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(e + 3), PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_ANCHORED, &(int){0}, &(PCRE2_SIZE){0}, NULL);
+    if (!re) continue; /* checked at parse time */
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    const int rc = md ? pcre2_match(re, (PCRE2_SPTR)module, strlen(module), 0, 0, md, NULL) : -1;
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    if (rc >= 0) return true;
+  }
+  return false;
+}
+
+/* A compressed-tensors "type": "float" quantization args object (weights or
+ * input_activations) with num_bits 8 and symmetric true; key names it in messages. */
+static kiln_status_t ct_float8_args(const kiln_json_t *a, const char *name, const char *key) {
+  char full[128];
+  if (!kiln_json_is(a, KILN_JSON_OBJECT)) {
+    snprintf(full, sizeof(full), "quantization_config.%s", key);
+    return bad_value(name, full, "an object", a);
+  }
+  const kiln_json_t *v;
+  int64_t bits = 8;
+  snprintf(full, sizeof(full), "quantization_config.%s.num_bits", key);
+  if ((v = opt(a, "num_bits"))) {
+    kiln_status_t st = read_int(name, full, v, 1, 64, &bits);
+    if (st) return st;
+    if (bits != 8)
+      return kiln_status_make(KILN_ERR_UNSUPPORTED, "%s: %s = %lld: FP8 has 8 bits", name, full,
+                              (long long)bits);
+  }
+  snprintf(full, sizeof(full), "quantization_config.%s.type", key);
+  v = opt(a, "type");
+  const char *type = kiln_json_string(v, NULL);
+  if (!type || strcmp(type, "float") != 0) {
+    char got[96];
+    describe(v, got, sizeof(got));
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: %s = %s: only \"float\" (FP8 e4m3) is supported here (integer "
+                            "compressed-tensors schemes are not)",
+                            name, full, v ? got : "missing");
+  }
+  snprintf(full, sizeof(full), "quantization_config.%s.symmetric", key);
+  if ((v = opt(a, "symmetric")) && (!kiln_json_is(v, KILN_JSON_BOOL) || !kiln_json_bool(v))) {
+    char got[96];
+    describe(v, got, sizeof(got));
+    return kiln_status_make(KILN_ERR_UNSUPPORTED, "%s: %s = %s: asymmetric FP8 is not supported",
+                            name, full, got);
+  }
+  return NULL;
+}
+
+/* compressed-tensors: one config group of FP8 weights ("float-quantized"). */
+static kiln_status_t parse_ct_fp8(const kiln_json_t *q, const char *name, kiln_quant_config_t *out) {
+  kiln_status_t st;
+  const char *fmt = NULL;
+  if ((st = q_str(q, name, "format", &fmt))) return st;
+  if (!fmt || (strcmp(fmt, "float-quantized") != 0 && strcmp(fmt, "naive-quantized") != 0))
+    return quant_refuse(name, "format", opt(q, "format"),
+                        "only \"float-quantized\" (and \"naive-quantized\" with float weights) "
+                        "compressed-tensors checkpoints are supported");
+  const kiln_json_t *groups = opt(q, "config_groups");
+  if (!kiln_json_is(groups, KILN_JSON_OBJECT) || kiln_json_len(groups) != 1)
+    return quant_refuse(name, "config_groups", groups,
+                        "want exactly one config group (several schemes in one checkpoint are "
+                        "not supported)");
+  size_t gl = 0;
+  const char *gname = kiln_json_key_at(groups, 0, &gl);
+  const kiln_json_t *g = kiln_json_value_at(groups, 0);
+  char key[160];
+  snprintf(key, sizeof(key), "config_groups.%.*s", (int)gl, gname);
+  if (!kiln_json_is(g, KILN_JSON_OBJECT))
+    return quant_refuse(name, key, g, "want an object");
+  /* targets: ["Linear"] */
+  const kiln_json_t *t = opt(g, "targets");
+  bool linear = kiln_json_is(t, KILN_JSON_ARRAY) && kiln_json_len(t) == 1 &&
+                kiln_json_string(kiln_json_at(t, 0), NULL) &&
+                strcmp(kiln_json_string(kiln_json_at(t, 0), NULL), "Linear") == 0;
+  char sub[200];
+  snprintf(sub, sizeof(sub), "%s.targets", key);
+  if (!linear) return quant_refuse(name, sub, t, "only [\"Linear\"] is supported");
+  snprintf(sub, sizeof(sub), "%s.output_activations", key);
+  if (opt(g, "output_activations"))
+    return quant_refuse(name, sub, opt(g, "output_activations"),
+                        "quantized outputs are not supported");
+  snprintf(sub, sizeof(sub), "%s.weights", key);
+  const kiln_json_t *w = opt(g, "weights");
+  if (!w)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: quantization_config.%s: missing",
+                            name, sub);
+  if ((st = ct_float8_args(w, name, sub))) return st;
+  const kiln_json_t *v;
+  char full[240];
+  snprintf(full, sizeof(full), "%s.dynamic", sub);
+  if ((v = opt(w, "dynamic")) && kiln_json_is(v, KILN_JSON_BOOL) && kiln_json_bool(v))
+    return quant_refuse(name, full, v, "weights quantized at run time are not a checkpoint format");
+  snprintf(full, sizeof(full), "%s.actorder", sub);
+  if ((v = opt(w, "actorder")))
+    return quant_refuse(name, full, v, "activation ordering is not supported for FP8 weights");
+  snprintf(full, sizeof(full), "%s.strategy", sub);
+  v = opt(w, "strategy");
+  const char *strat = kiln_json_string(v, NULL);
+  if (strat && strcmp(strat, "tensor") == 0) {
+    out->fp8_scheme = KILN_FP8_TENSOR;
+  } else if (strat && strcmp(strat, "channel") == 0) {
+    out->fp8_scheme = KILN_FP8_CHANNEL;
+  } else if (strat && strcmp(strat, "block") == 0) {
+    out->fp8_scheme = KILN_FP8_BLOCK;
+    const kiln_json_t *bs = opt(w, "block_structure");
+    int64_t b[2] = {0, 0};
+    snprintf(full, sizeof(full), "quantization_config.%s.block_structure", sub);
+    if (!kiln_json_is(bs, KILN_JSON_ARRAY) || kiln_json_len(bs) != 2)
+      return bad_value(name, full, "[rows, columns] of a block", bs);
+    for (int i = 0; i < 2; i++)
+      if ((st = read_int(name, full, kiln_json_at(bs, (size_t)i), 1, 1 << 20, &b[i]))) return st;
+    out->block_n = (int32_t)b[0];
+    out->block_k = (int32_t)b[1];
+  } else {
+    return quant_refuse(name, full, v,
+                        "only \"tensor\", \"channel\" and \"block\" FP8 weight scales are "
+                        "supported (not \"group\" or others)");
+  }
+  snprintf(sub, sizeof(sub), "%s.input_activations", key);
+  const kiln_json_t *ia = opt(g, "input_activations");
+  if (ia) {
+    if ((st = ct_float8_args(ia, name, sub))) return st;
+    out->act_quantized = true;
+    bool dyn = false;
+    snprintf(full, sizeof(full), "quantization_config.%s.dynamic", sub);
+    if ((v = opt(ia, "dynamic"))) {
+      if (!kiln_json_is(v, KILN_JSON_BOOL)) return bad_value(name, full, "true or false", v);
+      dyn = kiln_json_bool(v);
+    }
+    out->act_static = !dyn;
+    snprintf(full, sizeof(full), "%s.strategy", sub);
+    v = opt(ia, "strategy");
+    strat = kiln_json_string(v, NULL);
+    if (!strat || (strcmp(strat, "token") != 0 && strcmp(strat, "tensor") != 0))
+      return quant_refuse(name, full, v, "only \"token\" and \"tensor\" activation scales");
+  }
+  out->scale_inv = false;
+  return fp8_ignore_list(opt(q, "ignore"), name, "quantization_config.ignore", out);
+}
+
+/* quant_method "fp8": transformers' FineGrainedFP8 / DeepSeek-V3 blocks (weight_block_size,
+ * weight_scale_inv), or without weight_block_size per-tensor weight_scale (AutoFP8). */
+static kiln_status_t parse_block_fp8(const kiln_json_t *q, const char *name,
+                                     kiln_quant_config_t *out) {
+  kiln_status_t st;
+  const char *fmt = NULL, *act = NULL;
+  if ((st = q_str(q, name, "fmt", &fmt)) || (st = q_str(q, name, "activation_scheme", &act)))
+    return st;
+  if (fmt && strcmp(fmt, "e4m3") != 0)
+    return quant_refuse(name, "fmt", opt(q, "fmt"), "only e4m3 FP8 weights are supported");
+  if (act && strcmp(act, "dynamic") != 0 && strcmp(act, "static") != 0)
+    return quant_refuse(name, "activation_scheme", opt(q, "activation_scheme"),
+                        "want \"dynamic\" or \"static\"");
+  out->act_quantized = true;
+  out->act_static = act && strcmp(act, "static") == 0;
+  const kiln_json_t *bs = opt(q, "weight_block_size");
+  if (bs) {
+    int64_t b[2] = {0, 0};
+    if (!kiln_json_is(bs, KILN_JSON_ARRAY) || kiln_json_len(bs) != 2)
+      return bad_value(name, "quantization_config.weight_block_size", "[rows, columns]", bs);
+    for (int i = 0; i < 2; i++)
+      if ((st = read_int(name, "quantization_config.weight_block_size",
+                         kiln_json_at(bs, (size_t)i), 1, 1 << 20, &b[i])))
+        return st;
+    out->fp8_scheme = KILN_FP8_BLOCK;
+    out->block_n = (int32_t)b[0];
+    out->block_k = (int32_t)b[1];
+    out->scale_inv = true;
+  } else {
+    out->fp8_scheme = KILN_FP8_TENSOR;
+    out->scale_inv = false;
+  }
+  if ((st = fp8_ignore_list(opt(q, "modules_to_not_convert"), name,
+                            "quantization_config.modules_to_not_convert", out)))
+    return st;
+  return fp8_ignore_list(opt(q, "ignored_layers"), name, "quantization_config.ignored_layers",
+                         out);
+}
+
 /* quantization_config: GPTQ (bits 4/8, checkpoint_format gptq / gptq_v2) and AWQ (bits 4,
  * version gemm, zero_point) are read into *out; every other method or setting is refused. */
 static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
@@ -317,18 +552,25 @@ static kiln_status_t parse_quant(const kiln_json_t *root, const char *name,
   const char *method = NULL;
   kiln_status_t st = q_str(q, name, "quant_method", &method);
   if (!st && !method)
-    st = kiln_status_make(
-        KILN_ERR_INVALID_ARGUMENT,
-        "%s: quantization_config.quant_method: missing (want \"gptq\" or \"awq\")", name);
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "%s: quantization_config.quant_method: missing (want \"gptq\", \"awq\", "
+                          "\"compressed-tensors\" or \"fp8\")",
+                          name);
   if (st) return st;
   if (strcmp(method, "gptq") == 0) {
     out->method = KILN_QUANT_GPTQ;
   } else if (strcmp(method, "awq") == 0) {
     out->method = KILN_QUANT_AWQ;
+  } else if (strcmp(method, "compressed-tensors") == 0 || strcmp(method, "fp8") == 0) {
+    out->method = KILN_QUANT_FP8;
+    out->bits = 8;
+    out->sym = true;
+    return method[0] == 'c' ? parse_ct_fp8(q, name, out) : parse_block_fp8(q, name, out);
   } else {
     return kiln_status_make(KILN_ERR_UNSUPPORTED,
                             "%s: quantization_config: quant_method \"%s\" is not supported (only "
-                            "\"gptq\" and \"awq\"); use such a checkpoint or an unquantized one",
+                            "\"gptq\", \"awq\", \"compressed-tensors\" FP8 and \"fp8\"); use "
+                            "such a checkpoint or an unquantized one",
                             name, method);
   }
   const bool gptq = out->method == KILN_QUANT_GPTQ;
@@ -401,6 +643,18 @@ void kiln_model_quant_describe(const kiln_quant_config_t *q, char *buf, size_t s
   if (!size) return;
   if (q->method == KILN_QUANT_NONE) {
     snprintf(buf, size, "none");
+    return;
+  }
+  if (q->method == KILN_QUANT_FP8) {
+    static const char *const schemes[] = {"per-tensor", "per-channel", "block", "per-channel"};
+    char scales[48];
+    if (q->fp8_scheme == KILN_FP8_BLOCK)
+      snprintf(scales, sizeof(scales), "%dx%d-block", (int)q->block_n, (int)q->block_k);
+    else
+      snprintf(scales, sizeof(scales), "%s", schemes[q->fp8_scheme & 3]);
+    snprintf(buf, size, "fp8 e4m3, %s weight scales%s, %s", scales,
+             q->fp8_scheme == KILN_FP8_ON_THE_FLY ? " (made at load)" : "",
+             q->act_quantized ? "activations not quantized (W8A16)" : "weight-only");
     return;
   }
   char group[32];

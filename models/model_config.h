@@ -81,21 +81,50 @@ typedef struct kiln_vision_config {
   int32_t fullatt_blocks[KILN_MODEL_MAX_LAYERS];
 } kiln_vision_config_t;
 
-/* quantization_config of a GPTQ or AWQ checkpoint (docs/models.md "GPTQ and AWQ"). */
+/* quantization_config of a GPTQ, AWQ or FP8 checkpoint (docs/models.md "GPTQ and AWQ",
+ * "FP8"), or [model] quantization = fp8 on a float checkpoint. */
 typedef enum kiln_quant_method {
   KILN_QUANT_NONE = 0,
   KILN_QUANT_GPTQ = 1,
   KILN_QUANT_AWQ = 2,
+  KILN_QUANT_FP8 = 3, /* e4m3 weights: compressed-tensors, block FP8, or on the fly */
 } kiln_quant_method_t;
+
+/* How an FP8 checkpoint scales its weights. */
+typedef enum kiln_fp8_scheme {
+  KILN_FP8_TENSOR = 0,  /* compressed-tensors strategy "tensor": weight_scale [1] or [] */
+  KILN_FP8_CHANNEL = 1, /* compressed-tensors strategy "channel": weight_scale [N, 1] */
+  KILN_FP8_BLOCK = 2,   /* blocks of block_n x block_k: [ceil(N / bn), ceil(K / bk)] */
+  KILN_FP8_ON_THE_FLY = 3, /* [model] quantization = fp8: per-channel scales made at load */
+} kiln_fp8_scheme_t;
+
+#define KILN_QUANT_IGNORE_BYTES 4096
 
 typedef struct kiln_quant_config {
   int32_t method;     /* kiln_quant_method_t */
-  int32_t bits;       /* GPTQ 4 or 8, AWQ 4 */
-  int32_t group_size; /* > 0, or -1: one group over all of K */
+  int32_t bits;       /* GPTQ 4 or 8, AWQ 4, FP8 8 */
+  int32_t group_size; /* > 0, or -1: one group over all of K (GPTQ, AWQ) */
   bool desc_act;      /* GPTQ act-order: every quantized Linear needs its g_idx */
   bool sym;           /* GPTQ symmetric (the zeros are read from qzeros either way) */
   bool zero_minus_one; /* GPTQ checkpoint_format "gptq" (v1): qzeros hold z - 1 */
+  /* FP8 */
+  int32_t fp8_scheme;       /* kiln_fp8_scheme_t */
+  int32_t block_n, block_k; /* KILN_FP8_BLOCK: weight_block_size / block_structure */
+  bool scale_inv;           /* scales are module.weight_scale_inv (quant_method "fp8"), else
+                               module.weight_scale (compressed-tensors) */
+  bool act_static;          /* static activation scales: module.input_scale is read and
+                               checked, not applied (weight-only FP8, docs/models.md) */
+  bool act_quantized;       /* the checkpoint names an activation scheme (W8A8); Kiln runs
+                               W8A16 either way */
+  /* Modules left in the checkpoint's float dtype: compressed-tensors "ignore" / fp8's
+   * modules_to_not_convert, n_ignore NUL-terminated entries one after another (a name, or
+   * "re:" and a regular expression matched from the start of the module name). */
+  int32_t n_ignore;
+  char ignore[KILN_QUANT_IGNORE_BYTES];
 } kiln_quant_config_t;
+
+/* Whether the module (a Linear's name without ".weight") is in q's ignore list. */
+bool kiln_quant_ignored(const kiln_quant_config_t *q, const char *module);
 
 typedef struct kiln_model_config {
   char architecture[64]; /* "LlamaForCausalLM" (GGUF: derived from general.architecture) */
@@ -149,7 +178,8 @@ typedef struct kiln_model_config {
   int32_t top_k;
 } kiln_model_config_t;
 
-/* "gptq 4-bit, group 128, asym, desc_act, v1" / "awq 4-bit, group 128" / "none" into buf. */
+/* "gptq 4-bit, group 128, asym, desc_act, v1" / "awq 4-bit, group 128" / "fp8 e4m3, per-channel
+ * scales, ..." / "none" into buf. */
 void kiln_model_quant_describe(const kiln_quant_config_t *q, char *buf, size_t size);
 
 /* Fills *out from a parsed config.json object. name is used in messages ("<dir>/config.json").

@@ -11,9 +11,10 @@
 
 #define MODEL_NO_TENSOR UINT64_MAX /* an absent optional weight (a bias, a q/k norm) */
 
-/* The rest of a Linear kept in a group format (KILN_HAL_QFMT_INT4_G / INT8_G; hal.h's
- * kiln_hal_qweight_t): byte offsets in the weight buffer of its F16 scales [N, G], U8 zeros
- * [N, G] and I32 g_idx [K] (MODEL_NO_TENSOR: none, g = k / group_size). */
+/* The rest of a Linear kept in a group format (KILN_HAL_QFMT_INT4_G / INT8_G / FP8_E4M3;
+ * hal.h's kiln_hal_qweight_t): byte offsets in the weight buffer of its F16 scales [N, G] (F32
+ * for FP8), U8 zeros [N, G] (MODEL_NO_TENSOR for FP8) and I32 g_idx [K] (MODEL_NO_TENSOR:
+ * none, g = k / group_size). */
 typedef struct model_qlinear {
   int32_t group_size;
   int64_t groups;
@@ -115,14 +116,14 @@ struct kiln_kv_cache {
 
 /* ---- the weight plan (model.c): checkpoint tensors scheduled into the weight buffer ------ */
 
-/* One GPTQ / AWQ Linear of the checkpoint (models/qlinear.c): its tensors, checked. */
+/* One GPTQ / AWQ / FP8 Linear of the checkpoint (models/qlinear.c): its tensors, checked. */
 typedef struct model_qpart model_qpart_t;
 
 /* What an upload of a model_qpart_t writes (models/qlinear.c). */
 typedef enum model_qwhat {
   MODEL_Q_CODES = 0, /* [N, row bytes] codes of the group format */
-  MODEL_Q_SCALES,    /* F16 [N, G] */
-  MODEL_Q_ZEROS,     /* U8 [N, G] */
+  MODEL_Q_SCALES,    /* F16 [N, G] (F32 for FP8) */
+  MODEL_Q_ZEROS,     /* U8 [N, G] (none for FP8) */
   MODEL_Q_GIDX,      /* I32 [K] */
   MODEL_Q_WIDEN,     /* [N, K] dequantized, in the serving dtype */
 } model_qwhat_t;
@@ -147,7 +148,7 @@ typedef struct model_plan {
   size_t n, cap;
   model_qpart_t **qparts; /* owned (kiln_model_plan_free) */
   size_t n_qparts, cap_qparts;
-  int64_t q_kept, q_widened; /* GPTQ / AWQ Linears kept in a group format / widened */
+  int64_t q_kept, q_widened; /* GPTQ / AWQ / FP8 Linears kept in a group format / widened */
   const char *q_widen_why;   /* why the last one was widened */
   const char *q_dense_why;   /* set while planning a Linear that must be dense: why */
 } model_plan_t;
@@ -160,8 +161,15 @@ void kiln_model_plan_free(model_plan_t *p);
  * against p->quant (errors name the tensor); the part is owned by p. */
 kiln_status_t kiln_qpart_open(model_plan_t *p, const char *module, int64_t N, int64_t K,
                                model_qpart_t **out);
+/* Opens the FP8 Linear `module` (module.weight F8_E4M3 [N, K], its weight_scale or
+ * weight_scale_inv as p->quant says, module.input_scale when static), checking every code (no
+ * NaN), the scales' dtype, shape and finiteness; with [model] quantization = fp8
+ * (fp8_scheme KILN_FP8_ON_THE_FLY) module.weight is a float tensor quantized at upload.
+ * Errors name the tensor; the part is owned by p. */
+kiln_status_t kiln_qpart_open_fp8(model_plan_t *p, const char *module, int64_t N, int64_t K,
+                                  model_qpart_t **out);
 /* The part's group count and group size, its g_idx (NULL when absent or k / group_size), and
- * its group format (KILN_HAL_QFMT_INT4_G / INT8_G). */
+ * its group format (KILN_HAL_QFMT_INT4_G / INT8_G / FP8_E4M3). */
 int64_t kiln_qpart_groups(const model_qpart_t *q);
 int32_t kiln_qpart_group_size(const model_qpart_t *q);
 const int32_t *kiln_qpart_g_idx(const model_qpart_t *q);

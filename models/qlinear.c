@@ -1,7 +1,10 @@
-/* qlinear.c - GPTQ and AWQ Linear weights: the checkpoint tensors checked at load and repacked
- * once into the group formats of the HAL (hal.h's kiln_hal_qweight_t: codes [N, K]-major,
- * scales / zeros [N, G]), or dequantized to the serving dtype for a backend without them.
- * The checkpoint layouts are written out in kiln/hal_quant.h and docs/models.md. */
+/* qlinear.c - GPTQ, AWQ and FP8 Linear weights: the checkpoint tensors checked at load and
+ * repacked once into the group formats of the HAL (hal.h's kiln_hal_qweight_t: codes
+ * [N, K]-major, scales / zeros [N, G]; FP8_E4M3 codes as they are with F32 scales [N, G]), or
+ * dequantized to the serving dtype for a backend without them. [model] quantization = fp8
+ * makes FP8 codes and per-channel scales from a float checkpoint's Linear here too. The
+ * checkpoint layouts are written out in kiln/hal_quant.h and docs/models.md. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,10 @@ struct model_qpart {
   bool zero_minus_one;
   int64_t N, K, G;
   int32_t group_size; /* > 0 (K for GPTQ's -1) */
+  /* FP8 (method KILN_QUANT_FP8): the weight (F8_E4M3 codes, or a float tensor quantized on
+   * the fly), its scale tensor (NULL on the fly), kiln_fp8_scheme_t and block rows. */
+  const kiln_weight_t *weight, *scale;
+  int32_t scheme, block_n;
 };
 
 static int32_t load_i32(const uint8_t *p, int64_t i) {
@@ -51,6 +58,25 @@ static kiln_status_t q_tensor(const model_plan_t *p, const char *module, const c
   return kiln_weight_expect_shape(w, d1 > 0 ? 2 : 1, shape);
 }
 
+/* A zeroed part, owned by the plan. */
+static kiln_status_t qpart_new(model_plan_t *p, const char *module, model_qpart_t **out) {
+  model_qpart_t *q = calloc(1, sizeof(*q));
+  if (!q) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory planning %s", module);
+  if (p->n_qparts == p->cap_qparts) {
+    size_t cap = p->cap_qparts ? 2 * p->cap_qparts : 16;
+    model_qpart_t **v = realloc(p->qparts, cap * sizeof(*v));
+    if (!v) {
+      free(q);
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory planning %s", module);
+    }
+    p->qparts = v;
+    p->cap_qparts = cap;
+  }
+  p->qparts[p->n_qparts++] = q; /* owned by the plan from here on, whatever follows */
+  *out = q;
+  return NULL;
+}
+
 kiln_status_t kiln_qpart_open(model_plan_t *p, const char *module, int64_t N, int64_t K,
                               model_qpart_t **out) {
   *out = NULL;
@@ -75,25 +101,14 @@ kiln_status_t kiln_qpart_open(model_plan_t *p, const char *module, int64_t N, in
                             "%s: tensor %s.qzeros: out_features %lld is not a multiple of the %lld "
                             "zeros an int32 packs",
                             file, module, (long long)N, (long long)P);
-  model_qpart_t *q = calloc(1, sizeof(*q));
-  if (!q) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory planning %s", module);
-  if (p->n_qparts == p->cap_qparts) {
-    size_t cap = p->cap_qparts ? 2 * p->cap_qparts : 16;
-    model_qpart_t **v = realloc(p->qparts, cap * sizeof(*v));
-    if (!v) {
-      free(q);
-      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory planning %s", module);
-    }
-    p->qparts = v;
-    p->cap_qparts = cap;
-  }
-  p->qparts[p->n_qparts++] = q; /* owned by the plan from here on, whatever follows */
+  model_qpart_t *q;
+  kiln_status_t st = qpart_new(p, module, &q);
+  if (st) return st;
   q->method = c->method;
   q->bits = c->bits;
   q->zero_minus_one = gptq && c->zero_minus_one;
   q->N = N, q->K = K, q->G = G;
   q->group_size = gs;
-  kiln_status_t st;
   if (gptq) {
     if ((st = q_tensor(p, module, "qweight", KILN_WTYPE_I32, K / P, N, true, &q->qweight)) ||
         (st = q_tensor(p, module, "qzeros", KILN_WTYPE_I32, G, N / P, true, &q->qzeros)) ||
@@ -142,18 +157,241 @@ int64_t kiln_qpart_groups(const model_qpart_t *q) { return q->G; }
 int32_t kiln_qpart_group_size(const model_qpart_t *q) { return q->group_size; }
 const int32_t *kiln_qpart_g_idx(const model_qpart_t *q) { return q->g_idx; }
 int32_t kiln_qpart_format(const model_qpart_t *q) {
+  if (q->method == KILN_QUANT_FP8) return KILN_HAL_QFMT_FP8_E4M3;
   return q->bits == 4 ? KILN_HAL_QFMT_INT4_G : KILN_HAL_QFMT_INT8_G;
 }
 
 uint64_t kiln_qpart_bytes(const model_qpart_t *q, int32_t what, int32_t dtype) {
   const uint64_t N = (uint64_t)q->N, K = (uint64_t)q->K, G = (uint64_t)q->G;
+  const bool fp8 = q->method == KILN_QUANT_FP8;
   switch (what) {
     case MODEL_Q_CODES: return N * (uint64_t)kiln_hal_qgroup_row_bytes(kiln_qpart_format(q), q->K);
-    case MODEL_Q_SCALES: return N * G * 2;
-    case MODEL_Q_ZEROS: return N * G;
+    case MODEL_Q_SCALES: return N * G * (fp8 ? 4 : 2);
+    case MODEL_Q_ZEROS: return fp8 ? 0 : N * G;
     case MODEL_Q_GIDX: return K * 4;
     default: return N * K * kiln_hal_dtype_size(dtype);
   }
+}
+
+/* ---- FP8 ------------------------------------------------------------------------------------ */
+
+static const char *fp8_file(const model_plan_t *p) {
+  return kiln_weights_count(p->src) ? kiln_weights_at(p->src, 0)->file : p->path;
+}
+
+/* Element i of a float tensor (F32, F16, BF16) as f32. */
+static float fp8_load(const kiln_weight_t *w, int64_t i) {
+  float v = NAN;
+  kiln_status_t st = kiln_weight_convert(w, i, 1, KILN_HAL_F32, &v);
+  kiln_status_free(st); /* the callers checked the type and the index */
+  return v;
+}
+
+static bool fp8_float_type(int32_t t) {
+  return t == KILN_WTYPE_F32 || t == KILN_WTYPE_F16 || t == KILN_WTYPE_BF16;
+}
+
+/* Checks module.input_scale, when present (required for static activation scales): one
+ * positive finite float. Read and checked only: Kiln runs FP8 weight-only (docs/models.md). */
+static kiln_status_t fp8_input_scale(const model_plan_t *p, const char *module) {
+  char name[192];
+  snprintf(name, sizeof(name), "%s.input_scale", module);
+  const kiln_weight_t *w = kiln_weights_find(p->src, name);
+  if (!w) {
+    if (!p->quant->act_static) return NULL;
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s is missing (static activation scales: every FP8 Linear "
+                            "needs one)",
+                            fp8_file(p), name);
+  }
+  if (!fp8_float_type(w->type) || w->numel != 1)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s: want one f32 / bf16 / f16 value, got %s with %lld",
+                            w->file, name, kiln_wtype_name(w->type), (long long)w->numel);
+  const float v = fp8_load(w, 0);
+  if (!(v > 0.0f) || !isfinite(v))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s is %g: an activation scale must be positive and finite",
+                            w->file, name, (double)v);
+  return NULL;
+}
+
+kiln_status_t kiln_qpart_open_fp8(model_plan_t *p, const char *module, int64_t N, int64_t K,
+                                  model_qpart_t **out) {
+  *out = NULL;
+  const kiln_quant_config_t *c = p->quant;
+  char name[192];
+  snprintf(name, sizeof(name), "%s.weight", module);
+  const kiln_weight_t *w = kiln_weights_find(p->src, name);
+  if (!w) return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: tensor %s is missing",
+                                  fp8_file(p), name);
+  const bool fly = c->fp8_scheme == KILN_FP8_ON_THE_FLY;
+  if (w->type == KILN_WTYPE_F8_E5M2)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: tensor %s has dtype f8_e5m2: only e4m3 FP8 weights (F8_E4M3) are "
+                            "supported",
+                            w->file, name);
+  if (fly ? !fp8_float_type(w->type) : w->type != KILN_WTYPE_F8_E4M3)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: tensor %s has dtype %s, want %s",
+                            w->file, name, kiln_wtype_name(w->type),
+                            fly ? "f32, f16 or bf16" : "f8_e4m3");
+  const int64_t shape[2] = {N, K};
+  kiln_status_t st = kiln_weight_expect_shape(w, 2, shape);
+  if (st) return st;
+  model_qpart_t *q;
+  if ((st = qpart_new(p, module, &q))) return st;
+  q->method = KILN_QUANT_FP8;
+  q->bits = 8;
+  q->N = N, q->K = K;
+  q->weight = w;
+  q->scheme = c->fp8_scheme;
+  q->group_size = c->fp8_scheme == KILN_FP8_BLOCK ? c->block_k : (int32_t)K;
+  if (q->group_size > K) q->group_size = (int32_t)K; /* one block over all of K */
+  q->G = (K + q->group_size - 1) / q->group_size;
+  q->block_n = c->block_n;
+  *out = q;
+  if (fly) return NULL; /* scales made from the weights at upload */
+  /* Every code a number: the HAL leaves NaN codes undefined. */
+  for (int64_t i = 0; i < N * K; i++)
+    if (kiln_hal_fp8_e4m3_is_nan(w->data[i]))
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: tensor %s: the code of row %lld, column %lld is 0x%02x, an "
+                              "e4m3 NaN",
+                              w->file, name, (long long)(i / K), (long long)(i % K), w->data[i]);
+  const char *sfx = c->scale_inv ? "weight_scale_inv" : "weight_scale";
+  snprintf(name, sizeof(name), "%s.%s", module, sfx);
+  const kiln_weight_t *s = kiln_weights_find(p->src, name);
+  if (!s)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s is missing (an FP8 Linear needs weight and %s)",
+                            w->file, name, sfx);
+  if (!fp8_float_type(s->type))
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s has dtype %s, want f32 (or bf16 / f16)", s->file, name,
+                            kiln_wtype_name(s->type));
+  int64_t rows = 1, cols = 1;
+  const char *what = "[1] (per tensor)";
+  char want[64];
+  if (q->scheme == KILN_FP8_CHANNEL) {
+    rows = N;
+    what = want;
+    snprintf(want, sizeof(want), "[%lld, 1] (per channel)", (long long)N);
+  } else if (q->scheme == KILN_FP8_BLOCK) {
+    rows = (N + q->block_n - 1) / q->block_n;
+    cols = (K + c->block_k - 1) / c->block_k;
+    what = want;
+    snprintf(want, sizeof(want), "[%lld, %lld] (blocks of %d x %d)", (long long)rows,
+             (long long)cols, (int)c->block_n, (int)c->block_k);
+  }
+  const bool ok = q->scheme == KILN_FP8_TENSOR
+                      ? s->numel == 1
+                      : s->ndim == 2 && s->shape[0] == rows && s->shape[1] == cols;
+  if (!ok) {
+    char got[96];
+    int len = snprintf(got, sizeof(got), "[");
+    for (int i = 0; i < s->ndim && len < 80; i++)
+      len += snprintf(got + len, sizeof(got) - (size_t)len, "%s%lld", i ? ", " : "",
+                      (long long)s->shape[i]);
+    snprintf(got + len, sizeof(got) - (size_t)len, "]");
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT, "%s: tensor %s has shape %s, want %s",
+                            s->file, name, got, what);
+  }
+  for (int64_t i = 0; i < s->numel; i++) {
+    const float v = fp8_load(s, i);
+    if (!isfinite(v))
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: tensor %s: scale %lld is %g, not finite", s->file, name,
+                              (long long)i, (double)v);
+  }
+  q->scale = s;
+  return fp8_input_scale(p, module);
+}
+
+/* Row n of an on-the-fly part as f32 (row: K floats); an error for a NaN or infinity. */
+static kiln_status_t fp8_fly_row(const model_qpart_t *q, int64_t n, float *row, float *scale) {
+  kiln_status_t st = kiln_weight_convert(q->weight, n * q->K, q->K, KILN_HAL_F32, row);
+  if (st) return st;
+  float amax = 0.0f;
+  for (int64_t k = 0; k < q->K; k++) {
+    if (!isfinite(row[k]))
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: tensor %s: the weight of row %lld, column %lld is %g: FP8 "
+                              "quantization needs finite weights",
+                              q->weight->file, q->weight->name, (long long)n, (long long)k,
+                              (double)row[k]);
+    if (fabsf(row[k]) > amax) amax = fabsf(row[k]);
+  }
+  /* s = absmax / 448 (the row's largest weight becomes +-448); an all-zero row takes 1. */
+  *scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  return NULL;
+}
+
+/* The f32 scale of (row n, group g) of a checkpoint part. */
+static float fp8_scale(const model_qpart_t *q, int64_t n, int64_t g) {
+  switch (q->scheme) {
+    case KILN_FP8_TENSOR: return fp8_load(q->scale, 0);
+    case KILN_FP8_CHANNEL: return fp8_load(q->scale, n);
+    default: return fp8_load(q->scale, (n / q->block_n) * q->G + g);
+  }
+}
+
+static kiln_status_t fp8_write(const model_qpart_t *q, int32_t what, int32_t dtype, void *out) {
+  const int64_t N = q->N, K = q->K, G = q->G;
+  if (what == MODEL_Q_ZEROS || what == MODEL_Q_GIDX) return NULL; /* none */
+  if (q->scheme != KILN_FP8_ON_THE_FLY) {
+    if (what == MODEL_Q_CODES) {
+      memcpy(out, q->weight->data, (size_t)(N * K));
+      return NULL;
+    }
+    if (what == MODEL_Q_SCALES) {
+      float *s = out;
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++) s[n * G + g] = fp8_scale(q, n, g);
+      return NULL;
+    }
+  }
+  /* On the fly (codes, scales) or widened (either): a row at a time. */
+  float *row = malloc((size_t)K * sizeof(float)), *sc = malloc((size_t)G * sizeof(float));
+  uint8_t *codes = malloc((size_t)K);
+  kiln_status_t st = NULL;
+  if (!row || !sc || !codes) {
+    st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory quantizing %s", q->weight->name);
+    goto done;
+  }
+  for (int64_t n = 0; n < N && !st; n++) {
+    const uint8_t *crow = q->weight->data + n * K;
+    if (q->scheme == KILN_FP8_ON_THE_FLY) {
+      if ((st = fp8_fly_row(q, n, row, &sc[0]))) break;
+      for (int64_t k = 0; k < K; k++) codes[k] = kiln_hal_f32_to_fp8_e4m3(row[k] / sc[0]);
+      crow = codes;
+    } else {
+      for (int64_t g = 0; g < G; g++) sc[g] = fp8_scale(q, n, g);
+    }
+    if (what == MODEL_Q_CODES) {
+      memcpy((uint8_t *)out + n * K, crow, (size_t)K);
+      continue;
+    }
+    if (what == MODEL_Q_SCALES) {
+      memcpy((float *)out + n * G, sc, (size_t)G * sizeof(float));
+      continue;
+    }
+    /* Widened: hal.h's exact f32 values, rounded once to dtype. */
+    kiln_hal_fp8_dequant(crow, (const uint8_t *)sc, q->group_size, 0, K, row);
+    for (int64_t k = 0; k < K; k++) {
+      const int64_t i = n * K + k;
+      if (dtype == KILN_HAL_F32)
+        ((float *)out)[i] = row[k];
+      else if (dtype == KILN_HAL_F16)
+        ((uint16_t *)out)[i] = kiln_hal_f32_to_f16(row[k]);
+      else
+        ((uint16_t *)out)[i] = kiln_hal_f32_to_bf16(row[k]);
+    }
+  }
+done:
+  free(row);
+  free(sc);
+  free(codes);
+  return st;
 }
 
 /* The zero point of (group g, column n), from qzeros (GPTQ v1: stored + 1). */
@@ -218,6 +456,7 @@ static void write_scales(const model_qpart_t *q, uint8_t *out) {
 }
 
 kiln_status_t kiln_qpart_write(const model_qpart_t *q, int32_t what, int32_t dtype, void *out) {
+  if (q->method == KILN_QUANT_FP8) return fp8_write(q, what, dtype, out);
   switch (what) {
     case MODEL_Q_CODES: write_codes(q, out); return NULL;
     case MODEL_Q_SCALES: write_scales(q, out); return NULL;

@@ -169,6 +169,24 @@ static void gq_bad_args(const oh_backend_t *be, int32_t fmt) {
  * scales of either sign in [2^-12, 2^-4], group_size 32/64/128 or K (GPTQ's -1), g_idx absent
  * or a random act-order assignment (each group gets group_size columns, shuffled over K). W is
  * exact in f32 (hal.h), so the tolerance is gemm's, as for the block formats. */
+/* A random finite f32 scale of either sign in [2^-12, 2^-4) (FP8 checkpoints' scales are
+ * positive; the sign costs nothing to cover). */
+static void put_scale_f32(uint8_t *p) {
+  float v = (float)ldexp(1.0 + oh_rand_uniform(0, 1), (int)oh_rand_int(-12, -5));
+  if (oh_rand_int(0, 1)) v = -v;
+  memcpy(p, &v, 4);
+}
+
+/* FP8 codes over random bytes: a NaN code (S.1111.111) becomes +-448 (0x7E / 0xFE); the first
+ * bytes are the extremes (+-448, +-2^-9 the smallest subnormals, 0x07 the largest subnormal,
+ * 0x08 = 2^-6 the smallest normal, +-0, +-1). */
+static void fp8_codes(uint8_t *b, int64_t n) {
+  static const uint8_t edge[] = {0x7E, 0xFE, 0x01, 0x81, 0x07, 0x08, 0x00, 0x80, 0x38, 0xB8};
+  for (int64_t i = 0; i < n; i++)
+    if (kiln_hal_fp8_e4m3_is_nan(b[i])) b[i] = (uint8_t)(b[i] - 1);
+  for (size_t i = 0; i < sizeof(edge) && (int64_t)i < n; i++) b[i] = edge[i];
+}
+
 typedef struct gqg_case {
   int64_t M, N, K;
   int32_t group_size; /* 0: K (one group) */
@@ -188,9 +206,11 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
           kiln_hal_qfmt_name(fmt), (long long)M, (long long)N, (long long)K, (int)gs, g->zeros,
           g->g_idx, g->bias, kiln_hal_dtype_name(ydt));
   const int64_t rb = kiln_hal_qgroup_row_bytes(fmt, K) + g->w_pad, lds = G + g->s_pad;
+  const bool fp8 = fmt == KILN_HAL_QFMT_FP8_E4M3;
+  const size_t ses = fp8 ? 4 : 2;
   oh_buf_t *xbuf = oh_buf_new(be, (size_t)(M * K + 1) * es);
   oh_buf_t *wbuf = oh_buf_new(be, (size_t)(N * rb + 8));
-  oh_buf_t *sbuf = oh_buf_new(be, (size_t)(N * lds + 1) * 2);
+  oh_buf_t *sbuf = oh_buf_new(be, (size_t)(N * lds + 1) * ses);
   oh_buf_t *zbuf = oh_buf_new(be, (size_t)(N * lds + 1));
   oh_buf_t *ibuf = oh_buf_new(be, (size_t)(K + 1) * 4);
   oh_buf_t *ybuf = oh_buf_new(be, (size_t)(M * N + 3) * yes);
@@ -214,13 +234,17 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
   for (int64_t i = 0; i < N * rb + 8; i++) wbuf->host[i] = (uint8_t)oh_rand_u64();
   const int zmax = fmt == KILN_HAL_QFMT_INT4_G ? 16 : 255; /* 16: GPTQ v1's stored 15 + 1 */
   for (int64_t i = 0; i < N * lds; i++) {
-    put_scale(sbuf->host + 2 * i, oh_rand_int(0, 1));
+    if (fp8)
+      put_scale_f32(sbuf->host + 4 * i);
+    else
+      put_scale(sbuf->host + 2 * i, oh_rand_int(0, 1));
     zbuf->host[i] = (uint8_t)oh_rand_int(0, zmax);
   }
+  if (fp8) fp8_codes(wbuf->host, N * rb + 8);
   a.w = (kiln_hal_qweight_t){
       .buffer = wbuf->b, .format = fmt, .group_size = gs, .n = N, .k = K, .row_stride = rb};
-  a.w.scales =
-      oh_view(sbuf, 0, KILN_HAL_F16, 2, (const int64_t[]){N, G}, (const int64_t[]){lds, 1});
+  a.w.scales = oh_view(sbuf, 0, fp8 ? KILN_HAL_F32 : KILN_HAL_F16, 2, (const int64_t[]){N, G},
+                       (const int64_t[]){lds, 1});
   a.w.zeros = oh_absent();
   a.w.g_idx = oh_absent();
   if (g->zeros)
@@ -259,6 +283,45 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
   free(got);
   free(mag);
   free(gidx);
+  oh_free_all();
+}
+
+/* FP8_E4M3 arguments the op must refuse. */
+static void gq8_bad_args(const oh_backend_t *be) {
+  const int32_t fmt = KILN_HAL_QFMT_FP8_E4M3;
+  oh_case(be, "gemm_quant", KILN_HAL_F32, "%s bad arguments", kiln_hal_qfmt_name(fmt));
+  const int64_t K = 64, N = 4;
+  oh_buf_t *xbuf = oh_buf_new(be, 4 * 2 * K), *ybuf = oh_buf_new(be, 64);
+  oh_buf_t *wbuf = oh_buf_new(be, (size_t)(N * K)), *sbuf = oh_buf_new(be, 128);
+  oh_buf_t *ibuf = oh_buf_new(be, (size_t)K * 4);
+  memset(sbuf->host, 0, 128);
+  memset(ibuf->host, 0, (size_t)K * 4);
+  oh_push(sbuf);
+  oh_push(ibuf);
+  kiln_hal_gemm_quant_args_t good, a;
+  memset(&good, 0, sizeof(good));
+  good.struct_size = sizeof(good);
+  good.x = oh_view(xbuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, K}, NULL);
+  good.y = oh_view(ybuf, 0, KILN_HAL_F32, 2, (const int64_t[]){2, N}, NULL);
+  good.w = (kiln_hal_qweight_t){
+      .buffer = wbuf->b, .format = fmt, .group_size = 32, .n = N, .k = K, .row_stride = K};
+  good.w.scales = oh_view(sbuf, 0, KILN_HAL_F32, 2, (const int64_t[]){N, 2}, NULL);
+  good.w.zeros = oh_absent();
+  good.w.g_idx = oh_absent();
+  a = good, a.w.group_size = 0;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "group_size 0");
+  a = good, a.w.scales = oh_absent();
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "scales absent");
+  a = good, a.w.scales.dtype = KILN_HAL_F16;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "f16 scales");
+  a = good, a.w.group_size = 16;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "groups != ceil(K / group_size)");
+  a = good, a.w.zeros = oh_view(sbuf, 0, KILN_HAL_U8, 2, (const int64_t[]){N, 2}, NULL);
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "zeros present");
+  a = good, a.w.g_idx = oh_view(ibuf, 0, KILN_HAL_I32, 1, (const int64_t[]){K}, NULL);
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "g_idx present");
+  a = good, a.w.row_stride -= 1;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "row_stride below a row");
   oh_free_all();
 }
 
@@ -312,6 +375,9 @@ static void gqg_bad_args(const oh_backend_t *be, int32_t fmt) {
 }
 
 static void gqg_all(const oh_backend_t *be, int32_t fmt) {
+  /* FP8: no zeros, no g_idx; group_size K (0 here) is per-channel (and per-tensor) scales,
+   * 128 the block checkpoints' [128, 128] blocks. */
+  const bool fp8 = fmt == KILN_HAL_QFMT_FP8_E4M3;
   static const int64_t Ms[] = {1, 3, 17, 64};
   static const int32_t gss[] = {32, 64, 128, 0};
   for (int di = 0; di < 3; di++) {
@@ -326,8 +392,8 @@ static void gqg_all(const oh_backend_t *be, int32_t fmt) {
           g.N = oh_rand_int(1, 40);
           g.K = 256;
           g.group_size = gss[gi];
-          g.zeros = v == 0 || oh_rand_int(0, 1);
-          g.g_idx = v == 1;
+          g.zeros = !fp8 && (v == 0 || oh_rand_int(0, 1));
+          g.g_idx = !fp8 && v == 1;
           g.bias = oh_rand_int(0, 1);
           g.y_f32 = oh_rand_int(0, 1);
           g.w_pad = oh_rand_int(0, 3);
@@ -337,14 +403,23 @@ static void gqg_all(const oh_backend_t *be, int32_t fmt) {
     /* K not a multiple of the group (ceil) nor of 8 or the span, and symmetric. */
     gqg_case_t odd = {5, 19, 298, 64, false, false, true, false, 1, 0};
     gqg_run(be, fmt, dt, &odd);
-    odd.M = 20, odd.g_idx = true, odd.zeros = true;
+    odd.M = 20, odd.g_idx = !fp8, odd.zeros = !fp8;
     gqg_run(be, fmt, dt, &odd);
+    if (fp8) { /* per-channel over an odd K; blocks of 128 over a K with a partial block */
+      gqg_case_t pc = {3, 7, 298, 0, false, false, true, true, 0, 1};
+      gqg_run(be, fmt, dt, &pc);
+      pc.M = 33, pc.K = 200, pc.group_size = 128;
+      gqg_run(be, fmt, dt, &pc);
+    }
   }
-  gqg_case_t big = {1, 256, 4096, 128, true, false, true, false, 0, 0};
+  gqg_case_t big = {1, 256, 4096, 128, !fp8, false, true, false, 0, 0};
   gqg_run(be, fmt, KILN_HAL_F32, &big);
-  big.M = 5, big.g_idx = true;
+  big.M = 5, big.g_idx = !fp8;
   gqg_run(be, fmt, KILN_HAL_F32, &big);
-  gqg_bad_args(be, fmt);
+  if (fp8)
+    gq8_bad_args(be);
+  else
+    gqg_bad_args(be, fmt);
 }
 
 void test_ops_gemm_quant(void **state) {

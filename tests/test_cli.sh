@@ -74,18 +74,18 @@ declare -A want_opts=(
   [tokenize]="--tokenizer --special --json"
   [detokenize]="--tokenizer --skip-special"
   [template]="--tokenizer --messages --add-generation-prompt --template"
-  [score]="--model --ids --out --dtype --chunk --image"
-  [generate]="--model --dtype --ids --prompt --input --output --max-tokens --min-tokens
+  [score]="--model --ids --out --dtype --quantization --chunk --image"
+  [generate]="--model --dtype --quantization --ids --prompt --input --output --max-tokens --min-tokens
     --temperature --top-p --top-k --min-p --seed --n --stop --ignore-eos --logprobs --json --chunk
     --max-in-flight --beam-width --length-penalty --early-stopping --image --messages --json-schema --json-object --regex --grammar --choice"
-  [chat]="--model --dtype --system --max-tokens --temperature --top-p --top-k --min-p
+  [chat]="--model --dtype --quantization --system --max-tokens --temperature --top-p --top-k --min-p
     --repetition-penalty --seed --ignore-eos"
-  [perplexity]="--model --file --ctx --chunk --dtype --json"
-  [serve]="--model --host --port --api-key --served-model-name --dtype"
+  [perplexity]="--model --file --ctx --chunk --dtype --quantization --json"
+  [serve]="--model --host --port --api-key --served-model-name --dtype --quantization"
   [download]="--model --cache-dir --endpoint"
-  [bench latency]="--model --dtype --input-len --output-len --batch-size --num-iters --warmup
+  [bench latency]="--model --dtype --quantization --input-len --output-len --batch-size --num-iters --warmup
     --seed --json --ids --image --regex --json-schema"
-  [bench throughput]="--model --dtype --num-prompts --input-len --output-len --dataset --warmup
+  [bench throughput]="--model --dtype --quantization --num-prompts --input-len --output-len --dataset --warmup
     --seed --json --regex --json-schema"
   [bench serve]="--url --endpoint --model --api-key --num-prompts --request-rate --max-concurrency --image-dir
     --input-len --output-len --random-ids --dataset --seed --temperature --ignore-eos --timeout

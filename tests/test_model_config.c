@@ -593,6 +593,101 @@ static void test_quant_config(void **state) {
   assert_int_equal(c.quant.method, KILN_QUANT_NONE);
 }
 
+/* FP8: compressed-tensors (llm-compressor's FP8 / FP8-dynamic) and quant_method fp8 blocks. */
+#define CT_FP8(weights, acts, extra)                                                        \
+  ", 'quantization_config': {'quant_method': 'compressed-tensors', 'format': "              \
+  "'float-quantized', 'quantization_status': 'compressed', 'config_groups': {'group_0': "   \
+  "{'targets': ['Linear'], 'weights': {'num_bits': 8, 'type': 'float', 'symmetric': true, " \
+  "'dynamic': false, " weights "}, 'input_activations': " acts                              \
+  ", 'output_activations': null}}" extra "}"
+
+static void test_fp8_config(void **state) {
+  (void)state;
+  kiln_model_config_t c;
+  char d[128];
+  parse_ok(k_llama2_7b,
+           CT_FP8("'strategy': 'channel'",
+                  "{'num_bits': 8, 'type': 'float', 'symmetric': true, 'dynamic': true, "
+                  "'strategy': 'token'}",
+                  ", 'ignore': ['lm_head', 're:.*mlp\\\\.down_proj$'], 'kv_cache_scheme': null"),
+           &c);
+  assert_int_equal(c.quant.method, KILN_QUANT_FP8);
+  assert_int_equal(c.quant.fp8_scheme, KILN_FP8_CHANNEL);
+  assert_true(c.quant.act_quantized && !c.quant.act_static && !c.quant.scale_inv);
+  assert_int_equal(c.quant.n_ignore, 2);
+  assert_true(kiln_quant_ignored(&c.quant, "lm_head"));
+  assert_true(kiln_quant_ignored(&c.quant, "model.layers.3.mlp.down_proj"));
+  assert_false(kiln_quant_ignored(&c.quant, "model.layers.3.mlp.up_proj"));
+  kiln_model_quant_describe(&c.quant, d, sizeof(d));
+  assert_string_equal(d, "fp8 e4m3, per-channel weight scales, activations not quantized (W8A16)");
+  parse_ok(k_llama2_7b,
+           CT_FP8("'strategy': 'tensor'",
+                  "{'num_bits': 8, 'type': 'float', 'dynamic': false, 'strategy': 'tensor'}", ""),
+           &c);
+  assert_int_equal(c.quant.fp8_scheme, KILN_FP8_TENSOR);
+  assert_true(c.quant.act_static);
+  parse_ok(k_llama2_7b, CT_FP8("'strategy': 'block', 'block_structure': [128, 128]", "null", ""),
+           &c);
+  assert_int_equal(c.quant.fp8_scheme, KILN_FP8_BLOCK);
+  assert_int_equal(c.quant.block_n, 128);
+  assert_false(c.quant.act_quantized);
+  kiln_model_quant_describe(&c.quant, d, sizeof(d));
+  assert_string_equal(d, "fp8 e4m3, 128x128-block weight scales, weight-only");
+  parse_ok(k_llama2_7b,
+           ", 'quantization_config': {'quant_method': 'fp8', 'fmt': 'e4m3', "
+           "'activation_scheme': 'dynamic', 'weight_block_size': [128, 64], "
+           "'modules_to_not_convert': ['lm_head']}",
+           &c);
+  assert_int_equal(c.quant.method, KILN_QUANT_FP8);
+  assert_int_equal(c.quant.fp8_scheme, KILN_FP8_BLOCK);
+  assert_true(c.quant.scale_inv);
+  assert_int_equal(c.quant.block_n, 128);
+  assert_int_equal(c.quant.block_k, 64);
+  assert_int_equal(c.quant.n_ignore, 1);
+  /* AutoFP8: no blocks, per-tensor weight_scale, ignored_layers. */
+  parse_ok(k_llama2_7b,
+           ", 'quantization_config': {'quant_method': 'fp8', 'activation_scheme': 'static', "
+           "'ignored_layers': ['lm_head']}",
+           &c);
+  assert_int_equal(c.quant.fp8_scheme, KILN_FP8_TENSOR);
+  assert_true(c.quant.act_static && !c.quant.scale_inv);
+  assert_int_equal(c.quant.n_ignore, 1);
+
+  const kiln_status_code_t U = KILN_ERR_UNSUPPORTED;
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'compressed-tensors', 'format': "
+            "'pack-quantized'}",
+            U, "quantization_config.format", "pack-quantized");
+  parse_err(k_llama2_7b, CT_FP8("'strategy': 'group', 'group_size': 128", "null", ""), U,
+            "weights.strategy", "\"group\"");
+  parse_err(k_llama2_7b, CT_FP8("'strategy': 'channel', 'actorder': 'group'", "null", ""), U,
+            "weights.actorder", "group");
+  parse_err(
+      k_llama2_7b,
+      CT_FP8("'strategy': 'channel'", "{'num_bits': 4, 'type': 'float', 'strategy': 'token'}", ""),
+      U, "input_activations.num_bits", "4");
+  parse_err(
+      k_llama2_7b,
+      CT_FP8("'strategy': 'channel'", "{'num_bits': 8, 'type': 'int', 'strategy': 'token'}", ""), U,
+      "input_activations.type", "\"int\"");
+  parse_err(k_llama2_7b, CT_FP8("'strategy': 'channel'", "null", ", 'ignore': 'lm_head'"),
+            KILN_ERR_INVALID_ARGUMENT, "quantization_config.ignore", "list");
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'fp8', 'fmt': 'e5m2', "
+            "'weight_block_size': [128, 128]}",
+            U, "quantization_config.fmt", "e5m2");
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'fp8', 'weight_block_size': [128]}",
+            KILN_ERR_INVALID_ARGUMENT, "quantization_config.weight_block_size", "[rows, columns]");
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'fp8', 'activation_scheme': 'none'}", U,
+            "quantization_config.activation_scheme", "\"none\"");
+  parse_err(k_llama2_7b,
+            ", 'quantization_config': {'quant_method': 'fp8', 'modules_to_not_convert': "
+            "['re:(']}",
+            KILN_ERR_INVALID_ARGUMENT, "modules_to_not_convert[0]", "regular expression");
+}
+
 static void test_unsupported(void **state) {
   (void)state;
   const kiln_status_code_t U = KILN_ERR_UNSUPPORTED;
@@ -1322,6 +1417,7 @@ int main(void) {
       cmocka_unit_test(test_exact_message),
       cmocka_unit_test(test_unsupported),
       cmocka_unit_test(test_quant_config),
+      cmocka_unit_test(test_fp8_config),
       cmocka_unit_test(test_invalid),
       cmocka_unit_test(test_validate),
       cmocka_unit_test(test_generation),

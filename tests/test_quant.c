@@ -1,7 +1,9 @@
 /* test_quant.c - cmocka tests for kiln/hal_quant.h, the GGUF block types: hand-made blocks whose
  * values were worked out by hand (the 6-bit scale/min packing of Q4_K/Q5_K, Q6_K's split
  * 4 + 2 bits, Q4_0's nibble order), then tests/quant_pack.c's quantizer round-tripping random
- * rows of every type, checked exactly against the integers it chose. */
+ * rows of every type, checked exactly against the integers it chose. FP8 E4M3FN: hand values
+ * of the decode, every code against the formula, the encoder's rounding (ties to even,
+ * saturation, subnormals) and round trip. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -207,13 +209,75 @@ static void test_pack_row(void **state) {
   }
 }
 
+/* ---- FP8 E4M3FN -------------------------------------------------------------------------- */
+
+static void test_fp8_hand(void **state) {
+  (void)state;
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x7E) == 448.0f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0xFE) == -448.0f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x01) == 0x1p-9f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x07) == 7 * 0x1p-9f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x08) == 0x1p-6f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x38) == 1.0f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0xB8) == -1.0f);
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x4B) == 5.5f); /* e = 9, m = 3: 4 * 1.375 */
+  assert_true(kiln_hal_fp8_e4m3_to_f32(0x00) == 0.0f);
+  assert_true(signbit(kiln_hal_fp8_e4m3_to_f32(0x80)));
+  assert_true(isnan(kiln_hal_fp8_e4m3_to_f32(0x7F)));
+  assert_true(isnan(kiln_hal_fp8_e4m3_to_f32(0xFF)));
+  assert_true(kiln_hal_fp8_e4m3_is_nan(0x7F) && kiln_hal_fp8_e4m3_is_nan(0xFF));
+  assert_false(kiln_hal_fp8_e4m3_is_nan(0x7E));
+  /* Every code against the definition, and back. */
+  for (int q = 0; q < 256; q++) {
+    if (kiln_hal_fp8_e4m3_is_nan((uint8_t)q)) continue;
+    const int e = (q >> 3) & 15, m = q & 7;
+    double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    if (q & 0x80) v = -v;
+    assert_true((double)kiln_hal_fp8_e4m3_to_f32((uint8_t)q) == v);
+    assert_int_equal(kiln_hal_f32_to_fp8_e4m3((float)v), q);
+  }
+}
+
+static void test_fp8_encode(void **state) {
+  (void)state;
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(1.0625f), 0x38); /* tie 1 | 1.125: even 1 */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(1.1875f), 0x3A); /* tie 1.125 | 1.25: even 1.25 */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(1.07f), 0x39);   /* above the tie */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(-1.07f), 0xB9);
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(460.0f), 0x7E); /* rounds to 448 */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(1e6f), 0x7E);   /* saturates */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(-INFINITY), 0xFE);
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(NAN), 0x7F);
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(1.5f * 0x1p-9f), 0x02); /* tie 1 | 2: even 2 */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(0.5f * 0x1p-9f), 0x00); /* tie 0 | 1: even 0 */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(0.6f * 0x1p-9f), 0x01);
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(7.5f * 0x1p-9f), 0x08); /* tie 7 | 8: 2^-6 */
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(1e-30f), 0x00);
+  assert_int_equal(kiln_hal_f32_to_fp8_e4m3(-1e-30f), 0x80);
+  /* Random values: the nearest code (ties to even) found by search. */
+  srand(17);
+  for (int i = 0; i < 20000; i++) {
+    const float x = (float)ldexp((double)rand() / RAND_MAX * 2 - 1, rand() % 24 - 14);
+    const uint8_t q = kiln_hal_f32_to_fp8_e4m3(x);
+    const double d = fabs((double)kiln_hal_fp8_e4m3_to_f32(q) - x);
+    for (int c = 0; c < 256; c++) {
+      if (kiln_hal_fp8_e4m3_is_nan((uint8_t)c)) continue;
+      const double dc = fabs((double)kiln_hal_fp8_e4m3_to_f32((uint8_t)c) - x);
+      if (fabs(x) <= 448.0f && dc < d) fail_msg("x = %a: code 0x%02x, 0x%02x is nearer", x, q, c);
+      if (dc == d && c != q && (c & 0x7F) != (q & 0x7F) && (q & 1))
+        fail_msg("x = %a: tie to odd code 0x%02x (0x%02x)", x, q, c);
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_geometry),  cmocka_unit_test(test_q4_0_hand),
-      cmocka_unit_test(test_q8_0_hand), cmocka_unit_test(test_k_scale_min_hand),
-      cmocka_unit_test(test_q4_k_hand), cmocka_unit_test(test_q5_k_hand),
-      cmocka_unit_test(test_q6_k_hand), cmocka_unit_test(test_round_trip),
-      cmocka_unit_test(test_pack_row),
+      cmocka_unit_test(test_geometry),   cmocka_unit_test(test_q4_0_hand),
+      cmocka_unit_test(test_q8_0_hand),  cmocka_unit_test(test_k_scale_min_hand),
+      cmocka_unit_test(test_q4_k_hand),  cmocka_unit_test(test_q5_k_hand),
+      cmocka_unit_test(test_q6_k_hand),  cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_pack_row),   cmocka_unit_test(test_fp8_hand),
+      cmocka_unit_test(test_fp8_encode),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

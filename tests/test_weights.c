@@ -435,6 +435,40 @@ static void test_i32(void **state) {
   kiln_weights_free(w);
 }
 
+/* F8_E4M3 / F8_E5M2 tensors (FP8 checkpoints' codes) load as they are, one byte per element,
+ * and never convert (their scales are separate tensors: models/qlinear.c). */
+static void test_f8(void **state) {
+  (void)state;
+  uint8_t q[6] = {0x38, 0xB8, 0x7E, 0x01, 0x08, 0x00};
+  st_file_t f = {0};
+  st_add(&f, "m.weight", "F8_E4M3", "[2, 3]", q, sizeof(q));
+  st_add(&f, "m2.weight", "F8_E5M2", "[6]", q, sizeof(q));
+  st_write(&f, in_dir("f8.safetensors"));
+  st_free(&f);
+  kiln_weights_t *w = open_file(in_dir("f8.safetensors"));
+  const kiln_weight_t *t = kiln_weights_find(w, "m.weight");
+  assert_non_null(t);
+  assert_int_equal(t->type, KILN_WTYPE_F8_E4M3);
+  assert_int_equal(t->numel, 6);
+  assert_int_equal(t->nbytes, 6);
+  assert_memory_equal(t->data, q, sizeof(q));
+  assert_string_equal(kiln_wtype_name(t->type), "f8_e4m3");
+  float out[6];
+  expect_status(kiln_weight_convert(t, 0, 6, KILN_HAL_F32, out), KILN_ERR_INVALID_ARGUMENT,
+                "m.weight", "f8_e4m3", "scales", (const char *)NULL);
+  t = kiln_weights_find(w, "m2.weight");
+  assert_non_null(t);
+  assert_int_equal(t->type, KILN_WTYPE_F8_E5M2);
+  assert_string_equal(kiln_wtype_name(t->type), "f8_e5m2");
+  kiln_weights_free(w);
+  /* A byte count that disagrees with one byte per element. */
+  memset(&f, 0, sizeof(f));
+  st_add(&f, "m.weight", "F8_E4M3", "[2, 4]", q, sizeof(q));
+  st_write(&f, in_dir("f8bad.safetensors"));
+  st_free(&f);
+  expect_open_error(in_dir("f8bad.safetensors"), KILN_ERR_INVALID_ARGUMENT, "m.weight", NULL, NULL);
+}
+
 static void test_expect_shape(void **state) {
   (void)state;
   float z[6] = {0};
@@ -628,7 +662,7 @@ static void test_file_errors(void **state) {
   }
 
   /* A dtype other than F32/F16/BF16. */
-  const char *dtypes[] = {"I64", "F8_E4M3", "BOOL", "F64", "U8"};
+  const char *dtypes[] = {"I64", "F8_E4M3FNUZ", "BOOL", "F64", "U8"};
   for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
     memset(&f, 0, sizeof(f));
     st_add(&f, "model.pos_ids", dtypes[i], "[2]", i64, sizeof(i64));
@@ -732,6 +766,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_convert, make_dir, remove_dir),
       cmocka_unit_test(test_wtype_names),
       cmocka_unit_test_setup_teardown(test_i32, make_dir, remove_dir),
+      cmocka_unit_test_setup_teardown(test_f8, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_expect_shape, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_sharded, make_dir, remove_dir),
       cmocka_unit_test_setup_teardown(test_shard_errors, make_dir, remove_dir),

@@ -285,6 +285,48 @@ static void fill_blocks(kiln_hal_buffer_t *b, int32_t fmt, int64_t nblocks) {
   free(host);
 }
 
+/* FP8_E4M3 with per-channel F32 scales (group_size K), codes random without NaN. */
+static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64_t K,
+                      timing_t tb) {
+  kiln_hal_buffer_t *qb = alloc_buf((uint64_t)(N * K)), *sb = alloc_buf((uint64_t)N * 4);
+  uint8_t *host = malloc((size_t)(N * K));
+  float *sc = malloc((size_t)N * sizeof(float));
+  if (!host || !sc) die("malloc", NULL);
+  uint64_t r = 0x9E3779B97F4A7C15ull;
+  for (int64_t i = 0; i < N * K; i++) {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    host[i] = (uint8_t)(r >> 32);
+    if ((host[i] & 0x7F) == 0x7F) host[i] ^= 1; /* no NaN codes */
+  }
+  for (int64_t n = 0; n < N; n++) sc[n] = 1.0f / 4096;
+  check(be->copy_h2d(stream, qb, 0, host, (uint64_t)(N * K)), "copy_h2d");
+  check(be->copy_h2d(stream, sb, 0, sc, (uint64_t)N * 4), "copy_h2d");
+  check(be->stream_sync(stream), "stream_sync");
+  kiln_hal_gemm_quant_args_t q;
+  memset(&q, 0, sizeof(q));
+  q.struct_size = sizeof(q);
+  q.x = g->a;
+  q.y = g->c;
+  q.w.buffer = qb;
+  q.w.format = KILN_HAL_QFMT_FP8_E4M3;
+  q.w.group_size = (int32_t)K;
+  q.w.n = N;
+  q.w.k = K;
+  q.w.row_stride = K;
+  const int64_t ss[2] = {N, 1};
+  q.w.scales = kiln_hal_tensor_make(sb, 0, KILN_HAL_F32, 2, ss);
+  timing_t tq = time_it(run_gemm_quant, &q);
+  char name[96];
+  snprintf(name, sizeof(name), "  fp8_e4m3 (x%.2f of bf16's time)", tq.median / tb.median);
+  report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)(N * K + N * 4), M > 8);
+  be->buffer_free(qb);
+  be->buffer_free(sb);
+  free(host);
+  free(sc);
+}
+
 static void bench_qgemm(void) {
   static const int64_t Ms[] = {1, 8, 128};
   static const int64_t shapes[][2] = {{2048, 8192}, {8192, 2048}, {4096, 4096}, {2048, 128256}};
@@ -347,6 +389,8 @@ static void bench_qgemm(void) {
         report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)(row * N), M > 8);
         be->buffer_free(qb);
       }
+      if (info.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3)) /* per-channel scales */
+        bench_fp8(&g, M, N, K, tb);
     }
     be->buffer_free(wb);
     be->buffer_free(x);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "models/model_config.h"
 
 #ifndef KILN_INSTALL_SYSCONFDIR
 #define KILN_INSTALL_SYSCONFDIR "/usr/local/etc"
@@ -204,6 +205,17 @@ kiln_status_t kiln_cli_dtype(const char *name, int32_t *out_dtype) {
   else
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "--dtype: '%s' is not one of auto, float32, float16, bfloat16", name);
+  return NULL;
+}
+
+kiln_status_t kiln_cli_quantization(const char *name, int32_t *out_method) {
+  if (!name || !strcmp(name, "none"))
+    *out_method = KILN_QUANT_NONE;
+  else if (!strcmp(name, "fp8"))
+    *out_method = KILN_QUANT_FP8;
+  else
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "--quantization: '%s' is not one of none, fp8", name);
   return NULL;
 }
 

@@ -57,6 +57,11 @@ kiln_status_t kiln_cli_parse_ids(const char *cmd, const char *s, int32_t **out_i
  * bfloat16 = the KILN_HAL_* dtype. Errors: KILN_ERR_INVALID_ARGUMENT for any other name. */
 kiln_status_t kiln_cli_dtype(const char *name, int32_t *out_dtype);
 
+/* Parses a --quantization ([model] quantization) value: "none" (or NULL) = KILN_QUANT_NONE,
+ * "fp8" = KILN_QUANT_FP8 (kiln_model_options_t.quantization). Errors:
+ * KILN_ERR_INVALID_ARGUMENT for any other name. */
+kiln_status_t kiln_cli_quantization(const char *name, int32_t *out_method);
+
 /* Seconds on the monotonic clock (for timing runs). */
 double kiln_cli_now(void);
 

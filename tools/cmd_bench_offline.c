@@ -30,7 +30,7 @@
 #include "kiln/kiln.h"
 
 typedef struct off_args {
-  const char *model, *dtype, *dataset, *json, *ids;
+  const char *model, *dtype, *quantization, *dataset, *json, *ids;
   int64_t input_len, output_len, batch, iters, warmup, num_prompts, seed;
   kiln_opt_list_t images;          /* latency: --image paths (borrowed from argv) */
   const char *regex, *json_schema; /* a constraint on every request (--regex, --json-schema) */
@@ -142,7 +142,10 @@ static void off_spec_report(const kiln_metrics_t *m0, const kiln_metrics_t *m1, 
   KILN_OPT_STRING("--model", "DIR|ORG/NAME", off_args_t, model,             \
                   "the model: a path or a Hub id (default: [model] path)"), \
       KILN_OPT_STRING("--dtype", "D", off_args_t, dtype,                    \
-                      "auto, float32, float16 or bfloat16 (default: [model] dtype)")
+                      "auto, float32, float16 or bfloat16 (default: [model] dtype)"), \
+      KILN_OPT_STRING("--quantization", "Q", off_args_t, quantization,      \
+                      "none or fp8: FP8 weights made at load (default:\n"   \
+                      "[model] quantization)")
 #define OFF_ROWS_SEED_JSON                                                  \
   KILN_OPT_INT("--seed", "S", off_args_t, seed, 0, INT64_MAX,               \
                "seeds the random prompts (default 0)"),                     \
@@ -154,7 +157,8 @@ static void off_spec_report(const kiln_metrics_t *m0, const kiln_metrics_t *m1, 
                       "constrain every output to this JSON Schema")
 
 static const char latency_usage[] =
-    "usage: kiln bench latency [--model DIR] [--dtype D] [--input-len 128] [--output-len 256]\n"
+    "usage: kiln bench latency [--model DIR] [--dtype D] [--quantization Q] [--input-len 128]\n"
+    "                          [--output-len 256]\n"
     "                          [--batch-size 1] [--num-iters 10] [--warmup 2] [--seed S]\n"
     "                          [--json FILE] [--set section.key=value]...\n"
     "Times --batch-size requests of random prompts generating exactly --output-len tokens\n"
@@ -194,8 +198,8 @@ static const kiln_opts_t latency_opts = {
 };
 
 static const char throughput_usage[] =
-    "usage: kiln bench throughput [--model DIR] [--dtype D] [--num-prompts 1000] [--input-len "
-    "512]\n"
+    "usage: kiln bench throughput [--model DIR] [--dtype D] [--quantization Q]\n"
+    "                             [--num-prompts 1000] [--input-len 512]\n"
     "                             [--output-len 256] [--dataset FILE.jsonl] [--seed S]\n"
     "                             [--json FILE] [--set section.key=value]...\n"
     "Submits every request at once (random prompts, or --dataset lines with \"prompt\" or\n"
@@ -243,12 +247,15 @@ static kiln_status_t off_guide_args(const off_args_t *a) {
 static kiln_status_t off_engine(kiln_cli_t *cli, const off_args_t *a, kiln_engine_t **out,
                                 double *out_startup) {
   const char *ov[64];
-  char *own[4] = {NULL, NULL, NULL, NULL};
+  char *own[5] = {NULL, NULL, NULL, NULL, NULL};
   int n = 0, no = 0;
   kiln_status_t st = NULL;
   ov[n++] = "server.max_queued_requests=0"; /* an offline batch queues everything at once */
   if (a->model && !(ov[n++] = own[no++] = kiln_strprintf("model.path=%s", a->model))) goto oom;
   if (a->dtype && !(ov[n++] = own[no++] = kiln_strprintf("model.dtype=%s", a->dtype))) goto oom;
+  if (a->quantization &&
+      !(ov[n++] = own[no++] = kiln_strprintf("model.quantization=%s", a->quantization)))
+    goto oom;
   if (a->ids) ov[n++] = "cache.enable_prefix_caching=false"; /* the same prompt every time */
   for (int i = 0; i < cli->num_sets && n < 64; i++) ov[n++] = cli->sets[i];
   double t0 = kiln_cli_now();
@@ -318,7 +325,7 @@ static kiln_status_t off_submit(kiln_engine_t *eng, off_run_t *run, off_req_t *r
 }
 
 int kiln_cmd_bench_latency(kiln_cli_t *cli) {
-  off_args_t a = {NULL, NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0, {NULL, 0}, NULL, NULL};
+  off_args_t a = {NULL, NULL, NULL, NULL, NULL, NULL, 128, 256, 1, 10, 2, 0, 0, {NULL, 0}, NULL, NULL};
   bool help;
   kiln_status_t st = kiln_opts_parse(&latency_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);
@@ -541,7 +548,7 @@ static kiln_status_t off_dataset(kiln_engine_t *eng, const char *path, int64_t d
 }
 
 int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
-  off_args_t a = {NULL, NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0, {NULL, 0}, NULL, NULL};
+  off_args_t a = {NULL, NULL, NULL, NULL, NULL, NULL, 512, 256, 1, 1, 0, 1000, 0, {NULL, 0}, NULL, NULL};
   bool help;
   kiln_status_t st = kiln_opts_parse(&throughput_opts, cli->argc, cli->argv, &a, &help);
   if (st) return kiln_cli_fail(st);

@@ -21,7 +21,7 @@
 #include "kiln/kiln.h"
 
 typedef struct chat_args {
-  const char *model, *dtype, *system;
+  const char *model, *dtype, *quantization, *system;
   int64_t max_tokens, top_k, seed;
   double temperature, top_p, min_p, repetition_penalty;
   bool has_seed, ignore_eos;
@@ -43,6 +43,9 @@ static const kiln_opt_t chat_rows[] = {
                     "the model (default: [model] path)"),
     KILN_OPT_STRING("--dtype", "NAME", chat_args_t, dtype,
                     "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_STRING("--quantization", "NAME", chat_args_t, quantization,
+                    "none or fp8: quantize a float checkpoint's Linears to FP8\n"
+                    "at load (default: [model] quantization)"),
     KILN_OPT_STRING("--system", "TEXT", chat_args_t, system, "a system message to start with"),
     KILN_OPT_INT("--max-tokens", "N", chat_args_t, max_tokens, -1, 16777216,
                  "most tokens per reply; -1 = the rest of the context (default)"),
@@ -269,8 +272,8 @@ done:
 /* ---- the command -------------------------------------------------------------------------- */
 
 static kiln_status_t chat_engine(kiln_cli_t *cli, const chat_args_t *a, kiln_engine_t **out) {
-  const char **ov = calloc((size_t)cli->num_sets + 3, sizeof(*ov));
-  char *path = NULL, *dtype = NULL;
+  const char **ov = calloc((size_t)cli->num_sets + 4, sizeof(*ov));
+  char *path = NULL, *dtype = NULL, *quant = NULL;
   int32_t n = 0;
   kiln_status_t st = NULL;
   if (!ov) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
@@ -280,6 +283,9 @@ static kiln_status_t chat_engine(kiln_cli_t *cli, const chat_args_t *a, kiln_eng
   if (path) ov[n++] = path;
   if (a->dtype && !(dtype = kiln_strprintf("model.dtype=%s", a->dtype))) goto oom;
   if (dtype) ov[n++] = dtype;
+  if (a->quantization && !(quant = kiln_strprintf("model.quantization=%s", a->quantization)))
+    goto oom;
+  if (quant) ov[n++] = quant;
   st = kiln_engine_create(cli->config_path, ov, n, out);
   goto done;
 oom:
@@ -287,6 +293,7 @@ oom:
 done:
   free(path);
   free(dtype);
+  free(quant);
   free(ov);
   return st;
 }

@@ -33,6 +33,7 @@
 typedef struct gen_args {
   const char *model; /* --model, else [model] path */
   const char *dtype;
+  const char *quantization; /* --quantization, else [model] quantization */
   const char *ids; /* --ids 1,2,3 */
   const char *prompt;
   const char *input; /* --input FILE.jsonl: batch mode */
@@ -130,6 +131,9 @@ static const kiln_opt_t gen_rows[] = {
                     "the model: a path or a Hub id ORG/NAME[@REV]\n(default: [model] path)"),
     KILN_OPT_STRING("--dtype", "NAME", gen_args_t, dtype,
                     "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_STRING("--quantization", "NAME", gen_args_t, quantization,
+                    "none or fp8: quantize a float checkpoint's Linears to FP8\n"
+                    "at load (default: [model] quantization)"),
     KILN_OPT_STRING("--ids", "1,2,3", gen_args_t, ids, "one request: the prompt's token ids"),
     KILN_OPT_STRING("--prompt", "TEXT", gen_args_t, prompt, "one request: the prompt's text"),
     KILN_OPT_STRING("--input", "FILE", gen_args_t, input, "batch: the JSONL requests (- = stdin)"),
@@ -285,6 +289,9 @@ static kiln_status_t gen_parse(kiln_cli_t *cli, gen_args_t *a) {
   int32_t dtype; /* checked here; the engine takes the name */
   if (a->dtype && (st = kiln_cli_dtype(a->dtype, &dtype)))
     return kiln_status_annotate(st, "%s", cmd);
+  int32_t quant;
+  if (a->quantization && (st = kiln_cli_quantization(a->quantization, &quant)))
+    return kiln_status_annotate(st, "%s", cmd);
   if (a->input) {
     if (a->images.n || a->messages)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
@@ -365,8 +372,8 @@ static kiln_status_t gen_engine(kiln_cli_t *cli, const gen_args_t *a, bool singl
                                 kiln_engine_t **out) {
   kiln_status_t st = NULL;
   char seqs[64], chunk[64];
-  char *path = NULL, *dtype = NULL;
-  const char **ov = calloc((size_t)cli->num_sets + 4, sizeof(*ov));
+  char *path = NULL, *dtype = NULL, *quant = NULL;
+  const char **ov = calloc((size_t)cli->num_sets + 5, sizeof(*ov));
   int32_t n = 0;
   if (!ov) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   if (single) {
@@ -387,6 +394,10 @@ static kiln_status_t gen_engine(kiln_cli_t *cli, const gen_args_t *a, bool singl
     if (!(dtype = kiln_strprintf("model.dtype=%s", a->dtype))) goto oom;
     ov[n++] = dtype;
   }
+  if (a->quantization) {
+    if (!(quant = kiln_strprintf("model.quantization=%s", a->quantization))) goto oom;
+    ov[n++] = quant;
+  }
   st = kiln_engine_create(cli->config_path, ov, n, out);
   goto done;
 oom:
@@ -394,6 +405,7 @@ oom:
 done:
   free(path);
   free(dtype);
+  free(quant);
   free(ov);
   return st;
 }

@@ -24,6 +24,7 @@ typedef struct mc_args {
   const char *ids;   /* --ids 1,2,3 */
   const char *out;
   const char *dtype; /* --dtype, else [model] dtype */
+  const char *quantization; /* --quantization, else [model] quantization */
   int64_t chunk;
   kiln_opt_list_t images; /* --image PATH, one per placeholder of --ids */
 } mc_args_t;
@@ -45,6 +46,9 @@ static const kiln_opt_t mc_rows[] = {
                     "where the logits go: float32 [len(ids), vocab] (required)"),
     KILN_OPT_STRING("--dtype", "NAME", mc_args_t, dtype,
                     "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_STRING("--quantization", "NAME", mc_args_t, quantization,
+                    "none or fp8: quantize a float checkpoint's Linears to FP8\n"
+                    "at load (default: [model] quantization)"),
     KILN_OPT_INT("--chunk", "N", mc_args_t, chunk, 0, 1 << 24,
                  "most tokens per forward pass (default 0: all of them at once)"),
     KILN_OPT_LIST("--image", "PATH", mc_args_t, images,
@@ -56,7 +60,8 @@ static const kiln_opts_t mc_opts = {
     .cmd = "score",
     .usage =
         "usage: kiln score [--model DIR|FILE.gguf] --ids 1,2,3 --out FILE.npy [--chunk N]\n"
-        "                  [--dtype auto|float32|float16|bfloat16] [--image PATH...]\n"
+        "                  [--dtype auto|float32|float16|bfloat16] [--quantization none|fp8]\n"
+        "                  [--image PATH...]\n"
         "Runs the model over the ids (one sequence) and writes the logits of every position\n"
         "to a .npy file: the command that checks a model against a reference.\n",
     .opts = mc_rows,
@@ -111,6 +116,9 @@ static kiln_status_t mc_open_model(kiln_cli_t *cli, const mc_args_t *a, int32_t 
   int32_t dtype;
   if ((st = kiln_cli_dtype(dts, &dtype))) return st;
   kiln_model_options_t mo = {0};
+  const char *qs =
+      a->quantization ? a->quantization : kiln_config_get_string(cli->config, "model", "quantization");
+  if ((st = kiln_cli_quantization(qs, &mo.quantization))) return st;
   mo.dtype = dtype;
   mo.max_tokens = batch;
   mo.max_seqs = 1;

@@ -29,6 +29,7 @@ typedef struct pp_args {
   char model_buf[4096]; /* the resolved [model] path */
   const char *file;     /* --file */
   const char *dtype;    /* --dtype, else [model] dtype */
+  const char *quantization; /* --quantization, else [model] quantization */
   int64_t ctx;          /* --ctx; 0 = the model's context */
   int64_t chunk;        /* --chunk; 0 = min(ctx, 512) */
   bool json;
@@ -54,7 +55,8 @@ typedef struct pp_result {
 
 static const char pp_usage[] =
     "usage: kiln perplexity [--model DIR|FILE.gguf] --file TEXT [--ctx N] [--chunk N]\n"
-    "                       [--dtype auto|float32|float16|bfloat16] [--json]\n"
+    "                       [--dtype auto|float32|float16|bfloat16] [--quantization none|fp8]\n"
+    "                       [--json]\n"
     "Encodes TEXT with the tokenizer.json beside the model (no special tokens added), scores\n"
     "it in consecutive windows of N tokens (default: the model's context) and prints the\n"
     "perplexity exp(total NLL / scored tokens). Without --model, [model] path (empty: the\n"
@@ -71,6 +73,9 @@ static const kiln_opt_t pp_rows[] = {
                  "tokens per forward pass within a window"),
     KILN_OPT_STRING("--dtype", "NAME", pp_args_t, dtype,
                     "auto, float32, float16 or bfloat16 (default: [model] dtype)"),
+    KILN_OPT_STRING("--quantization", "NAME", pp_args_t, quantization,
+                    "none or fp8: quantize a float checkpoint's Linears to FP8\n"
+                    "at load (default: [model] quantization)"),
     KILN_OPT_FLAG("--json", pp_args_t, json, "print one JSON object"),
 };
 
@@ -172,6 +177,9 @@ static kiln_status_t pp_open(kiln_cli_t *cli, pp_args_t *a, pp_ctx_t *c) {
   int32_t chunk = (int32_t)(a->chunk ? a->chunk : 512);
   if (a->ctx && chunk > a->ctx) chunk = (int32_t)a->ctx;
   kiln_model_options_t mo = {0};
+  const char *qs =
+      a->quantization ? a->quantization : kiln_config_get_string(cli->config, "model", "quantization");
+  if ((st = kiln_cli_quantization(qs, &mo.quantization))) return st;
   mo.dtype = dtype;
   mo.max_tokens = chunk;
   mo.max_seqs = 1;

@@ -16,7 +16,7 @@
 static const char serve_usage[] =
     "usage: kiln serve [--model DIR|FILE.gguf|ORG/NAME] [--host ADDR] [--port N] [--api-key KEY]\n"
     "                  [--served-model-name NAME] [--dtype auto|float32|float16|bfloat16]\n"
-    "                  [--config FILE] [--set section.key=value]...\n"
+    "                  [--quantization none|fp8] [--config FILE] [--set section.key=value]...\n"
     "Serves the configured model over HTTP: POST /v1/completions, /v1/chat/completions,\n"
     "/tokenize, /detokenize; GET /v1/models, /health, /version, /metrics, and a chat page at /\n"
     "(open http://HOST:PORT/ in a browser). [server] in the INI file holds the address, the\n"
@@ -24,7 +24,16 @@ static const char serve_usage[] =
     "requests (up to server.shutdown_timeout) and exits 0.\n";
 
 /* The options: each one sets a config key, after the --set overrides (so it wins). */
-enum { SERVE_MODEL, SERVE_HOST, SERVE_PORT, SERVE_API_KEY, SERVE_NAME, SERVE_DTYPE, SERVE_NUM };
+enum {
+  SERVE_MODEL,
+  SERVE_HOST,
+  SERVE_PORT,
+  SERVE_API_KEY,
+  SERVE_NAME,
+  SERVE_DTYPE,
+  SERVE_QUANT,
+  SERVE_NUM
+};
 
 typedef struct serve_args {
   const char *v[SERVE_NUM]; /* the values given, by option; NULL = not given */
@@ -37,6 +46,7 @@ static const char *const serve_keys[SERVE_NUM] = {
     [SERVE_API_KEY] = "server.api_key",
     [SERVE_NAME] = "server.served_model_name",
     [SERVE_DTYPE] = "model.dtype",
+    [SERVE_QUANT] = "model.quantization",
 };
 
 #define SERVE_OPT(nm, mv, i, hl) KILN_OPT_STRING(nm, mv, serve_args_t, v[i], hl)
@@ -53,6 +63,9 @@ static const kiln_opt_t serve_rows[] = {
               "the model's id in the API (server.served_model_name;\n"
               "default: the Hub id, or the model's file or directory name)"),
     SERVE_OPT("--dtype", "NAME", SERVE_DTYPE, "auto, float32, float16 or bfloat16 (model.dtype)"),
+    SERVE_OPT("--quantization", "NAME", SERVE_QUANT,
+              "none or fp8: quantize a float checkpoint's Linears to FP8\n"
+              "at load (model.quantization)"),
 };
 #undef SERVE_OPT
 

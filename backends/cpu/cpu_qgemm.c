@@ -1,5 +1,6 @@
-/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats and the
- * group formats INT4_G / INT8_G (GPTQ, AWQ repacked at load; ABI 1.4).
+/* cpu_qgemm.c - gemm_quant: y = x @ dequant(W)^T + bias for the GGUF block formats, the
+ * group formats INT4_G / INT8_G (GPTQ, AWQ repacked at load; ABI 1.4) and FP8_E4M3 (FP8
+ * checkpoints; within ABI 1.5).
  *
  * W is never widened as a whole. Paths:
  *   M <= 8   decode: the pool runs chunks of weight rows; each row is walked block by block,
@@ -14,8 +15,13 @@
  * the format defines, never fused); sums are F32, bias added and y rounded once at the end.
  * The group formats take the same two paths with a span of a row (QG_SPAN weights, or the
  * panel's whole rows) dequantized at a time instead of a block: (float)(q - z) * s, exact in
- * f32 either way (AVX2 for groups of a multiple of 8 without g_idx, else hal_quant.h's loop). */
+ * f32 either way (AVX2 for groups of a multiple of 8 without g_idx, else hal_quant.h's loop).
+ * FP8_E4M3 is a group format with f32 scales and no zeros: the AVX2 code widens 8 codes to f32
+ * exactly (an E4M3FN byte shifted into an f16's bit positions, F16C, times 2^8) and multiplies
+ * by the group's scale once, as kiln_hal_fp8_dequant; at M = 1 it skips the buffer, 16 codes
+ * per step FMA'd straight into the sums with 2^8 folded into the scale (the same product). */
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,10 +47,10 @@ typedef struct qg_ctx {
   int64_t ldx;
   const uint8_t *w;
   int64_t row_stride;
-  /* Group formats: scales (F16, row stride lds elements), zeros (U8, ldz; NULL: symmetric),
-   * g_idx (NULL: k / group_size). */
+  /* Group formats: scales (F16, or F32 for FP8; row stride lds elements, ses bytes each),
+   * zeros (U8, ldz; NULL: symmetric), g_idx (NULL: k / group_size). */
   const uint8_t *scales, *zeros;
-  int64_t lds, ldz;
+  int64_t lds, ldz, ses;
   const int32_t *g_idx;
   int32_t group_size;
   int64_t G; /* groups per row */
@@ -185,6 +191,59 @@ QG_AVX2_INLINE __m256i qg_codes8(bool four, const uint8_t *row, int64_t k) {
   }
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + k)));
 }
+
+/* 8 E4M3FN codes (not NaN), each in the high byte of a 16-bit lane, as f32 values 2^-8 times
+ * theirs, exactly: an arithmetic shift right by one puts the sign at bit 15 (and a copy at
+ * bit 14, cleared), the exponent at bits 13..10 and the mantissa at 9..7, an f16 whose value
+ * is the code's over 2^8 (the biases differ by 15 - 7; e4m3 subnormals are f16 subnormals),
+ * widened by F16C. */
+QG_AVX2_INLINE __m256 qg_fp8_h8(__m128i hi_bytes) {
+  const __m128i h = _mm_and_si128(_mm_srai_epi16(hi_bytes, 1), _mm_set1_epi16((short)0xBFFF));
+  return _mm256_cvtph_ps(h);
+}
+
+/* The 8 codes row[k .. k + 7] as their exact f32 values. */
+QG_AVX2_INLINE __m256 qg_fp8x8(const uint8_t *row, int64_t k) {
+  const __m128i b =
+      _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(row + k)));
+  return _mm256_mul_ps(qg_fp8_h8(b), _mm256_set1_ps(256.0f));
+}
+
+/* out[0] = sum_k x[k] * W[n, k] for one FP8 row at M = 1 (group_size a multiple of 16, or
+ * K): 16 codes per step straight into two accumulators, no buffer. Each weight is
+ * f32(h * (256 s)), h the code's value over 2^8: the same real product as e4m3(q) * s, so
+ * the same f32 (256 s is exact while |s| < 2^100, which the caller checked). */
+QG_AVX2 static void qg_fp8_row1_avx2(const qg_ctx_t *c, int64_t n, const float *s256, float *out) {
+  const uint8_t *row = c->w + n * c->row_stride;
+  const float *x = c->x;
+  const int64_t K = c->K, gs = c->group_size;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  const __m128i z = _mm_setzero_si128();
+  int64_t k = 0;
+  for (int64_t g = 0; k + 16 <= K; g++) {
+    int64_t end = (g + 1) * gs;
+    if (end > K) end = K;
+    const __m256 sc = _mm256_set1_ps(s256[g]);
+    for (; k + 16 <= end; k += 16) {
+      const __m128i v = _mm_loadu_si128((const __m128i *)(row + k));
+      const __m256 w0 = _mm256_mul_ps(qg_fp8_h8(_mm_unpacklo_epi8(z, v)), sc);
+      const __m256 w1 = _mm256_mul_ps(qg_fp8_h8(_mm_unpackhi_epi8(z, v)), sc);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), w0, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), w1, a1);
+    }
+    if (k < end) break; /* fewer than 16 left: only at the end of K */
+  }
+  float tail = 0.0f, w[16];
+  if (k < K) {
+    kiln_hal_fp8_dequant(row, c->scales + c->ses * n * c->lds, c->group_size, k, K - k, w);
+    for (int64_t j = 0; j < K - k; j++) tail += x[k + j] * w[j];
+  }
+  const __m256 t = _mm256_add_ps(a0, a1);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  out[0] = _mm_cvtss_f32(r) + tail;
+}
 #endif /* QG_X86 */
 
 #define QG_MAXG 1024 /* groups per row the AVX2 path tabulates (more: the portable loop) */
@@ -197,8 +256,13 @@ typedef struct qg_row_groups {
 
 static bool qg_row_groups(const qg_ctx_t *c, int64_t n, qg_row_groups_t *rg) {
   if (c->G > QG_MAXG) return false;
-  const uint8_t *srow = c->scales + 2 * n * c->lds, *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
+  const uint8_t *srow = c->scales + c->ses * n * c->lds,
+                *zrow = c->zeros ? c->zeros + n * c->ldz : NULL;
   const int sym = c->fmt == KILN_HAL_QFMT_INT4_G ? 8 : 128;
+  if (c->fmt == KILN_HAL_QFMT_FP8_E4M3) {
+    memcpy(rg->s, srow, (size_t)c->G * 4);
+    return true;
+  }
   for (int64_t g = 0; g < c->G; g++) {
     rg->s[g] = kiln_hal_quant_f16(srow + 2 * g);
     rg->z[g] = zrow ? zrow[g] : sym;
@@ -215,7 +279,16 @@ QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, const qg_ro
   const uint8_t *row = c->w + n * c->row_stride;
   const bool four = c->fmt == KILN_HAL_QFMT_INT4_G;
   int64_t i = 0;
-  if (c->g_idx) {
+  if (c->fmt == KILN_HAL_QFMT_FP8_E4M3) { /* no g_idx, no zeros */
+    while (i + 8 <= count) {
+      const int64_t g = (k0 + i) / c->group_size;
+      int64_t end = (g + 1) * c->group_size - k0;
+      if (end > count) end = count;
+      const __m256 sc = _mm256_set1_ps(rg->s[g]);
+      for (; i + 8 <= end; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(qg_fp8x8(row, k0 + i), sc));
+    }
+  } else if (c->g_idx) {
     for (; i + 8 <= count; i += 8) {
       const __m256i gi = _mm256_loadu_si256((const __m256i *)(c->g_idx + k0 + i));
       const __m256 sc = _mm256_i32gather_ps(rg->s, gi, 4);
@@ -237,7 +310,7 @@ QG_AVX2 static void qg_group_span_avx2(const qg_ctx_t *c, int64_t n, const qg_ro
     }
   }
   if (i < count)
-    kiln_hal_qgroup_dequant(c->fmt, row, c->scales + 2 * n * c->lds,
+    kiln_hal_qgroup_dequant(c->fmt, row, c->scales + c->ses * n * c->lds,
                             c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size,
                             k0 + i, count - i, out + i);
 }
@@ -254,7 +327,7 @@ static void qg_group_span(const qg_ctx_t *c, int64_t n, const qg_row_groups_t *r
 #else
   (void)rg;
 #endif
-  kiln_hal_qgroup_dequant(c->fmt, c->w + n * c->row_stride, c->scales + 2 * n * c->lds,
+  kiln_hal_qgroup_dequant(c->fmt, c->w + n * c->row_stride, c->scales + c->ses * n * c->lds,
                           c->zeros ? c->zeros + n * c->ldz : NULL, c->g_idx, c->group_size, k0,
                           count, out);
 }
@@ -486,6 +559,24 @@ static void qg_store(const qg_ctx_t *c, int64_t m, int64_t n, float acc) {
   kiln_hal_store_f32(cpu_tensor_ptr(y), y->dtype, m * y->stride[0] + n, acc);
 }
 
+#if QG_X86
+/* FP8 at M = 1 through qg_fp8_row1_avx2 when the row's scales allow it (groups of a multiple
+ * of 16 or one group, at most QG_MAXG, every |s| < 2^100); stores y[0, n]. */
+static bool qg_fp8_fast(const qg_ctx_t *c, int64_t n) {
+  if (c->G > QG_MAXG || (c->G > 1 && c->group_size % 16)) return false;
+  float s256[QG_MAXG];
+  memcpy(s256, c->scales + c->ses * n * c->lds, (size_t)c->G * 4);
+  for (int64_t g = 0; g < c->G; g++) {
+    if (!(fabsf(s256[g]) < 0x1p100f)) return false;
+    s256[g] *= 256.0f;
+  }
+  float out;
+  qg_fp8_row1_avx2(c, n, s256, &out);
+  qg_store(c, 0, n, out);
+  return true;
+}
+#endif
+
 static void qg_small_task(void *vctx, int64_t task, int thread) {
   (void)thread;
   const qg_ctx_t *c = vctx;
@@ -496,6 +587,8 @@ static void qg_small_task(void *vctx, int64_t task, int thread) {
     const uint8_t *wrow = c->w + n * c->row_stride;
     if (group) {
 #if QG_X86
+      if (c->fmt == KILN_HAL_QFMT_FP8_E4M3 && c->M == 1 && cpu_vec_avx2() && qg_fp8_fast(c, n))
+        continue;
       if (cpu_vec_avx2())
         qg_group_row_avx2(c, n, out);
       else
@@ -559,6 +652,7 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
     const kiln_hal_qweight_t *w = &a->w;
     c.scales = (const uint8_t *)cpu_tensor_ptr(&w->scales);
     c.lds = w->scales.stride[0];
+    c.ses = (int64_t)kiln_hal_dtype_size(w->scales.dtype);
     c.zeros = w->zeros.buffer ? (const uint8_t *)cpu_tensor_ptr(&w->zeros) : NULL;
     c.ldz = w->zeros.buffer ? w->zeros.stride[0] : 0;
     c.group_size = w->group_size;

@@ -2290,6 +2290,9 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   e->host_memory = (info.caps & KILN_HAL_CAP_HOST_MEMORY) != 0;
   kiln_model_options_t mo = {0};
   mo.dtype = dtype_of(kiln_config_get_string(cfg, "model", "dtype"));
+  mo.quantization = strcmp(kiln_config_get_string(cfg, "model", "quantization"), "fp8") == 0
+                        ? KILN_QUANT_FP8
+                        : KILN_QUANT_NONE;
   mo.max_tokens = e->max_tokens;
   mo.max_seqs = e->max_seqs;
   mo.max_logits = e->max_logits;

@@ -154,6 +154,14 @@ void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_
   free(row);
 }
 
+/* An OCP FP8 E4M3FN code's value from its definition (no NaN: callers exclude 0x7F / 0xFF):
+ * sign, exponent e (bias 7), mantissa m; e = 0 is subnormal. */
+static double ref_e4m3(uint8_t q) {
+  const int e = (q >> 3) & 15, m = q & 7;
+  const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+  return q & 0x80 ? -v : v;
+}
+
 void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
                          const uint8_t *w, int64_t row_stride, const uint8_t *scales, int64_t lds,
                          const uint8_t *zeros, int64_t ldz, const int32_t *g_idx,
@@ -164,6 +172,12 @@ void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32
   for (int64_t n = 0; n < N; n++) {
     const uint8_t *r = w + n * row_stride;
     for (int64_t k = 0; k < K; k++) {
+      if (fmt == 18) { /* FP8 E4M3FN, f32 scales: the product rounded once to f32 */
+        float s;
+        memcpy(&s, scales + 4 * (n * lds + k / group_size), 4);
+        row[k] = (double)(float)(ref_e4m3(r[k]) * (double)s);
+        continue;
+      }
       int q = four ? (k % 2 ? r[k / 2] / 16 : r[k / 2] % 16) : r[k];
       int64_t g = g_idx ? g_idx[k] : k / group_size;
       int z = zeros ? zeros[n * ldz + g] : four ? 8 : 128;

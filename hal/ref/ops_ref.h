@@ -43,7 +43,9 @@ void ops_ref_gemm_quant(int64_t M, int64_t N, int64_t K, const double *x, int32_
  * row n's codes at w + n * row_stride; scales f16 (little-endian bytes) at scales + 2 * (n *
  * lds + g); zeros (NULL: symmetric 8 / 128) at zeros[n * ldz + g]; g_idx (NULL: k /
  * group_size). Decoded here from hal.h's definition with plain arithmetic, in double: the f32
- * product (q - z) * s is exact, so no rounding is modelled. */
+ * product (q - z) * s is exact, so no rounding is modelled. FP8_E4M3 (fmt 18): scales are f32
+ * (native-endian bytes) at scales + 4 * (n * lds + g), zeros and g_idx unused, and W is the
+ * e4m3 value times s rounded once to f32, as hal.h defines it. */
 void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
                          const uint8_t *w, int64_t row_stride, const uint8_t *scales, int64_t lds,
                          const uint8_t *zeros, int64_t ldz, const int32_t *g_idx,

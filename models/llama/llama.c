@@ -77,17 +77,18 @@ static kiln_status_t linear(kiln_model_t *m, kiln_hal_tensor_t x, uint64_t off, 
   g.w.format = fmt;
   g.w.n = N;
   g.w.k = K;
-  if (kiln_hal_qfmt_is_group(fmt)) { /* GPTQ / AWQ repacked at load (model.c, qlinear.c) */
+  if (kiln_hal_qfmt_is_group(fmt)) { /* GPTQ / AWQ / FP8 at load (model.c, qlinear.c) */
     g.w.row_stride = kiln_hal_qgroup_row_bytes(fmt, K);
     g.w.group_size = q->group_size;
     const int64_t G = q->groups;
     g.w.scales = (kiln_hal_tensor_t){.buffer = m->weights,
                                      .offset = q->scales,
-                                     .dtype = KILN_HAL_F16,
+                                     .dtype = kiln_hal_qgroup_scale_dtype(fmt),
                                      .ndim = 2,
                                      .shape = {N, G},
                                      .stride = {G, 1}};
-    g.w.zeros = (kiln_hal_tensor_t){.buffer = m->weights,
+    if (q->zeros != MODEL_NO_TENSOR) /* FP8 has none */
+      g.w.zeros = (kiln_hal_tensor_t){.buffer = m->weights,
                                     .offset = q->zeros,
                                     .dtype = KILN_HAL_U8,
                                     .ndim = 2,

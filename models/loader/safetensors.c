@@ -73,10 +73,14 @@ static kiln_status_t st_tensor(kiln_weights_t *w, const char *file, const char *
     type = KILN_WTYPE_BF16;
   } else if (strcmp(dtype, "I32") == 0) { /* GPTQ / AWQ packed tensors */
     type = KILN_WTYPE_I32;
+  } else if (strcmp(dtype, "F8_E4M3") == 0) { /* FP8 weight codes */
+    type = KILN_WTYPE_F8_E4M3;
+  } else if (strcmp(dtype, "F8_E5M2") == 0) { /* refused by the FP8 loader, naming it */
+    type = KILN_WTYPE_F8_E5M2;
   } else {
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: tensor %s: dtype %s is not supported (only F32, F16, BF16 and, "
-                            "for GPTQ / AWQ packed tensors, I32)",
+                            "for quantized checkpoints, I32 and F8_E4M3)",
                             file, name, dtype);
   }
 

@@ -146,6 +146,8 @@ uint64_t weights_type_nbytes(int32_t type, int64_t numel) {
     case KILN_WTYPE_I32: return n > UINT64_MAX / 4 ? UINT64_MAX : n * 4;
     case KILN_WTYPE_F16:
     case KILN_WTYPE_BF16: return n > UINT64_MAX / 2 ? UINT64_MAX : n * 2;
+    case KILN_WTYPE_F8_E4M3:
+    case KILN_WTYPE_F8_E5M2: return n;
     default: {
       int32_t fmt = kiln_wtype_qfmt(type);
       uint64_t be = (uint64_t)kiln_hal_qfmt_block_elems(fmt);
@@ -251,6 +253,8 @@ const char *kiln_wtype_name(int32_t type) {
     case KILN_WTYPE_F16: return "f16";
     case KILN_WTYPE_BF16: return "bf16";
     case KILN_WTYPE_I32: return "i32";
+    case KILN_WTYPE_F8_E4M3: return "f8_e4m3";
+    case KILN_WTYPE_F8_E5M2: return "f8_e5m2";
     case KILN_WTYPE_Q8_0:
     case KILN_WTYPE_Q4_0:
     case KILN_WTYPE_Q4_K:
@@ -330,6 +334,11 @@ kiln_status_t kiln_weight_convert(const kiln_weight_t *w, int64_t first, int64_t
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: tensor %s is i32 (packed quantized data), not a float tensor",
                             w->file, w->name);
+  if (w->type == KILN_WTYPE_F8_E4M3 || w->type == KILN_WTYPE_F8_E5M2)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: tensor %s is %s (FP8 codes, which need their scales: a "
+                            "quantization_config), not a float tensor",
+                            w->file, w->name, kiln_wtype_name(w->type));
   const int64_t be = kiln_wtype_block_elems(w->type);
   if (first % be || n % be)
     return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,

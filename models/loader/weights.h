@@ -42,7 +42,10 @@ typedef enum kiln_wtype {
   KILN_WTYPE_Q5_K = 6, /* 256 values, 176 bytes */
   KILN_WTYPE_Q6_K = 7, /* 256 values, 210 bytes */
   KILN_WTYPE_I32 = 8,  /* safetensors I32: GPTQ / AWQ packed codes, zeros, g_idx (never converted) */
-  KILN_WTYPE_COUNT = 9,
+  KILN_WTYPE_F8_E4M3 = 9,  /* safetensors F8_E4M3: FP8 weight codes, one byte each (never
+                              converted: their scales are separate tensors, models/qlinear.c) */
+  KILN_WTYPE_F8_E5M2 = 10, /* safetensors F8_E5M2: recognised only to be refused by name */
+  KILN_WTYPE_COUNT = 11,
 } kiln_wtype_t;
 
 #define KILN_WEIGHT_MAX_DIMS 5 /* Conv3d weights (a vision tower's patch embedding) */
@@ -65,7 +68,7 @@ typedef struct kiln_weights kiln_weights_t;
  * every tensor it lists must be found in the shard it names), else <dir>/model.safetensors.
  * Errors: KILN_ERR_NOT_FOUND (no weights file, a missing shard: named), KILN_ERR_IO,
  * KILN_ERR_INVALID_ARGUMENT (a malformed header or index, a truncated file, a dtype other than
- * F32/F16/BF16 — named with the tensor —, overlapping or out-of-range data offsets, a tensor
+ * F32/F16/BF16, I32, F8_E4M3 and F8_E5M2 — named with the tensor —, overlapping or out-of-range data offsets, a tensor
  * listed twice), KILN_ERR_OUT_OF_MEMORY. */
 kiln_status_t kiln_weights_open_dir(const char *dir, kiln_weights_t **out_weights);
 
@@ -88,7 +91,7 @@ const kiln_weight_t *kiln_weights_at(const kiln_weights_t *w, int64_t i);
 kiln_status_t kiln_weight_convert(const kiln_weight_t *w, int64_t first, int64_t n,
                                   int32_t dst_dtype, void *dst);
 
-/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K". */
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K", "i32", "f8_e4m3", "f8_e5m2". */
 const char *kiln_wtype_name(int32_t type);
 
 /* The HAL quantized format (KILN_HAL_QFMT_*) of a block type, KILN_HAL_QFMT_NONE for a float

@@ -37,6 +37,9 @@
  *   capability bit KILN_HAL_CAP_COLLECTIVES, kiln_hal_comm_id_t, kiln_hal_comm_t,
  *   kiln_hal_comm_args_t, kiln_hal_coll_args_t and the table members comm_get_unique_id ..
  *   recv (optional: a 1.4 plugin's table ends at gemm_quant; the host then runs one rank).
+ *   Within 1.5, FP8_E4M3 was added: KILN_HAL_QFMT_FP8_E4M3, FP8 (OCP E4M3FN) weight codes
+ *   with per-group F32 scales in kiln_hal_qweight_t (FP8 checkpoints, on-the-fly FP8); as for
+ *   the group formats, a backend that does not set its KILN_HAL_CAP_QUANT bit never gets it.
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -166,7 +169,8 @@ typedef enum kiln_hal_qfmt {
   KILN_HAL_QFMT_COUNT = 6, /* the GGUF block formats are 1 .. COUNT - 1 */
   KILN_HAL_QFMT_INT4_G = 16,    /* 4-bit codes, two per byte along K; per-group f16 scales, zeros */
   KILN_HAL_QFMT_INT8_G = 17,    /* 8-bit codes, one byte each; per-group f16 scales, zeros */
-  KILN_HAL_QFMT_GROUP_END = 18, /* the group formats are 16 .. GROUP_END - 1 */
+  KILN_HAL_QFMT_FP8_E4M3 = 18,  /* FP8 E4M3FN codes, one byte each; per-group f32 scales (1.5) */
+  KILN_HAL_QFMT_GROUP_END = 19, /* the group formats are 16 .. GROUP_END - 1 */
 } kiln_hal_qfmt_t;
 
 /* Opaque handles; each plugin defines the structs. */
@@ -325,15 +329,31 @@ typedef struct kiln_hal_gemm_args {
  *   [-255, 255] and an f16, hence exact; kiln/hal_quant.h computes it.
  * A g_idx entry outside [0, G) is a bad argument: the host validates g_idx at load; a backend
  * that reads one (the CPU backend checks them) returns INVALID_ARGUMENT, never reads out of
- * bounds on its account. */
+ * bounds on its account.
+ *
+ * FP8 (KILN_HAL_QFMT_FP8_E4M3, added within 1.5; FP8 checkpoints and on-the-fly FP8, which
+ * the host brings into this layout at load, see kiln/hal_quant.h):
+ *   codes   row n starts at byte offset + n * row_stride of buffer; the code q of weight (n, k)
+ *           is byte k of the row (row_stride >= K). q is an OCP FP8 E4M3FN number: sign bit 7,
+ *           4 exponent bits e (bias 7), 3 mantissa bits m; e > 0: (-1)^s 2^(e-7) (1 + m/8);
+ *           e = 0: (-1)^s 2^-6 (m/8) (subnormals); no infinities; the largest is 448 (0x7E);
+ *           S.1111.111 (0x7F, 0xFF) is NaN, a bad argument: the host rejects NaN codes at load,
+ *           so a backend need not look for them (what it computes from one is undefined).
+ *   scales  F32 [N, G], last dimension contiguous, any row stride: s(n, g), finite. G >= 1.
+ *   zeros, g_idx  absent. group_size > 0 along K and G == ceil(K / group_size): g(k) =
+ *           k / group_size (a per-channel or per-tensor scale is group_size = K, G = 1).
+ *   W[n, k] = e4m3_to_f32(q) * s(n, g(k)): one f32 product, rounded once (every e4m3 value is
+ *           an f32 exactly); kiln/hal_quant.h computes it. x is used as stored (weight-only
+ *           FP8: activations are not quantized). */
 typedef struct kiln_hal_qweight {
   kiln_hal_buffer_t *buffer;
   uint64_t offset;    /* bytes from the start of the buffer to row 0's first block */
   int32_t format;     /* kiln_hal_qfmt_t */
-  int32_t group_size; /* 0 for the GGUF block formats; > 0 for the group formats */
+  int32_t group_size; /* 0 for the GGUF block formats; > 0 for the group formats and FP8 */
   int64_t n, k;       /* W is [N, K] */
   int64_t row_stride; /* bytes between the starts of rows n and n + 1 */
-  kiln_hal_tensor_t scales, zeros, g_idx; /* group formats only: F16 [N,G], U8 [N,G], I32 [K] */
+  /* group formats only: F16 [N,G], U8 [N,G], I32 [K]; FP8: F32 [N, G] scales only */
+  kiln_hal_tensor_t scales, zeros, g_idx;
 } kiln_hal_qweight_t;
 
 /* y = x @ dequant(W)^T + bias, with W quantized (ABI 1.4: gemm_quant):

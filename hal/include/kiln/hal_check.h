@@ -688,9 +688,12 @@ static inline kiln_hal_error_t *kiln_hal_check_qgroup(const kiln_hal_check_env_t
   if (w->group_size <= 0)
     return kiln_hal_check_fail("gemm_quant: w is %s: group_size must be > 0 (is %d)", fmt,
                                (int)w->group_size);
-  if ((e = kiln_hal_check_tensor(env, op, "w.scales", &w->scales, KILN_HAL_DT(KILN_HAL_F16), 2,
-                                 true)))
+  const bool fp8 = w->format == KILN_HAL_QFMT_FP8_E4M3;
+  if ((e = kiln_hal_check_tensor(env, op, "w.scales", &w->scales,
+                                 KILN_HAL_DT(kiln_hal_qgroup_scale_dtype(w->format)), 2, true)))
     return e;
+  if (fp8 && (w->zeros.buffer || w->g_idx.buffer))
+    return kiln_hal_check_fail("gemm_quant: w is fp8_e4m3: zeros and g_idx must be absent");
   const int64_t G = w->scales.shape[1];
   if (w->scales.shape[0] != w->n || G < 1)
     return kiln_hal_check_fail(

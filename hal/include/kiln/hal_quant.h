@@ -1,7 +1,8 @@
 /* hal_quant.h - header-only definitions of the quantized weight formats (the GGUF block types
- * Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, and the group formats INT4_G / INT8_G that GPTQ and AWQ
- * checkpoints are repacked into): geometry and exact dequantization to f32, for hosts and
- * backends alike. Everything is static inline (like hal_util.h); installed with the SDK.
+ * Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, the group formats INT4_G / INT8_G that GPTQ and AWQ
+ * checkpoints are repacked into, and FP8_E4M3 for FP8 checkpoints): geometry and exact
+ * dequantization to f32, for hosts and backends alike. Everything is static inline (like
+ * hal_util.h); installed with the SDK.
  *
  * The formats, as GGUF/ggml define them (little endian, f16 = IEEE binary16; a row of K
  * weights is K / elems consecutive blocks, K a multiple of the block's elems):
@@ -54,6 +55,22 @@
  *             8j + c is nibble kiln_hal_awq_nibble(c) = {0, 4, 1, 5, 2, 6, 3, 7}[c].
  *     qzeros  int32 [G, N / 8] in the same order; z is the stored value as is.
  *     scales  f16 [G, N]; g(k) = k / group_size (no g_idx).
+ *
+ * FP8_E4M3 (hal.h's layout: one OCP E4M3FN code per weight, [N, K]-major, F32 scales [N, G]):
+ * W[n, k] = kiln_hal_fp8_e4m3_to_f32(q) * s(n, k / group_size), one f32 rounding;
+ * kiln_hal_fp8_dequant() computes it. E4M3FN: bit 7 sign, bits 6..3 exponent e (bias 7), bits
+ * 2..0 mantissa m; e > 0: 2^(e-7) (1 + m/8), e = 0: 2^-6 (m/8); 0x7F / 0xFF NaN, no
+ * infinities; 0x7E = 448, 0x08 = 2^-6, 0x01 = 2^-9, 0x38 = 1, 0xB8 = -1. Example: code 0x4B
+ * (e = 9, m = 3) is 2^2 * 1.375 = 5.5; with s = 0.01f, W = f32(5.5 * 0.01f). The host builds
+ * the layout from Hugging Face FP8 checkpoints (all [out N, in K] row-major, codes F8_E4M3):
+ *   compressed-tensors (llm-compressor "float-quantized"): weight_scale [1] / [] (per tensor:
+ *     every row gets it) or [N, 1] (per channel): scales [N, 1], group_size = K.
+ *   block FP8 (quant_method "fp8", weight_block_size [128, 128]; DeepSeek-V3, transformers'
+ *     FineGrainedFP8): weight_scale_inv F32 [ceil(N / 128), ceil(K / 128)], multiplied in
+ *     despite its name: row n takes block row n / 128, so scales [N, ceil(K / 128)],
+ *     group_size 128.
+ *   on-the-fly FP8 of a float checkpoint: s(n) = max_k |w[n, k]| / 448 (f32), q =
+ *     kiln_hal_f32_to_fp8_e4m3(w / s) (round to nearest even, saturating).
  */
 #ifndef KILN_HAL_QUANT_H
 #define KILN_HAL_QUANT_H
@@ -101,18 +118,27 @@ static inline const char *kiln_hal_qfmt_name(int32_t fmt) {
     case KILN_HAL_QFMT_Q6_K: return "q6_K";
     case KILN_HAL_QFMT_INT4_G: return "int4_g";
     case KILN_HAL_QFMT_INT8_G: return "int8_g";
+    case KILN_HAL_QFMT_FP8_E4M3: return "fp8_e4m3";
     default: return "invalid";
   }
 }
 
-/* Whether fmt is a group format (KILN_HAL_QFMT_INT4_G, INT8_G). */
+/* Whether fmt is a group format: codes [N, K]-major with separate scales (INT4_G, INT8_G,
+ * FP8_E4M3). */
 static inline int kiln_hal_qfmt_is_group(int32_t fmt) {
-  return fmt == KILN_HAL_QFMT_INT4_G || fmt == KILN_HAL_QFMT_INT8_G;
+  return fmt == KILN_HAL_QFMT_INT4_G || fmt == KILN_HAL_QFMT_INT8_G ||
+         fmt == KILN_HAL_QFMT_FP8_E4M3;
 }
 
 /* Bits per code of a group format (4 or 8); 0 for any other format. */
 static inline int kiln_hal_qfmt_group_bits(int32_t fmt) {
-  return fmt == KILN_HAL_QFMT_INT4_G ? 4 : fmt == KILN_HAL_QFMT_INT8_G ? 8 : 0;
+  if (fmt == KILN_HAL_QFMT_INT4_G) return 4;
+  return fmt == KILN_HAL_QFMT_INT8_G || fmt == KILN_HAL_QFMT_FP8_E4M3 ? 8 : 0;
+}
+
+/* The dtype of a group format's scales: KILN_HAL_F32 for FP8_E4M3, else KILN_HAL_F16. */
+static inline int32_t kiln_hal_qgroup_scale_dtype(int32_t fmt) {
+  return fmt == KILN_HAL_QFMT_FP8_E4M3 ? KILN_HAL_F32 : KILN_HAL_F16;
 }
 
 /* Bytes of a row of K codes of a group format. */
@@ -204,18 +230,81 @@ static inline int kiln_hal_quant_dequant(int32_t fmt, const uint8_t *blk, float 
   }
 }
 
+/* The value of an FP8 E4M3FN code (exact; NaN for 0x7F / 0xFF). */
+static inline float kiln_hal_fp8_e4m3_to_f32(uint8_t q) {
+  const uint32_t e = (q >> 3) & 15, m = q & 7, sign = (uint32_t)(q >> 7) << 31;
+  uint32_t bits;
+  if (e == 15 && m == 7) {
+    bits = sign | 0x7FC00000u;
+  } else if (e) { /* 2^(e-7) (1 + m/8): f32 exponent field e - 7 + 127 */
+    bits = sign | (e + 120) << 23 | m << 20;
+  } else { /* m * 2^-9, exact */
+    float v = (float)m * 0x1p-9f;
+    memcpy(&bits, &v, 4);
+    bits |= sign;
+  }
+  float v;
+  memcpy(&v, &bits, 4);
+  return v;
+}
+
+/* Whether q is an E4M3FN NaN code (0x7F, 0xFF). */
+static inline int kiln_hal_fp8_e4m3_is_nan(uint8_t q) { return (q & 0x7F) == 0x7F; }
+
+/* x rounded to nearest even to E4M3FN, saturating: |x| >= 448 (and infinities) gives +-448
+ * (0x7E / 0xFE), NaN gives 0x7F. */
+static inline uint8_t kiln_hal_f32_to_fp8_e4m3(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, 4);
+  const uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
+  bits &= 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) return 0x7F;                    /* NaN */
+  if (bits >= 0x43E00000u) return (uint8_t)(sign | 0x7E); /* >= 448 */
+  if (bits < 0x3C800000u) { /* below 2^-6: subnormal codes m * 2^-9, m = rne(|x| * 2^9) */
+    float a;
+    memcpy(&a, &bits, 4);
+    const float t = a * 512.0f; /* exact, < 8 */
+    int m = (int)t;
+    const float r = t - (float)m; /* exact */
+    if (r > 0.5f || (r == 0.5f && (m & 1))) m++;
+    return (uint8_t)(sign | m); /* m == 8 is 0x08 = 2^-6 */
+  }
+  /* Normal: keep 3 of the 23 mantissa bits, rounding to nearest even. */
+  const uint32_t r = bits + 0x7FFFFu + ((bits >> 20) & 1);
+  uint32_t code = (((r >> 23) - 120) << 3) | ((r >> 20) & 7);
+  if (code > 0x7E) code = 0x7E; /* not reached (|x| < 448 rounds to 448 at most): a guard */
+  return (uint8_t)(sign | code);
+}
+
+/* out[i] = W[n, k0 + i] for i < count, an FP8_E4M3 row: codes row, its G f32 scales srow
+ * (unaligned is fine), group g = k / group_size. */
+static inline void kiln_hal_fp8_dequant(const uint8_t *row, const uint8_t *srow, int32_t group_size,
+                                        int64_t k0, int64_t count, float *out) {
+  for (int64_t i = 0; i < count; i++) {
+    const int64_t k = k0 + i;
+    float s;
+    memcpy(&s, srow + 4 * (k / group_size), 4);
+    out[i] = kiln_hal_fp8_e4m3_to_f32(row[k]) * s;
+  }
+}
+
 /* The code q of weight k of a row of a group format (hal.h's layout). */
 static inline int kiln_hal_qgroup_code(int32_t fmt, const uint8_t *row, int64_t k) {
   return fmt == KILN_HAL_QFMT_INT4_G ? (row[k / 2] >> (4 * (k % 2))) & 15 : row[k];
 }
 
-/* out[i] = W[n, k0 + i] for i < count, from row n's codes (row), its scales (srow: G f16,
- * unaligned is fine), its zeros (zrow: G bytes, or NULL for the symmetric 8 / 128) and
- * g_idx (K entries, or NULL: g = k / group_size). The caller has checked every g(k) < G. */
+/* out[i] = W[n, k0 + i] for i < count, from row n's codes (row), its scales (srow: G f16, or
+ * G f32 for FP8_E4M3; unaligned is fine), its zeros (zrow: G bytes, or NULL for the
+ * symmetric 8 / 128) and g_idx (K entries, or NULL: g = k / group_size). The caller has
+ * checked every g(k) < G. */
 static inline void kiln_hal_qgroup_dequant(int32_t fmt, const uint8_t *row, const uint8_t *srow,
                                            const uint8_t *zrow, const int32_t *g_idx,
                                            int32_t group_size, int64_t k0, int64_t count,
                                            float *out) {
+  if (fmt == KILN_HAL_QFMT_FP8_E4M3) {
+    kiln_hal_fp8_dequant(row, srow, group_size, k0, count, out);
+    return;
+  }
   const int sym = fmt == KILN_HAL_QFMT_INT4_G ? 8 : 128;
   for (int64_t i = 0; i < count; i++) {
     const int64_t k = k0 + i, g = g_idx ? (int64_t)g_idx[k] : k / group_size;

@@ -1,0 +1,361 @@
+/* test_fp8.c - FP8 (e4m3) checkpoints and on-the-fly FP8 (models/qlinear.c, hal.h's
+ * KILN_HAL_QFMT_FP8_E4M3).
+ *
+ * tools/make_fp8_fixtures.py (numpy; the e4m3 encoding, round to nearest even and saturating,
+ * written from the format description, independently of the C code) quantizes float fixtures
+ * and writes, next to each FP8 checkpoint, its float twin: the same model with every FP8
+ * Linear's exactly dequantized weights f32(e4m3(q) * s) as plain F32 tensors.
+ *   ct_tensor    compressed-tensors, per-tensor scales, static input_scale, an ignored layer
+ *   ct_channel   compressed-tensors, per-channel BF16 scales, dynamic activations, "re:"
+ *                ignores (layer 0's gate/up then mixes FP8 and float: dequantized at load)
+ *   block        quant_method fp8, [128, 128] blocks (weight_scale_inv), llama2 and Qwen3
+ *                (whose fused QKV is dequantized at load: the q/k norms split it)
+ *   block_small  [16, 48] blocks: partial blocks along K
+ *   fly          [model] quantization = fp8 on the float llama2 and the bf16 qwen2 fixtures,
+ *                against the twin numpy computes the same way (s = f32(absmax) / 448, codes
+ *                RNE(w / s), both in f32)
+ * Kiln runs each pair on the CPU backend (the FP8 one through gemm_quant, weights kept in
+ * FP8_E4M3), prefill (M = 20) and decode steps of 1 and 3 tokens. Tolerance: the weights are
+ * the same f32 values in both (hal.h defines W as one f32 rounding of the product), so only
+ * the order of the f32 sums differs (gemm_quant's kernel vs sgemm): 2e-5 of the largest logit,
+ * as test_qlinear; every argmax must agree. ct_channel is also served in bf16 against its twin
+ * in bf16 (test_parity's bf16 bound, 3e-2). On the fly is also compared with the unquantized
+ * model (the cost of FP8 itself): e4m3 keeps 3 mantissa bits, a relative rounding error of at
+ * most 2^-4 per weight (RMS ~2^-4 / sqrt(3) ~ 3.6% over uniformly spread mantissas), which the
+ * two layers of these random fixtures carry into the logits at about that size (measured:
+ * 9.0e-2 of the largest logit for llama2, 7.0e-2 for qwen2_bf16); the bound is 0.15, and the
+ * argmax must agree at >= 70% of the positions (the random fixtures' top logits are close
+ * together: measured 20 / 20 and 18 / 20).
+ * Then every refusal, each naming the key or the tensor.
+ * KILN_TEST_BACKEND=cuda runs the same on a GPU, where every FP8 Linear is widened to the
+ * serving dtype at load (no gemm_quant there) and the pairs must still agree. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "hal/loader.h"
+#include "kiln/hal_quant.h"
+#include "models/model.h"
+#include "models/model_internal.h"
+
+#define SELF_TOL 2e-5
+#define FLY_TOL 0.15
+#define FLY_AGREE 0.7
+
+static const kiln_hal_plugin_t *g_plugin;
+static kiln_hal_registry_t *g_reg;
+static kiln_hal_device_t *g_dev;
+static kiln_hal_stream_t *g_stream;
+static char g_dir[256]; /* the generated fixtures */
+static char g_src[256]; /* tests/fixtures/models */
+static bool g_keeps;    /* the device runs gemm_quant on fp8_e4m3 */
+
+static void check_st(kiln_status_t st) {
+  if (st) fail_msg("%s", kiln_status_message(st));
+}
+
+static void expect_err(kiln_status_t st, const char *frag1, const char *frag2) {
+  if (!st) fail_msg("no error (wanted one mentioning %s)", frag1);
+  const char *msg = kiln_status_message(st);
+  if (!strstr(msg, frag1) || (frag2 && !strstr(msg, frag2)))
+    fail_msg("got: %s\n  want: ...%s...%s", msg, frag1, frag2 ? frag2 : "");
+  kiln_status_free(st);
+}
+
+static int setup(void **state) {
+  (void)state;
+  kiln_hal_registry_options_t o = {0};
+  kiln_status_t st = kiln_hal_registry_create(&o, &g_reg);
+  const char *want = getenv("KILN_TEST_BACKEND"); /* cpu unless set (cuda: the widening path) */
+  if (!st) st = kiln_hal_registry_open(g_reg, want && *want ? want : "cpu", &g_plugin);
+  if (st) {
+    fprintf(stderr, "%s\n", kiln_status_message(st));
+    kiln_status_free(st);
+    return -1;
+  }
+  const kiln_hal_backend_t *be = &g_plugin->table;
+  if (be->device_open(0, &g_dev) || be->stream_create(g_dev, &g_stream)) return -1;
+  kiln_hal_device_info_t di;
+  memset(&di, 0, sizeof(di));
+  di.struct_size = sizeof(di);
+  if (be->device_info(0, &di)) return -1;
+  g_keeps = KILN_HAL_HAS(be, gemm_quant) && be->gemm_quant &&
+            (di.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3));
+  const char *src = getenv("KILN_SOURCE_DIR");
+  if (!src) src = "..";
+  snprintf(g_src, sizeof(g_src), "%s/tests/fixtures/models", src);
+  snprintf(g_dir, sizeof(g_dir), "/tmp/kiln_fp8_XXXXXX");
+  if (!mkdtemp(g_dir)) return -1;
+  static const char *const pythons[] = {"/usr/bin/python3", "python3"};
+  for (size_t i = 0; i < sizeof(pythons) / sizeof(pythons[0]); i++) {
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s -c 'import numpy' 2>/dev/null", pythons[i]);
+    if (system(cmd) != 0) continue;
+    snprintf(cmd, sizeof(cmd),
+             "%s %s/tools/make_fp8_fixtures.py %s/llama2 %s && "
+             "%s %s/tools/make_fp8_fixtures.py %s/qwen3 %s/qwen3 block && "
+             "%s %s/tools/make_fp8_fixtures.py %s/qwen2_bf16 %s/qwen2 fly ct_channel",
+             pythons[i], src, g_src, g_dir, pythons[i], src, g_src, g_dir, pythons[i], src, g_src,
+             g_dir);
+    if (system(cmd) == 0) return 0;
+    fprintf(stderr, "test_fp8: '%s' failed\n", cmd);
+    return -1;
+  }
+  fprintf(stderr, "test_fp8: no python3 with numpy (apt-get install python3-numpy)\n");
+  return -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  if (g_stream) g_plugin->table.stream_destroy(g_stream);
+  if (g_dev) g_plugin->table.device_close(g_dev);
+  kiln_hal_registry_free(g_reg);
+  if (g_dir[0] && strncmp(g_dir, "/tmp/kiln_fp8_", 14) == 0) {
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "test_fp8: could not remove %s\n", g_dir);
+  }
+  return 0;
+}
+
+/* Loads dir (absolute, or under g_dir) with the serving dtype and quantization given. */
+static kiln_status_t load_q(const char *sub, int32_t dtype, int32_t quantization,
+                            kiln_model_t **m) {
+  char path[1400];
+  if (sub[0] == '/')
+    snprintf(path, sizeof(path), "%s", sub);
+  else
+    snprintf(path, sizeof(path), "%s/%s", g_dir, sub);
+  kiln_model_options_t o = {0};
+  o.dtype = dtype;
+  o.quantization = quantization;
+  o.max_tokens = 32;
+  o.max_seqs = 4;
+  o.max_blocks_per_seq = 64;
+  return kiln_model_load(path, &g_plugin->table, g_dev, g_stream, &o, m);
+}
+
+static kiln_status_t load(const char *sub, int32_t dtype, kiln_model_t **m) {
+  return load_q(sub, dtype, KILN_QUANT_NONE, m);
+}
+
+static double rel_err(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - (double)b[i]);
+    if (!(d <= num)) num = d;
+    if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
+  }
+  return den > 0 ? num / den : num;
+}
+
+static int64_t argmax(const float *v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; i++)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+/* Scores 20 positions with mq and mr at each chunking: relative error <= tol; the share of
+ * positions whose argmax agrees >= agree (1: all). */
+static void compare(kiln_model_t *mq, kiln_model_t *mr, const char *name, double tol,
+                    double agree) {
+  const int64_t V = kiln_model_get_config(mq)->vocab_size;
+  int32_t ids[20];
+  for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+  const int32_t n = 20;
+  float *a = malloc((size_t)(n * V) * sizeof(float)), *b = malloc((size_t)(n * V) * sizeof(float));
+  assert_non_null(a);
+  assert_non_null(b);
+  static const int32_t chunks[] = {0, 1, 3}; /* prefill (M = 20), decode (M = 1), M = 3 */
+  for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+    check_st(kiln_model_score(mq, ids, n, chunks[c], 16, a));
+    check_st(kiln_model_score(mr, ids, n, chunks[c], 16, b));
+    const double e = rel_err(a, b, (size_t)(n * V));
+    int same = 0;
+    for (int32_t t = 0; t < n; t++) same += argmax(a + t * V, V) == argmax(b + t * V, V);
+    if (getenv("KILN_TEST_VERBOSE"))
+      printf("  %-22s chunk %d: rel err %.3g, argmax agrees at %d / %d\n", name, chunks[c], e, same,
+             n);
+    if (!(e <= tol)) fail_msg("%s chunk %d: relative error %.3g > %.1e", name, chunks[c], e, tol);
+    if (same < agree * n)
+      fail_msg("%s chunk %d: argmax agrees at %d of %d positions", name, chunks[c], same, n);
+  }
+  free(a);
+  free(b);
+}
+
+static void check_variant(const char *name, int32_t dtype, double tol) {
+  char ref[128];
+  snprintf(ref, sizeof(ref), "%s_ref", name);
+  kiln_model_t *mq = NULL, *mr = NULL;
+  check_st(load(name, dtype, &mq));
+  check_st(load(ref, dtype, &mr));
+  /* Kept in FP8: a quarter of the f32 twin's Linear bytes, so smaller as a whole. */
+  if (g_keeps && dtype == KILN_HAL_F32)
+    assert_true(kiln_model_weight_bytes(mq) < kiln_model_weight_bytes(mr));
+  compare(mq, mr, name, tol, 1.0);
+  kiln_model_free(mq);
+  kiln_model_free(mr);
+}
+
+static void test_ct_tensor(void **state) {
+  (void)state;
+  check_variant("ct_tensor", KILN_HAL_F32, SELF_TOL);
+}
+static void test_ct_channel(void **state) {
+  (void)state;
+  check_variant("ct_channel", KILN_HAL_F32, SELF_TOL);
+  check_variant("qwen2/ct_channel", KILN_HAL_F32, SELF_TOL); /* a bf16 checkpoint, q/k/v biases */
+}
+static void test_block(void **state) {
+  (void)state;
+  check_variant("block", KILN_HAL_F32, SELF_TOL);
+  check_variant("block_small", KILN_HAL_F32, SELF_TOL);
+  check_variant("qwen3/block", KILN_HAL_F32, SELF_TOL);
+}
+/* Serving in bf16: the FP8 weights exact, the twin's rounded to bf16 (2^-9 relative each). */
+static void test_bf16(void **state) {
+  (void)state;
+  check_variant("ct_channel", KILN_HAL_BF16, 3e-2);
+  check_variant("block", KILN_HAL_BF16, 3e-2);
+}
+
+/* [model] quantization = fp8: equal to the numpy twin; close to the unquantized model. */
+static void check_fly(const char *src, const char *ref) {
+  char path[700];
+  snprintf(path, sizeof(path), "%s/%s", g_src, src);
+  kiln_model_t *mq = NULL, *mr = NULL, *mf = NULL;
+  check_st(load_q(path, KILN_HAL_F32, KILN_QUANT_FP8, &mq));
+  check_st(load(ref, KILN_HAL_F32, &mr));
+  check_st(load(path, KILN_HAL_F32, &mf));
+  const kiln_model_config_t *c = kiln_model_get_config(mq);
+  assert_int_equal(c->quant.method, KILN_QUANT_FP8);
+  assert_int_equal(c->quant.fp8_scheme, KILN_FP8_ON_THE_FLY);
+  assert_int_equal(kiln_model_get_config(mf)->quant.method, KILN_QUANT_NONE);
+  if (g_keeps) assert_true(kiln_model_weight_bytes(mq) < kiln_model_weight_bytes(mf));
+  compare(mq, mr, ref, SELF_TOL, 1.0);
+  compare(mq, mf, src, FLY_TOL, FLY_AGREE);
+  kiln_model_free(mq);
+  kiln_model_free(mr);
+  kiln_model_free(mf);
+}
+
+static void test_on_the_fly(void **state) {
+  (void)state;
+  check_fly("llama2", "fly_ref");
+  check_fly("qwen2_bf16", "qwen2/fly_ref");
+}
+
+/* ---- refusals ----------------------------------------------------------------------------- */
+
+/* Rewrites <g_dir>/<sub>/config.json, replacing the first `from` with `to`. */
+static void patch_config(const char *sub, const char *from, const char *to) {
+  char path[700];
+  snprintf(path, sizeof(path), "%s/%s/config.json", g_dir, sub);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  static char buf[16384], out[16800];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *at = strstr(buf, from);
+  if (!at) fail_msg("%s: no '%s'", path, from);
+  snprintf(out, sizeof(out), "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+  f = fopen(path, "wb");
+  assert_non_null(f);
+  fputs(out, f);
+  fclose(f);
+}
+
+/* Loading sub with `from` patched to `to` fails naming frag1 (and frag2); then restored. */
+static void refused_with(const char *sub, const char *from, const char *to, const char *frag1,
+                         const char *frag2) {
+  kiln_model_t *m = NULL;
+  patch_config(sub, from, to);
+  expect_err(load(sub, KILN_HAL_F32, &m), frag1, frag2);
+  assert_null(m);
+  patch_config(sub, to, from);
+}
+
+static void test_refused(void **state) {
+  (void)state;
+  kiln_model_t *m = NULL;
+  /* Tensors. */
+  expect_err(load("bad_e5m2", KILN_HAL_F32, &m), "model.layers.0.self_attn.q_proj.weight",
+             "f8_e5m2");
+  expect_err(load("bad_noscale", KILN_HAL_F32, &m), "model.layers.0.self_attn.q_proj.weight_scale",
+             "missing");
+  expect_err(load("bad_scale_shape", KILN_HAL_F32, &m),
+             "model.layers.0.self_attn.q_proj.weight_scale", "want [64, 1]");
+  expect_err(load("bad_nan", KILN_HAL_F32, &m), "model.layers.0.self_attn.q_proj.weight",
+             "row 1, column 2 is 0x7f");
+  expect_err(load("bad_ignored", KILN_HAL_F32, &m), "model.layers.0.mlp.up_proj",
+             "left unquantized");
+  expect_err(load("bad_static", KILN_HAL_F32, &m), "model.layers.0.self_attn.q_proj.input_scale",
+             "missing");
+  assert_null(m);
+  /* quantization_config keys. */
+  refused_with("ct_channel", "\"compressed-tensors\"", "\"bitsandbytes\"", "quant_method",
+               "bitsandbytes");
+  refused_with("ct_channel", "\"num_bits\": 8", "\"num_bits\": 4", "weights.num_bits", "4");
+  refused_with("ct_channel", "\"symmetric\": true", "\"symmetric\": false", "weights.symmetric",
+               "asymmetric");
+  refused_with("ct_channel", "\"strategy\": \"channel\"", "\"strategy\": \"group\"",
+               "weights.strategy", "group");
+  refused_with("ct_channel", "\"type\": \"float\"", "\"type\": \"int\"", "weights.type", "int");
+  refused_with("ct_channel", "\"float-quantized\"", "\"pack-quantized\"",
+               "quantization_config.format", "pack-quantized");
+  refused_with("ct_channel", "\"strategy\": \"token\"", "\"strategy\": \"group\"",
+               "input_activations.strategy", "group");
+  refused_with("ct_channel", "re:model", "re:(model", "ignore[1]", "regular expression");
+  refused_with("block", "\"fmt\": \"e4m3\"", "\"fmt\": \"e5m2\"", "quantization_config.fmt",
+               "e5m2");
+  refused_with("block", "\"activation_scheme\": \"dynamic\"", "\"activation_scheme\": \"x\"",
+               "activation_scheme", "\"x\"");
+  /* A block scale of the wrong shape for its config: [16, 48] tensors read as [32, 48] blocks */
+  refused_with("block_small", "[\n      16,", "[\n      32,", "weight_scale_inv", "want [");
+  /* On the fly: only float checkpoints; only none / fp8. */
+  expect_err(load_q("ct_channel", KILN_HAL_F32, KILN_QUANT_FP8, &m), "quantization = fp8",
+             "already quantized");
+  expect_err(load_q("ct_channel_ref", KILN_HAL_F32, 7, &m), "quantization 7", "none");
+  char gg[700];
+  snprintf(gg, sizeof(gg), "%s/qwen3_gguf/model.gguf", g_src);
+  expect_err(load_q(gg, KILN_HAL_F32, KILN_QUANT_FP8, &m), "quantization = fp8", "GGUF");
+  assert_null(m);
+}
+
+/* The ignore list: names and "re:" patterns matched from the start of the module name. */
+static void test_ignore_match(void **state) {
+  (void)state;
+  kiln_quant_config_t q;
+  memset(&q, 0, sizeof(q));
+  static const char list[] = "lm_head\0re:.*layers\\.1\\.mlp\0re:model\\.layers\\.0\\.self";
+  memcpy(q.ignore, list, sizeof(list));
+  q.n_ignore = 3;
+  assert_true(kiln_quant_ignored(&q, "lm_head"));
+  assert_false(kiln_quant_ignored(&q, "lm_head2"));
+  assert_true(kiln_quant_ignored(&q, "model.layers.1.mlp.down_proj"));
+  assert_false(kiln_quant_ignored(&q, "model.layers.11.mlp.down_proj"));
+  assert_true(kiln_quant_ignored(&q, "model.layers.0.self_attn.q_proj"));
+  assert_false(kiln_quant_ignored(&q, "x.model.layers.0.self_attn.q_proj")); /* anchored */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ignore_match), cmocka_unit_test(test_ct_tensor),
+      cmocka_unit_test(test_ct_channel),   cmocka_unit_test(test_block),
+      cmocka_unit_test(test_bf16),         cmocka_unit_test(test_on_the_fly),
+      cmocka_unit_test(test_refused),
+  };
+  return cmocka_run_group_tests_name("fp8", tests, setup, teardown);
+}
