@@ -46,6 +46,12 @@ static const gq_case_t gq_cases[] = {
     {33, 70, 0, true, false, 2, 1, 0, 2}, /* prefill-sized */
     {0, 5, 0, false, false, 0, 0, 0, 0},  /* M = 0: a no-op */
     {3, 0, 0, false, false, 0, 0, 0, 0},  /* N = 0 */
+    /* Aligned rows (no pads or pads of 8 elements / 16 bytes): a GPU's vector decode paths. */
+    {2, 40, 0, true, false, 0, 0, 0, 0},
+    {3, 45, 0, false, true, 8, 1, 16, 16},
+    {8, 67, 0, true, true, 0, 0, 0, 0},
+    {9, 33, 0, true, false, 8, 0, 16, 0},
+    {64, 40, 0, true, false, 0, 0, 0, 0},
 };
 
 /* A random finite f16 of magnitude in [2^-12, 2^-4], negative when neg. */
@@ -378,7 +384,7 @@ static void gqg_all(const oh_backend_t *be, int32_t fmt) {
   /* FP8: no zeros, no g_idx; group_size K (0 here) is per-channel (and per-tensor) scales,
    * 128 the block checkpoints' [128, 128] blocks. */
   const bool fp8 = fmt == KILN_HAL_QFMT_FP8_E4M3;
-  static const int64_t Ms[] = {1, 3, 17, 64};
+  static const int64_t Ms[] = {1, 2, 3, 8, 9, 17, 64};
   static const int32_t gss[] = {32, 64, 128, 0};
   for (int di = 0; di < 3; di++) {
     const int32_t dt = oh_float_dtypes[di];
@@ -461,6 +467,8 @@ void test_ops_gemm_quant(void **state) {
       gq_run(be, fmt, KILN_HAL_F32, &big);
       big.M = 5;
       gq_run(be, fmt, oh_dtype_ok(be, KILN_HAL_BF16) ? KILN_HAL_BF16 : KILN_HAL_F32, &big);
+      big.M = 8;
+      gq_run(be, fmt, oh_dtype_ok(be, KILN_HAL_F16) ? KILN_HAL_F16 : KILN_HAL_F32, &big);
       gq_bad_args(be, fmt);
     }
     for (int32_t fmt = KILN_HAL_QFMT_INT4_G; fmt < KILN_HAL_QFMT_GROUP_END; fmt++) {

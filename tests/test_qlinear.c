@@ -19,8 +19,9 @@
  *    variants are also served in bf16 (x bf16 into gemm_quant) against their twin in bf16,
  *    within test_parity's bf16 bound (3e-2).
  * 3. A checkpoint whose quantization_config Kiln does not run is refused at load, naming it.
- * KILN_TEST_BACKEND=cuda runs the same on a GPU, where every Linear is dequantized at load (the
- * CUDA backend has no gemm_quant) and the pairs must still agree. */
+ * KILN_TEST_BACKEND=cuda (or KILN_TEST_BACKENDS naming cuda) runs the same on a GPU, where the
+ * CUDA backend's gemm_quant keeps the weights quantized as the CPU does, and the pairs must
+ * still agree. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
 #include <setjmp.h>
@@ -310,12 +311,29 @@ static void test_bad_tensors(void **state) {
 
 /* ---- 2. end to end ------------------------------------------------------------------------ */
 
+/* The backend to run on: $KILN_TEST_BACKEND, else the first GPU backend (cuda, rocm) that
+ * $KILN_TEST_BACKENDS names, else cpu. */
+static const char *test_backend_name(void) {
+  const char *one = getenv("KILN_TEST_BACKEND");
+  if (one && *one) return one;
+  const char *list = getenv("KILN_TEST_BACKENDS");
+  static const char *const gpus[] = {"cuda", "rocm"};
+  for (const char *p = list; p && *p;) {
+    size_t len = strcspn(p, ", ");
+    for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++)
+      if (len == strlen(gpus[i]) && strncmp(p, gpus[i], len) == 0) return gpus[i];
+    p += len;
+    p += strspn(p, ", ");
+  }
+  return "cpu";
+}
+
+
 static int setup(void **state) {
   (void)state;
   kiln_hal_registry_options_t o = {0};
   kiln_status_t st = kiln_hal_registry_create(&o, &g_reg);
-  const char *want = getenv("KILN_TEST_BACKEND"); /* cpu unless set (cuda: the widening path) */
-  if (!st) st = kiln_hal_registry_open(g_reg, want && *want ? want : "cpu", &g_plugin);
+  if (!st) st = kiln_hal_registry_open(g_reg, test_backend_name(), &g_plugin);
   if (st) {
     fprintf(stderr, "%s\n", kiln_status_message(st));
     kiln_status_free(st);

@@ -132,7 +132,6 @@ static void run_memcpy(void *vctx) {
 
 static void run_copy(void *vctx) { check(be->copy(stream, vctx), "copy"); }
 static void run_gemm(void *vctx) { check(be->gemm(stream, vctx), "gemm"); }
-static void run_gemm_quant(void *vctx) { check(be->gemm_quant(stream, vctx), "gemm_quant"); }
 static void run_attention(void *vctx) { check(be->attention(stream, vctx), "attention"); }
 static void run_rmsnorm(void *vctx) { check(be->rmsnorm(stream, vctx), "rmsnorm"); }
 static void run_layernorm(void *vctx) { check(be->layernorm(stream, vctx), "layernorm"); }
@@ -254,11 +253,19 @@ static void bench_gemm(void) {
     }
 }
 
-/* ---- gemm_quant: the GGUF block formats against bf16 ---------------------------------------
- * The same Linear shapes as the decode rows above in every block format the device claims
- * (KILN_HAL_CAP_QUANT), weights of random blocks with finite f16 scales (any byte pattern is a
- * valid block), x bf16; each format's row prints the GB/s of its quantized bytes and its time
- * against bf16 gemm's on the same shape and M, measured in the same run. */
+/* ---- gemm_quant: the quantized formats against bf16 ----------------------------------------
+ * Decode-sized Linear shapes (Llama-3.2-1B-ish and 7B/8B-ish layers, a 152k-row lm_head) in
+ * every format the device claims (KILN_HAL_CAP_QUANT): the GGUF block formats with random
+ * blocks and finite f16 scales (any byte pattern is a valid block), and the group formats with
+ * group_size 128, zeros and no g_idx; x bf16. Each format's row prints the GB/s of its
+ * quantized bytes, its roof against the measured copy bandwidth ("bytes" ceiling), and its time
+ * against bf16 gemm's on the same shape and M, measured in the same run. So that a GPU's L2
+ * (50 MiB on an H200) does not serve the weights, the timed calls rotate over enough copies of
+ * the weights to pass 256 MiB, and each timed run is a batch of calls lasting about 2 ms (one
+ * synchronisation per batch, not per call). */
+
+#define QB_ROTATE_BYTES ((uint64_t)256 << 20)
+#define QB_MAX_COPIES 16
 
 static void fill_blocks(kiln_hal_buffer_t *b, int32_t fmt, int64_t nblocks) {
   const int B = kiln_hal_qfmt_block_bytes(fmt);
@@ -327,11 +334,83 @@ static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64
   free(sc);
 }
 
+/* Random bytes (codes, zeros) into b. */
+static void fill_bytes(kiln_hal_buffer_t *b, uint64_t n) {
+  uint8_t *host = malloc((size_t)n);
+  if (!host) die("malloc", NULL);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    host[i] = (uint8_t)(x >> 32);
+  }
+  check(be->copy_h2d(stream, b, 0, host, n), "copy_h2d");
+  check(be->stream_sync(stream), "stream_sync");
+  free(host);
+}
+
+/* How many copies of `bytes` of weights pass QB_ROTATE_BYTES (at most QB_MAX_COPIES). */
+static int rotate_copies(uint64_t bytes) {
+  uint64_t n = bytes ? (QB_ROTATE_BYTES + bytes - 1) / bytes : 1;
+  return n < 1 ? 1 : n > QB_MAX_COPIES ? QB_MAX_COPIES : (int)n;
+}
+
+/* Copies buffer 0's first `bytes` into buffers 1 .. n - 1. */
+static void replicate(kiln_hal_buffer_t **bufs, int n, uint64_t bytes) {
+  for (int i = 1; i < n; i++)
+    check(be->copy_d2d(stream, bufs[i], 0, bufs[0], 0, bytes), "copy_d2d");
+  check(be->stream_sync(stream), "stream_sync");
+}
+
+/* One call of a rotation: the next of n argument structs, gemm or gemm_quant. */
+typedef struct rot_ctx {
+  kiln_hal_gemm_args_t *g;
+  kiln_hal_gemm_quant_args_t *q;
+  int n, i;
+  int batch; /* calls per timed run */
+} rot_ctx_t;
+
+static void run_rot(void *vctx) {
+  rot_ctx_t *c = vctx;
+  for (int b = 0; b < c->batch; b++) {
+    const int i = c->i;
+    c->i = (c->i + 1) % c->n;
+    if (c->g)
+      check(be->gemm(stream, &c->g[i]), "gemm");
+    else
+      check(be->gemm_quant(stream, &c->q[i]), "gemm_quant");
+  }
+}
+
+/* Times one call of the rotation: picks the batch from a synchronised call, then per-call
+ * figures of batched runs. */
+static timing_t time_rot(rot_ctx_t *c) {
+  c->batch = 1;
+  run_rot(c);
+  check(be->stream_sync(stream), "stream_sync");
+  double t0 = now_s();
+  run_rot(c);
+  check(be->stream_sync(stream), "stream_sync");
+  double once = now_s() - t0;
+  int batch = once > 0 ? (int)(2e-3 / once) : 1;
+  c->batch = batch < 1 ? 1 : batch > 200 ? 200 : batch;
+  timing_t t = time_it(run_rot, c);
+  t.median /= c->batch;
+  t.min /= c->batch;
+  return t;
+}
+
 static void bench_qgemm(void) {
   static const int64_t Ms[] = {1, 8, 128};
-  static const int64_t shapes[][2] = {{2048, 8192}, {8192, 2048}, {4096, 4096}, {2048, 128256}};
-  static const int32_t fmts[] = {KILN_HAL_QFMT_Q4_0, KILN_HAL_QFMT_Q8_0, KILN_HAL_QFMT_Q4_K,
-                                 KILN_HAL_QFMT_Q5_K, KILN_HAL_QFMT_Q6_K};
+  /* {K, N}: 1B-ish (2048 x 8192 up, 8192 x 2048 down), 7B-ish (4096 x 4096 attention,
+   * 4096 x 14336 gate/up, 14336 x 4096 down), a Qwen-sized lm_head (3584 x 151936). */
+  static const int64_t shapes[][2] = {{2048, 8192},  {8192, 2048},  {4096, 4096},
+                                      {4096, 14336}, {14336, 4096}, {3584, 151936}};
+  static const int32_t fmts[] = {KILN_HAL_QFMT_Q4_0, KILN_HAL_QFMT_Q8_0,   KILN_HAL_QFMT_Q4_K,
+                                 KILN_HAL_QFMT_Q5_K, KILN_HAL_QFMT_Q6_K,   KILN_HAL_QFMT_INT4_G,
+                                 KILN_HAL_QFMT_INT8_G};
+  const int32_t gs = 128;
   kiln_hal_device_info_t info;
   memset(&info, 0, sizeof(info));
   info.struct_size = sizeof(info);
@@ -340,59 +419,101 @@ static void bench_qgemm(void) {
     printf("gemm_quant: not in this plugin's table\n\n");
     return;
   }
+  printf("gemm_quant: GB/s of the quantized weight bytes; roof against the copy bandwidth (%.1f "
+         "GB/s read + written)\n",
+         peak_gbs);
   print_header();
   for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
     const int64_t K = shapes[s][0], N = shapes[s][1], maxM = quick ? 8 : 128;
-    if (quick && N > 100000) continue;
-    kiln_hal_buffer_t *wb = alloc_buf((uint64_t)(N * K) * 2);
+    if (quick && (N > 100000 || K > 8192 || N > 8192)) continue;
+    const uint64_t wbytes = (uint64_t)(N * K) * 2;
+    const int nw = rotate_copies(wbytes);
+    kiln_hal_buffer_t *wb[QB_MAX_COPIES];
+    for (int i = 0; i < nw; i++) wb[i] = alloc_buf(wbytes);
     kiln_hal_buffer_t *x = alloc_buf((uint64_t)(maxM * K) * 2);
     kiln_hal_buffer_t *y = alloc_buf((uint64_t)(maxM * N) * 2);
-    fill_random(wb, KILN_HAL_BF16, N * K, 0.05f);
+    fill_random(wb[0], KILN_HAL_BF16, N * K, 0.05f);
+    replicate(wb, nw, wbytes);
     fill_random(x, KILN_HAL_BF16, maxM * K, 1.0f);
     for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
       const int64_t M = Ms[mi];
       if (M > maxM || (M > 8 && N > 100000)) continue;
       int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
-      kiln_hal_gemm_args_t g;
-      memset(&g, 0, sizeof(g));
-      g.struct_size = sizeof(g);
-      g.a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
-      g.b = kiln_hal_tensor_make(wb, 0, KILN_HAL_BF16, 2, bs);
-      g.b.stride[0] = 1;
-      g.b.stride[1] = K;
-      g.c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
-      g.alpha = 1.0f;
-      timing_t tb = time_it(run_gemm, &g);
+      kiln_hal_gemm_args_t g[QB_MAX_COPIES];
+      for (int i = 0; i < nw; i++) {
+        memset(&g[i], 0, sizeof(g[i]));
+        g[i].struct_size = sizeof(g[i]);
+        g[i].a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
+        g[i].b = kiln_hal_tensor_make(wb[i], 0, KILN_HAL_BF16, 2, bs);
+        g[i].b.stride[0] = 1;
+        g[i].b.stride[1] = K;
+        g[i].c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
+        g[i].alpha = 1.0f;
+      }
+      rot_ctx_t rg = {g, NULL, nw, 0, 1};
+      timing_t tb = time_rot(&rg);
       char name[96];
       snprintf(name, sizeof(name), "gemm bf16 M=%-3lld K=%-5lld N=%-6lld", (long long)M,
                (long long)K, (long long)N);
-      report(name, tb, 2.0 * (double)(M * N) * (double)K, (double)(N * K * 2), M > 8);
+      report(name, tb, 2.0 * (double)(M * N) * (double)K, (double)wbytes, M > 8);
       for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
         const int32_t fmt = fmts[f];
-        if (!(info.caps & KILN_HAL_CAP_QUANT(fmt)) || K % kiln_hal_qfmt_block_elems(fmt)) continue;
-        const int64_t row = K / kiln_hal_qfmt_block_elems(fmt) * kiln_hal_qfmt_block_bytes(fmt);
-        kiln_hal_buffer_t *qb = alloc_buf((uint64_t)(row * N));
-        fill_blocks(qb, fmt, N * (K / kiln_hal_qfmt_block_elems(fmt)));
-        kiln_hal_gemm_quant_args_t q;
-        memset(&q, 0, sizeof(q));
-        q.struct_size = sizeof(q);
-        q.x = g.a;
-        q.y = g.c;
-        q.w.buffer = qb;
-        q.w.format = fmt;
-        q.w.n = N;
-        q.w.k = K;
-        q.w.row_stride = row;
-        timing_t tq = time_it(run_gemm_quant, &q);
-        snprintf(name, sizeof(name), "  %-4s (x%.2f of bf16's time)", kiln_hal_qfmt_name(fmt),
+        const bool group = kiln_hal_qfmt_is_group(fmt);
+        if (!(info.caps & KILN_HAL_CAP_QUANT(fmt))) continue;
+        if (!group && K % kiln_hal_qfmt_block_elems(fmt)) continue;
+        const int64_t row = group ? kiln_hal_qgroup_row_bytes(fmt, K)
+                                  : K / kiln_hal_qfmt_block_elems(fmt) *
+                                        kiln_hal_qfmt_block_bytes(fmt);
+        const int64_t G = (K + gs - 1) / gs;
+        /* the group formats' scales (f16) and zeros (u8) follow the codes in the buffer */
+        const uint64_t codes = (uint64_t)(row * N), sz_off = (codes + 255) / 256 * 256;
+        const uint64_t z_off = sz_off + (uint64_t)(N * G) * 2;
+        const uint64_t qbytes = group ? z_off + (uint64_t)(N * G) : codes;
+        const int nq = rotate_copies(qbytes);
+        kiln_hal_buffer_t *qb[QB_MAX_COPIES];
+        for (int i = 0; i < nq; i++) qb[i] = alloc_buf(qbytes);
+        if (group) {
+          fill_bytes(qb[0], qbytes);
+          /* scales: f16 2^-8 everywhere (finite products) */
+          uint16_t *h = malloc((size_t)(N * G) * 2);
+          if (!h) die("malloc", NULL);
+          for (int64_t i = 0; i < N * G; i++) h[i] = 0x1c00;
+          check(be->copy_h2d(stream, qb[0], sz_off, h, (uint64_t)(N * G) * 2), "copy_h2d");
+          check(be->stream_sync(stream), "stream_sync");
+          free(h);
+        } else {
+          fill_blocks(qb[0], fmt, N * (K / kiln_hal_qfmt_block_elems(fmt)));
+        }
+        replicate(qb, nq, qbytes);
+        kiln_hal_gemm_quant_args_t q[QB_MAX_COPIES];
+        for (int i = 0; i < nq; i++) {
+          memset(&q[i], 0, sizeof(q[i]));
+          q[i].struct_size = sizeof(q[i]);
+          q[i].x = g[0].a;
+          q[i].y = g[0].c;
+          q[i].w.buffer = qb[i];
+          q[i].w.format = fmt;
+          q[i].w.n = N;
+          q[i].w.k = K;
+          q[i].w.row_stride = row;
+          if (group) {
+            int64_t ss[2] = {N, G};
+            q[i].w.group_size = gs;
+            q[i].w.scales = kiln_hal_tensor_make(qb[i], sz_off, KILN_HAL_F16, 2, ss);
+            q[i].w.zeros = kiln_hal_tensor_make(qb[i], z_off, KILN_HAL_U8, 2, ss);
+          }
+        }
+        rot_ctx_t rq = {NULL, q, nq, 0, 1};
+        timing_t tq = time_rot(&rq);
+        snprintf(name, sizeof(name), "  %-6s (x%.2f of bf16's time)", kiln_hal_qfmt_name(fmt),
                  tq.median / tb.median);
-        report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)(row * N), M > 8);
-        be->buffer_free(qb);
+        report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)qbytes, M > 8);
+        for (int i = 0; i < nq; i++) be->buffer_free(qb[i]);
       }
       if (info.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3)) /* per-channel scales */
-        bench_fp8(&g, M, N, K, tb);
+        bench_fp8(&g[0], M, N, K, tb);
     }
-    be->buffer_free(wb);
+    for (int i = 0; i < nw; i++) be->buffer_free(wb[i]);
     be->buffer_free(x);
     be->buffer_free(y);
   }

@@ -2,6 +2,7 @@
  * and the host-side validation of every op before its kernel launcher runs. */
 #define _GNU_SOURCE /* dladdr-free, but RTLD_* and strnlen want it on some libcs */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -241,6 +242,21 @@ static kiln_hal_error_t *check_index(const char *op, int32_t index) {
   return NULL;
 }
 
+/* The quantized formats gemm_quant takes (cuda_qgemv.cu): every GGUF block format and the
+ * INT4_G / INT8_G group formats; KILN_HAL_CAP_QUANT of each is set in device_info. Not
+ * FP8_E4M3: the loader widens FP8 checkpoints to bf16 for this backend. */
+static bool qfmt_supported(int32_t fmt) {
+  return (fmt >= KILN_HAL_QFMT_Q4_0 && fmt < KILN_HAL_QFMT_COUNT) ||
+         fmt == KILN_HAL_QFMT_INT4_G || fmt == KILN_HAL_QFMT_INT8_G;
+}
+
+static uint64_t quant_caps(void) {
+  uint64_t caps = 0;
+  for (int32_t f = 0; f < KILN_HAL_QFMT_GROUP_END; f++)
+    if (qfmt_supported(f)) caps |= KILN_HAL_CAP_QUANT(f);
+  return caps;
+}
+
 static kiln_hal_error_t *cuda_device_info(int32_t index, kiln_hal_device_info_t *out_info) {
   if (!out_info) return cuda_err_arg("device_info: out_info is NULL");
   uint32_t caller_size = out_info->struct_size;
@@ -270,6 +286,7 @@ static kiln_hal_error_t *cuda_device_info(int32_t index, kiln_hal_device_info_t 
   if (p.major >= 8) info.caps |= KILN_HAL_CAP_BF16 | KILN_HAL_CAP_TF32;
 #endif
   if (cuda_nccl_available()) info.caps |= KILN_HAL_CAP_COLLECTIVES;
+  info.caps |= quant_caps(); /* gemm_quant (cuda_qgemv.cu) */
   info.warp_size = p.warpSize;
   info.compute_units = p.multiProcessorCount;
   info.pci_bus_id =
@@ -366,6 +383,7 @@ static void cuda_buffer_free(kiln_hal_buffer_t *buffer) {
     else
       (void)cudaFree(buffer->ptr);
   }
+  free(buffer->gidx_ok);
   free(buffer);
 }
 
@@ -547,6 +565,152 @@ static kiln_hal_error_t *cuda_gemm_op(kiln_hal_stream_t *s, const kiln_hal_gemm_
   CHECK(ARGS_COPY("gemm", a, user));
   CHECK(cuda_stream_enter(s));
   return cuda_gemm(s, &a);
+}
+
+/* KILN_CUDA_QGEMM=tiled, read once: every gemm_quant on the tiled kernel, also at M <= 8 (to
+ * test it against the decode GEMV). */
+static bool qgemm_tiled_forced(void) {
+  static atomic_int state; /* 0 = not read yet, 1 = no, 2 = yes */
+  int v = atomic_load_explicit(&state, memory_order_relaxed);
+  if (v == 0) {
+    const char *m = getenv("KILN_CUDA_QGEMM");
+    v = (m && strcmp(m, "tiled") == 0) ? 2 : 1;
+    atomic_store_explicit(&state, v, memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+/* ---- gemm_quant's g_idx check ---------------------------------------------------------- *
+ * hal.h: a g_idx entry outside [0, G) is INVALID_ARGUMENT. The entries live in device memory,
+ * so checking them costs a copy to the host and a synchronisation: gemm_quant does it the
+ * first time it sees a (buffer, offset, K, G) and remembers the ones that passed on the buffer
+ * (freed with it), so a model's act-order weights are read back once, at their first call,
+ * and never again. Under graph capture (no synchronisation allowed) an unchecked g_idx is not
+ * read back; the kernels still read nothing out of bounds for a bad entry (they make that
+ * weight NaN), and the host checks g_idx at load anyway. A g_idx rewritten in place after its
+ * check is not checked again (weights are not rewritten). */
+static pthread_mutex_t g_gidx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The index of the first entry of b's list with offset >= off. Caller holds the lock. */
+static int64_t gidx_lower(const kiln_hal_buffer_t *b, uint64_t off) {
+  int64_t lo = 0, hi = b->gidx_len;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (b->gidx_ok[mid].offset < off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static bool gidx_known(kiln_hal_buffer_t *b, uint64_t off, int64_t k, int64_t groups) {
+  bool found = false;
+  pthread_mutex_lock(&g_gidx_lock);
+  for (int64_t i = gidx_lower(b, off); i < b->gidx_len && b->gidx_ok[i].offset == off; i++)
+    if (b->gidx_ok[i].k == k && b->gidx_ok[i].groups == groups) found = true;
+  pthread_mutex_unlock(&g_gidx_lock);
+  return found;
+}
+
+/* Remembers a checked g_idx (best effort: out of memory only forgets it). */
+static void gidx_remember(kiln_hal_buffer_t *b, uint64_t off, int64_t k, int64_t groups) {
+  pthread_mutex_lock(&g_gidx_lock);
+  if (b->gidx_len == b->gidx_cap) {
+    int64_t cap = b->gidx_cap ? 2 * b->gidx_cap : 8;
+    cuda_gidx_ok_t *n = realloc(b->gidx_ok, (size_t)cap * sizeof(*n));
+    if (!n) {
+      pthread_mutex_unlock(&g_gidx_lock);
+      return;
+    }
+    b->gidx_ok = n;
+    b->gidx_cap = cap;
+  }
+  int64_t i = gidx_lower(b, off);
+  memmove(b->gidx_ok + i + 1, b->gidx_ok + i, (size_t)(b->gidx_len - i) * sizeof(*b->gidx_ok));
+  b->gidx_ok[i] = (cuda_gidx_ok_t){off, k, groups};
+  b->gidx_len++;
+  pthread_mutex_unlock(&g_gidx_lock);
+}
+
+/* INVALID_ARGUMENT when an entry of w's g_idx lies outside [0, G) (see above). */
+static kiln_hal_error_t *check_gidx(kiln_hal_stream_t *s, const kiln_hal_qweight_t *w) {
+  kiln_hal_buffer_t *b = w->g_idx.buffer;
+  const int64_t K = w->k, G = w->scales.shape[1];
+  if (gidx_known(b, w->g_idx.offset, K, G)) return NULL;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(s->stream, &st);
+  if (e != cudaSuccess) return cuda_err_rt(e, "gemm_quant: cudaStreamIsCapturing");
+  if (s->capturing || st != cudaStreamCaptureStatusNone) return NULL; /* the kernels are safe */
+  int32_t *h = malloc((size_t)K * sizeof(*h));
+  if (!h) return kiln_hal_error_new(KILN_HAL_ERR_OUT_OF_MEMORY, "gemm_quant: out of host memory");
+  e = cudaMemcpyAsync(h, (const char *)b->ptr + w->g_idx.offset, (size_t)K * sizeof(*h),
+                      cudaMemcpyDefault, s->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s->stream);
+  if (e != cudaSuccess) {
+    free(h);
+    return cuda_err_rt(e, "gemm_quant: reading w.g_idx back");
+  }
+  for (int64_t k = 0; k < K; k++)
+    if (h[k] < 0 || h[k] >= G) {
+      kiln_hal_error_t *err =
+          cuda_err_arg("gemm_quant: w.g_idx[%lld] = %d lies outside the %lld groups",
+                       (long long)k, (int)h[k], (long long)G);
+      free(h);
+      return err;
+    }
+  free(h);
+  gidx_remember(b, w->g_idx.offset, K, G);
+  return NULL;
+}
+
+/* gemm_quant (ABI 1.4): hal_check.h's rules and the g_idx check above, then one launch
+ * (cuda_qgemv.cu). */
+static kiln_hal_error_t *cuda_gemm_quant(kiln_hal_stream_t *s,
+                                         const kiln_hal_gemm_quant_args_t *user) {
+  const char *op = "gemm_quant";
+  kiln_hal_gemm_quant_args_t a;
+  CHECK(ARGS_COPY(op, a, user));
+  CHECK(cuda_stream_enter(s));
+  kiln_hal_check_env_t env = cuda_check_env(s->device);
+  CHECK(kiln_hal_check_gemm_quant(&env, &a));
+  if (!qfmt_supported(a.w.format))
+    return cuda_err_unsupported("gemm_quant: format %s (%d) is not implemented on this backend",
+                                kiln_hal_qfmt_name(a.w.format), (int)a.w.format);
+  const int64_t M = a.x.shape[0], K = a.x.shape[1], N = a.w.n;
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+    return cuda_err_unsupported("gemm_quant: M = %lld, N = %lld, K = %lld beyond int32",
+                                (long long)M, (long long)N, (long long)K);
+  if (M == 0 || N == 0) return NULL;
+  cuda_qgemm_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.x = cuda_view(&a.x).ptr;
+  p.ldx = a.x.stride[0];
+  p.dtype_x = a.x.dtype;
+  p.y = cuda_view(&a.y).ptr;
+  p.ldy = a.y.stride[0];
+  p.dtype_y = a.y.dtype;
+  p.bias = cuda_view(&a.bias).ptr;
+  p.w = (const char *)a.w.buffer->ptr + a.w.offset;
+  p.row_stride = a.w.row_stride;
+  p.format = a.w.format;
+  p.M = (int32_t)M;
+  p.N = (int32_t)N;
+  p.K = (int32_t)K;
+  if (kiln_hal_qfmt_is_group(a.w.format)) {
+    p.scales = cuda_view(&a.w.scales).ptr;
+    p.lds = a.w.scales.stride[0];
+    p.zeros = cuda_view(&a.w.zeros).ptr;
+    p.ldz = a.w.zeros.buffer ? a.w.zeros.stride[0] : 0;
+    if (a.w.g_idx.buffer) CHECK(check_gidx(s, &a.w));
+    p.g_idx = (const int32_t *)cuda_view(&a.w.g_idx).ptr; /* contiguous (hal_check.h) */
+    p.group_size = a.w.group_size;
+    if (a.w.scales.shape[1] > INT32_MAX)
+      return cuda_err_unsupported("gemm_quant: w.scales has more than INT32_MAX groups");
+    p.G = (int32_t)a.w.scales.shape[1];
+  }
+  p.force_tiled = qgemm_tiled_forced();
+  return launch_result(cuda_launch_qgemm(s->stream, s->device->warp_size, &p), op);
 }
 
 static kiln_hal_error_t *cuda_embedding(kiln_hal_stream_t *s,
@@ -967,6 +1131,7 @@ static const kiln_hal_backend_t g_table = {
     .graph_destroy = cuda_graph_destroy,
     .layernorm = cuda_layernorm,
     .activation = cuda_activation,
+    .gemm_quant = cuda_gemm_quant, /* 1.4 */
     /* 1.5: collectives on NCCL/RCCL (cuda_nccl.c); without the library they return
      * UNSUPPORTED and device_info leaves KILN_HAL_CAP_COLLECTIVES clear. */
     .comm_get_unique_id = cuda_comm_get_unique_id,

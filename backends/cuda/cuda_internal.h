@@ -34,11 +34,20 @@ struct kiln_hal_device {
   atomic_int capturing; /* streams of this device inside graph_begin..graph_end */
 };
 
+/* A g_idx tensor of this buffer that gemm_quant has found inside its groups (cuda_backend.c). */
+typedef struct cuda_gidx_ok {
+  uint64_t offset;
+  int64_t k, groups;
+} cuda_gidx_ok_t;
+
 struct kiln_hal_buffer {
   kiln_hal_device_t *device;
   void *ptr;     /* device address (pinned: host address, also valid on the device) */
   uint64_t size; /* bytes */
   bool pinned;
+  /* gemm_quant's checked g_idx views, sorted by offset (a lock in cuda_backend.c guards it) */
+  cuda_gidx_ok_t *gidx_ok;
+  int64_t gidx_len, gidx_cap;
 };
 
 /* The GEMM library's state for one stream: cuBLASLt (cuda_blas_lt.c) in the CUDA plugin,

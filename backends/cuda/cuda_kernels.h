@@ -86,6 +86,30 @@ typedef struct cuda_gemv_params {
 
 cudaError_t cuda_launch_gemv(cudaStream_t st, int warp, const cuda_gemv_params_t *p);
 
+/* gemm_quant (cuda_qgemv.cu): y = x @ dequant(w)^T + bias, f32 sums rounded once to y's dtype.
+ * x: [M, K] (row stride ldx elements, last dim contiguous) F32/F16/BF16; y: [M, N] (row stride
+ * ldy) in x's dtype or F32; bias: NULL or [N] contiguous in y's dtype. w: row 0 of N rows of
+ * `format` (kiln_hal_qfmt_t: the GGUF block formats or INT4_G/INT8_G), row_stride bytes apart,
+ * any alignment; the group formats' scales (F16, row stride lds elements), zeros (U8 or NULL,
+ * row stride ldz), g_idx (I32 [K] contiguous or NULL), group_size and G. The caller has
+ * validated everything (hal_check.h); M <= CUDA_QGEMV_MAX_M runs the decode GEMV when x is
+ * 16-byte aligned (ptr and ldx) and K % 8 == 0, else the tiled kernel (force_tiled: always). */
+#define CUDA_QGEMV_MAX_M 8
+typedef struct cuda_qgemm_params {
+  const void *x, *w, *bias;
+  void *y;
+  int64_t ldx, ldy, row_stride;
+  int32_t dtype_x, dtype_y, format;
+  int32_t M, N, K;
+  const void *scales, *zeros;
+  const int32_t *g_idx;
+  int64_t lds, ldz;
+  int32_t group_size, G;
+  bool force_tiled;
+} cuda_qgemm_params_t;
+
+cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_qgemm_params_t *p);
+
 /* Kiln's own gemm (cuda_gemm_kernel.cu; the ROCm plugin's when rocBLAS is absent), all of
  * hal.h's gemm on CUDA cores: c = alpha * a @ b + beta * c + bias per product, f32
  * accumulation, rounded once to c's dtype. Any strides (row-major, column-major or neither;

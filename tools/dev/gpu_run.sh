@@ -10,7 +10,8 @@
 # (bench/perf_check.py: batch-1 decode, prefill 512, offline 1,000 x (512 + 256) and the card's
 # ceilings on a random Qwen2-7B, compared with the newest bench/results/ file; PERF_COMMIT names
 # the commit, which the copied tree cannot tell) and exits 1 when a figure dropped over 5%.
-# KILN_EXTRA_CMAKE adds configure arguments (e.g. -DCMAKE_CUDA_FLAGS=-DKILN_CUDA_ATT_EXPERIMENT for
+# QGEMM=1 runs tools/dev/cuda_qgemm_gpu.sh (gemm_quant's cases, memcheck, quantized models and
+# benchmark on cuda). KILN_EXTRA_CMAKE adds configure arguments (e.g. -DCMAKE_CUDA_FLAGS=-DKILN_CUDA_ATT_EXPERIMENT for
 # the attention tuning variants). VL=1 runs test_vl_engine (image requests through the engine) on the cuda backend.
 # Usage (from the repo root there): bash tools/dev/gpu_run.sh DEPS_DIR
 #   DEPS_DIR/*.deb      Debian 12 -dev packages (inih, cmocka, openblas, pcre2, utf8proc; for
@@ -48,6 +49,10 @@ done
 [ -n "${SELFTEST-1}" ] && echo "== selftest on cuda" && ./build/bin/kiln selftest --set backend.name=cuda 2>&1 | tee "$OUT/selftest.txt"
 if [ -n "${BENCH:-}" ]; then
   echo "== bench_ops cuda"; timeout 240 ./build/bin/kiln-bench-ops build/lib/kiln/libkiln-backend-cuda.so ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_cuda.txt"
+fi
+if [ -n "${QGEMM:-}" ]; then
+  echo "== gemm_quant on cuda (tools/dev/cuda_qgemm_gpu.sh)"
+  OUT="$OUT/qgemm" bash tools/dev/cuda_qgemm_gpu.sh build
 fi
 if [ -n "${SANITIZE_ATTN:-}" ]; then
   # The attention kernels under compute-sanitizer, $SANITIZE_ATTN seconds per tool, both logs in

@@ -1,0 +1,348 @@
+/* cuda_qgemv.cu - gemm_quant (ABI 1.4): y[M, N] = x[M, K] @ dequant(W)^T + bias with W in a
+ * GGUF block format (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) or a group format (INT4_G, INT8_G), never
+ * widened in memory: every kernel decodes the weights in registers from the quantized bytes.
+ *
+ * Dequantization. qdeq8() gives the 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as
+ * exactly the f32 values kiln/hal_quant.h defines (hal.h's contract): Q4_0/Q8_0 (q - 8) * d
+ * and q * d; Q4_K/Q5_K (d * sc) * q - dmin * m, where d * sc * q is exact (an f16 times a 6-bit
+ * and a 5-bit integer, 22 significant bits), so the fused fmaf() rounds once, like the
+ * header's two steps; Q6_K (d * sc) * q, exact; the group formats (q - z) * s, exact. A piece
+ * of 8 never crosses a block or a K-quant sub-block (32 weights). ALN is what the caller
+ * knows of the alignment of every row start (1, or the format's natural one: 2 for Q4_0, Q8_0
+ * and Q6_K, whose blocks are 18, 34 and 210 bytes; 8 for Q4_K, Q5_K and the group formats'
+ * code rows): with it, each field is read with the widest load its offset in the block allows
+ * (u16 pairs for Q4_0's 18-byte blocks, 8-byte loads for K-quant quants), with ALN 1 byte by
+ * byte. A g_idx entry outside [0, G) gives a NaN weight and no read (hal.h: never out of
+ * bounds; the backend cannot inspect device memory without a host synchronisation, which a
+ * graph capture forbids, so the host's load-time check is the error path).
+ *
+ * Decode (M <= 8, x rows 16-byte aligned, K % 8 == 0): qgemv_kernel, cuda_gemv.cu's shape. A
+ * warp owns NPW consecutive rows of W; lane l decodes pieces l, l + WARP, ... (8 weights
+ * each) of every owned row, UNROLL * NPW pieces decoded before any product so their loads are
+ * in flight together; the quantized bytes of a row are read once (a warp's lanes cover
+ * consecutive blocks), the x pieces (16 bytes of f16/bf16, 32 of f32) through L1 like
+ * cuda_gemv.cu. Products and sums in f32 per lane, then over the warp with xor shuffles; lane
+ * 0 adds the bias and rounds once to y's dtype. M is a compile-time MT in {1, 2, 4, 8}; rows
+ * m >= M re-read row M - 1 and are never stored; a warp's rows past N re-read row N - 1.
+ *
+ * Everything else (M > 8, or unaligned x, or a group format's K % 8 != 0): qgemm_kernel, a
+ * CUDA-core tiled gemm with the dequantization fused into its staging: a block of 256
+ * threads owns a 64 x 64 tile of y, walks K in steps of 32, and stages x (widened to f32) and
+ * the step's 64 rows of W (qdeq8, f32) in shared memory, then 4 x 4 f32 fmas per thread per
+ * k. No scratch, no library call. Why not a dequantize-to-bf16 tile and cuBLASLt: hal.h wants
+ * x times the f32 weight (a Q4_0 (q - 8) * d has up to 14 significant bits; bf16 keeps 8, f16
+ * 11), so a half-precision tile changes the math; an f32 tile and an f32 cuBLASLt gemm (no
+ * TF32) keep it but run on the same CUDA cores as this kernel, after a scratch round trip of
+ * 4 bytes per weight and of x widened to f32. Cost: prefill through gemm_quant runs at CUDA-
+ * core f32 speed (some tens of TFLOP/s on an H200, not the ~800 of bf16 tensor cores); a
+ * tensor-core path with an exact split of the weight (hi + lo halves) is future work.
+ *
+ * No allocation, no synchronisation, one launch per call: both capture into graphs as is. */
+#include <math.h>
+
+#include "cuda_common.cuh"
+#include "cuda_qdeq.cuh"
+
+#define QGEMV_THREADS 128
+#define QGEMM_THREADS 256
+#define QGEMM_BM 64
+#define QGEMM_BN 64
+#define QGEMM_BK 32
+#define QGEMM_MAX_GRID_Y 65535
+
+/* ---- x and y ---------------------------------------------------------------------------- */
+
+/* x[k .. k + 8) of a row whose start and k are 16-byte aligned, as f32. */
+static __device__ __forceinline__ void qx8(const float *x, int k, float f[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4 *>(x + k));
+  const float4 b = __ldg(reinterpret_cast<const float4 *>(x + k) + 1);
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+static __device__ __forceinline__ void qx8(const kiln_bf16 *x, int k, float f[8]) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x + k));
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) { /* bf16 is the high half of an f32 */
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+
+static __device__ __forceinline__ void qx8(const kiln_f16 *x, int k, float f[8]) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x + k));
+  const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = qf16(u[i]);
+    f[2 * i + 1] = qf16(u[i] >> 16);
+  }
+}
+
+/* y[idx] = round(v + bias[n]) in y's dtype (bias NULL = none; bias has y's dtype). */
+static __device__ __forceinline__ void qstore(void *y, int32_t dt, int64_t idx, const void *bias,
+                                              int64_t n, float v) {
+  switch (dt) {
+    case KILN_HAL_F32:
+      if (bias) v += ((const float *)bias)[n];
+      ((float *)y)[idx] = v;
+      break;
+    case KILN_HAL_F16:
+      if (bias) v += to_f32(((const kiln_f16 *)bias)[n]);
+      ((kiln_f16 *)y)[idx] = from_f32<kiln_f16>(v);
+      break;
+    default:
+      if (bias) v += to_f32(((const kiln_bf16 *)bias)[n]);
+      ((kiln_bf16 *)y)[idx] = from_f32<kiln_bf16>(v);
+      break;
+  }
+}
+
+/* ---- decode: M <= 8 --------------------------------------------------------------------- */
+
+/* Grid: ceil(N / (NPW * QGEMV_THREADS / WARP)) blocks of QGEMV_THREADS. K % 8 == 0; x and ldx
+ * 16-byte aligned (ldx unused when M == 1). */
+template <int WARP, int MT, int NPW, int UNROLL, int FMT, int ALN, typename T>
+static __global__ void __launch_bounds__(QGEMV_THREADS)
+    qgemv_kernel(const T *__restrict__ x, int64_t ldx, qgemm_w_t q, void *__restrict__ y,
+                 int64_t ldy, int32_t dty, const void *__restrict__ bias, int M, int N, int K) {
+  const int lane = threadIdx.x % WARP;
+  const int64_t n0 = ((int64_t)blockIdx.x * (QGEMV_THREADS / WARP) + threadIdx.x / WARP) * NPW;
+  if (n0 >= N) return; /* warp-uniform; no barrier in the kernel */
+
+  int64_t nr[NPW];
+#pragma unroll
+  for (int j = 0; j < NPW; j++) nr[j] = n0 + j < N ? n0 + j : (int64_t)N - 1;
+  const T *xr[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) xr[m] = x + (int64_t)(m < M ? m : M - 1) * ldx;
+
+  float acc[MT][NPW];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < NPW; j++) acc[m][j] = 0.0f;
+
+  const int K8 = K / 8;
+  for (int base = lane; base < K8; base += WARP * UNROLL) {
+    float wf[UNROLL][NPW][8];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const int p = base + u * WARP;
+      const int pk = (p < K8 ? p : K8 - 1) * 8; /* past the end: re-decode the last piece */
+#pragma unroll
+      for (int j = 0; j < NPW; j++) qdeq8<FMT, ALN>(q, nr[j], pk, wf[u][j]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const int p = base + u * WARP;
+      if (p < K8) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+          float xf[8];
+          qx8(xr[m], p * 8, xf);
+#pragma unroll
+          for (int j = 0; j < NPW; j++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[m][j] = fmaf(xf[e], wf[u][j][e], acc[m][j]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < NPW; j++) acc[m][j] = warp_sum<WARP>(acc[m][j]);
+
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      if (m >= M) break;
+#pragma unroll
+      for (int j = 0; j < NPW; j++) {
+        const int64_t n = n0 + j;
+        if (n >= N) break;
+        qstore(y, dty, (int64_t)m * ldy + n, bias, n, acc[m][j]);
+      }
+    }
+  }
+}
+
+/* ---- everything else: the tiled kernel -------------------------------------------------- */
+
+/* Grid: x = ceil(N / 64), y = min(ceil(M / 64), QGEMM_MAX_GRID_Y), looping over the rest of
+ * M. Any x row stride and alignment, any K (a group format's tail handled weight by weight). */
+template <int FMT, int ALN, typename T>
+static __global__ void __launch_bounds__(QGEMM_THREADS)
+    qgemm_kernel(const T *__restrict__ x, int64_t ldx, qgemm_w_t q, void *__restrict__ y,
+                 int64_t ldy, int32_t dty, const void *__restrict__ bias, int M, int N, int K) {
+  __shared__ float xs[QGEMM_BK][QGEMM_BM + 4];
+  __shared__ float ws[QGEMM_BK][QGEMM_BN + 4];
+  const int t = threadIdx.x;
+  const int ty = t / 16, tx = t % 16;     /* compute: rows ty*4.., columns tx*4.. */
+  const int lr = t / 4, lk = (t % 4) * 8; /* staging: row lr of the tile, k piece lk.. */
+  const int64_t nb = (int64_t)blockIdx.x * QGEMM_BN;
+  const int64_t nl = nb + lr < N ? nb + lr : (int64_t)N - 1; /* the row of W this thread stages */
+
+  for (int64_t mb = (int64_t)blockIdx.y * QGEMM_BM; mb < M;
+       mb += (int64_t)gridDim.y * QGEMM_BM) {
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    const int64_t ml = mb + lr;
+    const T *xrow = x + (ml < M ? ml : 0) * ldx;
+
+    for (int k0 = 0; k0 < K; k0 += QGEMM_BK) {
+      const int k = k0 + lk;
+      float xv[8], wv[8];
+      if (k + 8 <= K) {
+        qdeq8<FMT, ALN>(q, nl, k, wv);
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[e] = ml < M ? to_f32(xrow[k + e]) : 0.0f;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          if constexpr (FMT == KILN_HAL_QFMT_INT4_G || FMT == KILN_HAL_QFMT_INT8_G) {
+            wv[e] = k + e < K ? qdeq1_group<FMT>(q, nl, k + e) : 0.0f;
+          } else {
+            wv[e] = 0.0f; /* not reached: the block formats' K is a multiple of 32 */
+          }
+          xv[e] = ml < M && k + e < K ? to_f32(xrow[k + e]) : 0.0f;
+        }
+      }
+      __syncthreads(); /* the previous step's reads are done */
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        xs[lk + e][lr] = xv[e];
+        ws[lk + e][lr] = wv[e];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < QGEMM_BK; kk++) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = xs[kk][ty * 4 + i];
+#pragma unroll
+        for (int j = 0; j < 4; j++) b[j] = ws[kk][tx * 4 + j];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+      }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int64_t m = mb + ty * 4 + i;
+      if (m >= M) break;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int64_t n = nb + tx * 4 + j;
+        if (n < N) qstore(y, dty, m * ldy + n, bias, n, acc[i][j]);
+      }
+    }
+  }
+}
+
+/* ---- launchers -------------------------------------------------------------------------- */
+
+/* The natural alignment of a format's row starts (see qdeq8). */
+static int qfmt_align(int32_t fmt) {
+  switch (fmt) {
+    case KILN_HAL_QFMT_Q4_K:
+    case KILN_HAL_QFMT_Q5_K:
+    case KILN_HAL_QFMT_INT4_G:
+    case KILN_HAL_QFMT_INT8_G: return 8;
+    default: return 2;
+  }
+}
+
+static qgemm_w_t qgemm_w_of(const cuda_qgemm_params_t *p) {
+  qgemm_w_t q;
+  q.w = (const uint8_t *)p->w;
+  q.rs = p->row_stride;
+  q.scales = (const unsigned short *)p->scales;
+  q.lds = p->lds;
+  q.zeros = (const uint8_t *)p->zeros;
+  q.ldz = p->ldz;
+  q.g_idx = p->g_idx;
+  q.group_size = p->group_size;
+  q.G = p->G;
+  return q;
+}
+
+/* Rows per warp and pieces in flight per (lane, row). */
+template <int WARP, int MT, int FMT, int ALN, typename T>
+static cudaError_t qgemv_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  constexpr int NPW = MT <= 2 ? 2 : 4;
+  constexpr int UNROLL = MT <= 2 ? 2 : 1;
+  constexpr int rows_per_block = NPW * (QGEMV_THREADS / WARP);
+  const int64_t blocks = ((int64_t)p->N + rows_per_block - 1) / rows_per_block;
+  qgemv_kernel<WARP, MT, NPW, UNROLL, FMT, ALN, T><<<(unsigned)blocks, QGEMV_THREADS, 0, st>>>(
+      (const T *)p->x, p->ldx, qgemm_w_of(p), p->y, p->ldy, p->dtype_y, p->bias, p->M, p->N,
+      p->K);
+  return cudaGetLastError();
+}
+
+template <int FMT, int ALN, typename T>
+static cudaError_t qgemm_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  const int64_t gx = ((int64_t)p->N + QGEMM_BN - 1) / QGEMM_BN;
+  int64_t gy = ((int64_t)p->M + QGEMM_BM - 1) / QGEMM_BM;
+  if (gy > QGEMM_MAX_GRID_Y) gy = QGEMM_MAX_GRID_Y;
+  dim3 grid((unsigned)gx, (unsigned)gy);
+  qgemm_kernel<FMT, ALN, T><<<grid, QGEMM_THREADS, 0, st>>>((const T *)p->x, p->ldx, qgemm_w_of(p),
+                                                           p->y, p->ldy, p->dtype_y, p->bias,
+                                                           p->M, p->N, p->K);
+  return cudaGetLastError();
+}
+
+template <int WARP, int FMT, int ALN, typename T>
+static cudaError_t qgemm_pick_kernel(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  const int esz = (int)sizeof(T);
+  const bool x_aligned = ((uintptr_t)p->x % 16 == 0) && (p->M == 1 || (p->ldx * esz) % 16 == 0);
+  if (p->M <= CUDA_QGEMV_MAX_M && p->K % 8 == 0 && x_aligned && !p->force_tiled) {
+    if (p->M <= 1) return qgemv_launch<WARP, 1, FMT, ALN, T>(st, p);
+    if (p->M <= 2) return qgemv_launch<WARP, 2, FMT, ALN, T>(st, p);
+    if (p->M <= 4) return qgemv_launch<WARP, 4, FMT, ALN, T>(st, p);
+    return qgemv_launch<WARP, 8, FMT, ALN, T>(st, p);
+  }
+  return qgemm_launch<FMT, ALN, T>(st, p);
+}
+
+template <int WARP, int FMT, typename T>
+static cudaError_t qgemm_pick_align(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  constexpr int NAT = FMT == KILN_HAL_QFMT_Q4_K || FMT == KILN_HAL_QFMT_Q5_K ||
+                              FMT == KILN_HAL_QFMT_INT4_G || FMT == KILN_HAL_QFMT_INT8_G
+                          ? 8
+                          : 2;
+  const int a = qfmt_align(FMT);
+  if ((uintptr_t)p->w % (uintptr_t)a == 0 && p->row_stride % a == 0)
+    return qgemm_pick_kernel<WARP, FMT, NAT, T>(st, p);
+  return qgemm_pick_kernel<WARP, FMT, 1, T>(st, p);
+}
+
+template <int WARP, typename T>
+static cudaError_t qgemm_pick_fmt(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  switch (p->format) {
+    case KILN_HAL_QFMT_Q4_0: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q4_0, T>(st, p);
+    case KILN_HAL_QFMT_Q8_0: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q8_0, T>(st, p);
+    case KILN_HAL_QFMT_Q4_K: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q4_K, T>(st, p);
+    case KILN_HAL_QFMT_Q5_K: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q5_K, T>(st, p);
+    case KILN_HAL_QFMT_Q6_K: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q6_K, T>(st, p);
+    case KILN_HAL_QFMT_INT4_G: return qgemm_pick_align<WARP, KILN_HAL_QFMT_INT4_G, T>(st, p);
+    case KILN_HAL_QFMT_INT8_G: return qgemm_pick_align<WARP, KILN_HAL_QFMT_INT8_G, T>(st, p);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_qgemm_params_t *p) {
+  if (p->M < 1 || p->N < 1 || p->K < 1) return cudaErrorInvalidValue;
+  if (p->dtype_y != KILN_HAL_F32 && p->dtype_y != p->dtype_x) return cudaErrorInvalidValue;
+  const bool group = p->format == KILN_HAL_QFMT_INT4_G || p->format == KILN_HAL_QFMT_INT8_G;
+  if (group && (!p->scales || p->group_size < 1 || p->G < 1)) return cudaErrorInvalidValue;
+  KILN_WARP_DISPATCH(warp, KILN_FLOAT_DISPATCH(p->dtype_x, return qgemm_pick_fmt<WARP_, T_>(st, p)));
+  return cudaSuccess; /* not reached */
+}
