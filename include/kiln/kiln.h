@@ -391,6 +391,9 @@ typedef struct kiln_metrics {
   uint64_t spec_drafts;
   uint64_t spec_draft_tokens;
   uint64_t spec_accepted_tokens;
+  /* [speculative] method = draft: seconds spent running the draft model (its catch-up and
+   * proposal forwards and their argmax), since start */
+  double spec_draft_seconds;
 } kiln_metrics_t;
 
 /* Copies the metrics into out, whose size is size bytes (sizeof(kiln_metrics_t) of the header
