@@ -273,6 +273,10 @@ uint64_t kiln_engine_seq_seed(uint64_t seed, int32_t index) {
 
 kiln_kv_manager_t *kiln_engine_kv(kiln_engine_t *eng) { return eng->kv; }
 
+kiln_kv_manager_t *kiln_engine_draft_kv(kiln_engine_t *eng) {
+  return eng->draft ? kiln_draft_kv(eng->draft) : NULL;
+}
+
 /* ---- constrained decoding: masks computed while the forward runs ------------------------- */
 
 /* One mask to compute: the allowed tokens of a matcher, plus the end-of-sequence tokens when
