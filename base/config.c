@@ -84,7 +84,7 @@ static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloa
 static const char *const config_quantizations[] = {"none", "fp8", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
-static const char *const config_spec_methods[] = {"off", "ngram", NULL};
+static const char *const config_spec_methods[] = {"off", "ngram", "draft", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const config_log_formats[] = {"text", "json", NULL};
 static const char *const config_hub_progress[] = {"auto", "bar", "lines", "none", NULL};
@@ -177,9 +177,10 @@ static const config_row_t config_rows[] = {
              "Admission order: fcfs = first come first served, priority = by request priority"),
 
     ROW_ENUM("speculative", "method", "off", config_spec_methods,
-             "Speculative decoding of greedy requests: off, or ngram = propose the tokens that "
-             "followed the latest earlier match of the sequence's last tokens (prompt lookup); "
-             "the output is the same as without it (docs/engine.md)"),
+             "Speculative decoding: off, or ngram = propose the tokens that "
+             "followed the latest earlier match of the sequence's last tokens (prompt lookup), "
+             "draft = a smaller model with the same tokenizer (draft_model) proposes them "
+             "greedily; the output is the same as without it (docs/engine.md)"),
     ROW_INT("speculative", "num_speculative_tokens", "4", 1, 32,
             "Most tokens proposed per sequence and step; the model verifies them and the next "
             "token in one forward"),
@@ -187,6 +188,12 @@ static const config_row_t config_rows[] = {
             "Shortest suffix of the sequence that a proposal must match earlier in it"),
     ROW_INT("speculative", "ngram_max", "4", 1, 64,
             "Longest suffix tried first (at least ngram_min)"),
+    ROW_STRING("speculative", "draft_model", "",
+               "method = draft: the draft model (a folder, a .gguf file or a Hub id), with the "
+               "target's vocabulary; loaded on the same device, with its own KV pool"),
+    ROW_FLOAT("speculative", "draft_kv_fraction", "0", 0, 0.9,
+              "method = draft: the share of the KV memory budget given to the draft's pool; "
+              "0 = as many tokens as the target's pool holds"),
     ROW_INT("speculative", "disable_by_batch_size", "8", 1, 65536,
             "Speculation is off in a step where more sequences than this are running (a large "
             "batch already keeps the device busy: proposals would cost more than they save)"),

@@ -120,6 +120,8 @@ static const expected_key_t all_keys[] = {
     {"speculative", "num_speculative_tokens", "4"},
     {"speculative", "ngram_min", "2"},
     {"speculative", "ngram_max", "4"},
+    {"speculative", "draft_model", ""},
+    {"speculative", "draft_kv_fraction", "0"},
     {"speculative", "disable_by_batch_size", "8"},
     {"backend", "name", "auto"},
     {"backend", "path", ""},

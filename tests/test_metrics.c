@@ -405,6 +405,7 @@ static void test_prometheus(void **state) {
   m.spec_drafts = 10;
   m.spec_draft_tokens = 40;
   m.spec_accepted_tokens = 30;
+  m.spec_draft_seconds = 1.5;
   m.warmup_requests = 6;
   m.warmup_seconds = 0.5;
   for (int i = 0; i < 100; i++) {
@@ -441,6 +442,7 @@ static void test_prometheus(void **state) {
       {"kiln:spec_decode_num_drafts_total", "counter"},
       {"kiln:spec_decode_num_draft_tokens_total", "counter"},
       {"kiln:spec_decode_num_accepted_tokens_total", "counter"},
+      {"kiln:spec_decode_draft_seconds_total", "counter"},
       {"kiln:spec_decode_draft_acceptance_rate", "gauge"},
       {"kiln:spec_decode_mean_acceptance_length", "gauge"},
       {"kiln:warmup_requests", "gauge"},
@@ -481,6 +483,7 @@ static void test_prometheus(void **state) {
   assert_true(VALUE("spec_decode_num_drafts_total", "") == 10);
   assert_true(VALUE("spec_decode_num_draft_tokens_total", "") == 40);
   assert_true(VALUE("spec_decode_num_accepted_tokens_total", "") == 30);
+  assert_true(VALUE("spec_decode_draft_seconds_total", "") == 1.5);
   assert_true(VALUE("spec_decode_draft_acceptance_rate", "") == 0.75);
   assert_true(VALUE("spec_decode_mean_acceptance_length", "") == 4.0);
   assert_true(VALUE("request_success_total", ",finished_reason=\"stop\"") == 5);

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "base/arena.h"
+#include "core/engine/draft.h"
 #include "core/engine/engine_internal.h"
 #include "core/engine/metrics.h"
 #include "core/engine/textout.h"
@@ -78,6 +79,8 @@ typedef struct seq_state {
   /* constrained decoding: the sequence's matcher, and this step's mask job's error */
   kiln_guide_matcher_t *gm;
   const char *gerr;
+  /* speculative decoding's draft model: what its KV cache holds of this sequence */
+  kiln_draft_seq_t dseq;
 } seq_state_t;
 
 struct kiln_request {
@@ -186,6 +189,17 @@ struct kiln_engine {
   /* speculative decoding ([speculative]): k (0 = off), the n-gram lengths, the batch size
    * above which a step does not speculate, the logits rows one step may give to proposals */
   int32_t spec_k, spec_min, spec_max, spec_batch, spec_rows;
+  /* method = draft: the draft model, its KV cache, its runner and block manager (draft), and
+   * the per-step proposal requests (the running sequence of each, and room for k tokens) */
+  bool spec_draft, force_host;
+  int32_t dmax; /* most sequences a step proposes for: min(disable_by_batch_size, max_num_seqs) */
+  kiln_model_t *dmodel;
+  kiln_kv_cache_t *dkvc;
+  kiln_draft_t *draft;
+  kiln_draft_req_t *dreqs;
+  kiln_seq_t **dseqs;
+  int32_t *dbuf;
+  char *draft_path;
   int64_t max_len;
   bool chunked;
   int32_t max_queued;
@@ -259,6 +273,10 @@ uint64_t kiln_engine_seq_seed(uint64_t seed, int32_t index) {
 }
 
 kiln_kv_manager_t *kiln_engine_kv(kiln_engine_t *eng) { return eng->kv; }
+
+kiln_kv_manager_t *kiln_engine_draft_kv(kiln_engine_t *eng) {
+  return eng->draft ? kiln_draft_kv(eng->draft) : NULL;
+}
 
 /* ---- constrained decoding: masks computed while the forward runs ------------------------- */
 
@@ -867,6 +885,7 @@ static void seq_end(kiln_engine_t *e, kiln_request_t *r, int32_t i, kiln_finish_
     }
   }
   if (r->seqs[i].state != KILN_SEQ_FINISHED) kiln_scheduler_finish(e->sched, &r->seqs[i]);
+  if (e->draft) kiln_draft_release(e->draft, &ss->dseq);
   ss->done = true;
   r->num_done++;
   /* A request that never forked ends all n at once (its other sequences never existed). */
@@ -1844,8 +1863,44 @@ int32_t kiln_spec_ngram_propose(const int32_t *tokens, int32_t n, int32_t ngram_
   return 0;
 }
 
+/* method = draft: the draft's proposals for the sequences gathered in e->dreqs (one batched
+ * greedy run of the draft model), appended to each as drafts. A draft that fails (a device
+ * error) only means no proposals in this step. */
+static void spec_draft_run(kiln_engine_t *e, int32_t nd) {
+  kiln_status_t st = kiln_draft_propose(e->draft, e->dreqs, nd);
+  if (st) {
+    KILN_LOG_W("speculative decoding: the draft model failed, no proposals in this step: %s",
+               kiln_status_message(st));
+    kiln_status_free(st);
+  }
+  for (int32_t i = 0; i < nd; i++) {
+    kiln_seq_t *q = e->dseqs[i];
+    int32_t added = 0;
+    for (; added < e->dreqs[i].k; added++) {
+      kiln_status_t ast = kiln_seq_append(q, e->dreqs[i].out[added]);
+      if (ast) { /* out of memory: fewer proposals */
+        kiln_status_free(ast);
+        break;
+      }
+    }
+    q->num_draft = added;
+  }
+  pthread_mutex_lock(&e->mu);
+  e->metrics.spec_draft_seconds = kiln_draft_seconds(e->draft);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* method = draft: sequences that are not running (preempted) give their draft blocks back. */
+static void spec_draft_release_idle(kiln_engine_t *e) {
+  for (kiln_request_t *r = e->act_head; r; r = r->next)
+    for (int32_t i = 0; i < r->num_live; i++)
+      if (r->seqs[i].state != KILN_SEQ_RUNNING && r->ss[i].dseq.num_blocks)
+        kiln_draft_release(e->draft, &r->ss[i].dseq);
+}
+
 /* Before scheduling: every running sequence loses the proposals of a step that did not run
- * them; then, unless more than disable_by_batch_size sequences are running, each decoding
+ * them (and the draft model, with method = draft, what it held past the sequence's own
+ * tokens); then, unless more than disable_by_batch_size sequences are running, each decoding
  * sequence of a request that speculates gets up to k proposals (fewer where max_tokens or the
  * context would be passed, and within the step's rows for proposals). */
 static void spec_propose(kiln_engine_t *e) {
@@ -1853,10 +1908,13 @@ static void spec_propose(kiln_engine_t *e) {
       e->spec_k > 0 && kiln_scheduler_num_running(e->sched) <= e->spec_batch && e->spec_rows > 0;
   int32_t rows = e->spec_rows;
   int32_t buf[64];
+  int32_t nd = 0;
+  if (e->draft) spec_draft_release_idle(e);
   for (kiln_seq_t *q = kiln_scheduler_running_head(e->sched); q; q = q->next) {
     if (q->num_draft) kiln_seq_drop_drafts(q);
-    if (!on || rows <= 0) continue;
     kiln_request_t *r = q->owner;
+    if (e->draft) kiln_draft_sync(e->draft, &r->ss[q->index].dseq, q->tokens, q->num_tokens);
+    if (!on || rows <= 0) continue;
     if (r->spec_k <= 0 || q->fork_n > 1 || q->num_tokens <= q->num_prompt ||
         q->num_computed != q->num_tokens - 1)
       continue; /* not a decode */
@@ -1867,6 +1925,18 @@ static void spec_propose(kiln_engine_t *e) {
     if (k > rows) k = rows;
     if (k > (int64_t)(sizeof(buf) / sizeof(buf[0]))) k = sizeof(buf) / sizeof(buf[0]);
     if (k <= 0) continue;
+    if (e->draft) { /* proposed below, for all of them at once */
+      if (k > KILN_DRAFT_MAX_K) k = KILN_DRAFT_MAX_K;
+      if (nd >= e->dmax) continue;
+      e->dreqs[nd] = (kiln_draft_req_t){.seq = &r->ss[q->index].dseq,
+                                        .tokens = q->tokens,
+                                        .num_tokens = q->num_tokens,
+                                        .k = (int32_t)k,
+                                        .out = e->dbuf + (size_t)nd * KILN_DRAFT_MAX_K};
+      e->dseqs[nd++] = q;
+      rows -= (int32_t)k;
+      continue;
+    }
     int32_t m =
         kiln_spec_ngram_propose(q->tokens, q->num_tokens, e->spec_min, e->spec_max, (int32_t)k, buf);
     int32_t added = 0;
@@ -1880,6 +1950,7 @@ static void spec_propose(kiln_engine_t *e) {
     q->num_draft = added;
     rows -= added;
   }
+  if (nd) spec_draft_run(e, nd);
 }
 
 static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
@@ -2084,6 +2155,8 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       int32_t base = q->num_tokens - q->num_draft, a = 0;
       while (a < nd && e->so.tokens[j + a] == q->tokens[base + a]) a++;
       kiln_scheduler_accept_drafts(e->sched, q, a);
+      /* the draft model keeps what it was fed of the accepted ones */
+      if (e->draft) kiln_draft_sync(e->draft, &ss->dseq, q->tokens, q->num_tokens);
       kiln_sample_skip(&ss->rng, (uint64_t)a); /* the draws of the accepted proposals' rows */
       take = a + 1; /* the accepted proposals and the model's next token */
       spec_drafts++;
@@ -2209,6 +2282,13 @@ static kiln_status_t alloc_scratch(kiln_engine_t *e) {
   e->b_rows = malloc(L * 4);
   e->item_row = malloc(S * 4);
   e->sdraft = malloc(S * 4);
+  if (e->spec_draft) {
+    e->dreqs = calloc((size_t)e->dmax, sizeof(*e->dreqs));
+    e->dseqs = calloc((size_t)e->dmax, sizeof(*e->dseqs));
+    e->dbuf = calloc((size_t)e->dmax * KILN_DRAFT_MAX_K, 4);
+    if (!e->dreqs || !e->dseqs || !e->dbuf)
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
+  }
   e->srows = malloc(S * sizeof(*e->srows));
   e->sseqs = malloc(S * sizeof(*e->sseqs));
   e->crows = malloc(PROMPT_ROWS * sizeof(*e->crows));
@@ -2249,6 +2329,94 @@ static const char *engine_config_key(void *ctx, const char *plugin, int32_t inde
   snprintf(section, sizeof(section), "plugin.%s", plugin);
   return index < 0 ? NULL
                    : kiln_config_section_key((const kiln_config_t *)ctx, section, (size_t)index);
+}
+
+/* [speculative] method = draft: loads the draft model on the target's device (before the KV
+ * pools are sized, so that its weights come out of the budget) and checks that it shares the
+ * target's vocabulary: the vocabulary size, BOS and EOS ids, and where both have a
+ * tokenizer, its size, special ids and the ids of a probe text. */
+static kiln_status_t load_draft(kiln_engine_t *e, const kiln_config_t *cfg,
+                                const kiln_model_options_t *tmo) {
+  kiln_model_location_t *loc = malloc(sizeof(*loc));
+  if (!loc) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  kiln_status_t st = kiln_model_resolve(cfg, e->draft_path, loc);
+  if (!st) {
+    free(e->draft_path);
+    if (!(e->draft_path = strdup(loc->path)))
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+  }
+  free(loc);
+  if (st) return kiln_status_annotate(st, "speculative.draft_model");
+  const char *path = e->draft_path;
+  kiln_model_config_t mc;
+  size_t plen = strlen(path);
+  if (plen > 5 && !strcmp(path + plen - 5, ".gguf")) {
+    kiln_weights_t *w = NULL;
+    st = kiln_gguf_open(path, &mc, &w);
+    kiln_weights_free(w);
+  } else {
+    st = kiln_model_config_load(path, &mc);
+  }
+  if (st) return kiln_status_annotate(st, "speculative.draft_model %s", path);
+  kiln_model_options_t mo = *tmo;
+  mo.max_seqs = e->dmax;
+  mo.max_logits = e->dmax; /* one row per sequence and draft forward */
+  int64_t len = kiln_rope_max_positions(&mc);
+  if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
+  mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
+  const kiln_model_config_t *tc = kiln_model_get_config(e->model);
+  if (mc.vocab_size != tc->vocab_size)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "speculative.draft_model %s has a vocabulary of %lld tokens, the "
+                            "model %s has %lld: the draft needs the target's tokenizer",
+                            path, (long long)mc.vocab_size, e->model_path,
+                            (long long)tc->vocab_size);
+  bool same_eos = mc.num_eos == tc->num_eos;
+  for (int32_t i = 0; same_eos && i < mc.num_eos; i++)
+    same_eos = mc.eos_token_ids[i] == tc->eos_token_ids[i];
+  if (mc.bos_token_id != tc->bos_token_id || !same_eos)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "speculative.draft_model %s has BOS %d and %d EOS id(s) (first %d), "
+                            "the model %s has BOS %d and %d (first %d): the draft needs the "
+                            "target's tokenizer",
+                            path, mc.bos_token_id, mc.num_eos,
+                            mc.num_eos ? mc.eos_token_ids[0] : -1, e->model_path,
+                            tc->bos_token_id, tc->num_eos, tc->num_eos ? tc->eos_token_ids[0] : -1);
+  if (kiln_model_has_vision(e->model))
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "speculative.method = draft: the model %s is a vision-language "
+                            "model, which draft speculation does not support",
+                            e->model_path);
+  kiln_tokenizer_t *dtok = NULL;
+  if (e->tok && !(st = kiln_model_open_tokenizer(path, &dtok, NULL, NULL, NULL)) && dtok) {
+    static const char probe[] = "Hello, world! The quick brown fox: 12345 <|im_start|> \xc3\xa9t\xc3\xa9";
+    kiln_tokens_t a = KILN_TOKENS_INIT, b = KILN_TOKENS_INIT;
+    bool same = kiln_tokenizer_vocab_size(dtok) == kiln_tokenizer_vocab_size(e->tok) &&
+                kiln_tokenizer_bos_id(dtok) == kiln_tokenizer_bos_id(e->tok) &&
+                kiln_tokenizer_eos_id(dtok) == kiln_tokenizer_eos_id(e->tok);
+    kiln_status_t s1 = kiln_tokenizer_encode(e->tok, probe, sizeof(probe) - 1, true, &a);
+    kiln_status_t s2 = kiln_tokenizer_encode(dtok, probe, sizeof(probe) - 1, true, &b);
+    if (!s1 && !s2)
+      same = same && a.len == b.len && !memcmp(a.ids, b.ids, a.len * sizeof(*a.ids));
+    else
+      same = false;
+    kiln_status_free(s1);
+    kiln_status_free(s2);
+    kiln_tokens_free(&a);
+    kiln_tokens_free(&b);
+    kiln_tokenizer_free(dtok);
+    if (!same)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "speculative.draft_model %s: its tokenizer differs from the one of "
+                              "the model %s (vocabulary size, special ids or the ids of a probe "
+                              "text): the draft needs the target's tokenizer",
+                              path, e->model_path);
+  }
+  if (st) return kiln_status_annotate(st, "speculative.draft_model %s", path);
+  if ((st = kiln_model_load(path, e->plugin ? &e->plugin->table : NULL, e->dev, e->stream, &mo,
+                            &e->dmodel)))
+    return kiln_status_annotate(st, "speculative.draft_model %s", path);
+  return NULL;
 }
 
 /* Opens the backend and loads the model, tokenizer and KV pool named by the config. */
@@ -2341,12 +2509,22 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
     e->num_eos = c->num_eos;
   }
+  if (e->spec_draft && (st = load_draft(e, cfg, &mo))) return st;
   /* The KV pool: [cache] num_blocks, or what the memory budget leaves after the weights and
-   * the activations (both already allocated by the load), capped at what max_num_seqs
-   * sequences of the full context could ever use. */
+   * the activations (both already allocated by the load, the draft model's too), capped at
+   * what max_num_seqs sequences of the full context could ever use. With a draft model, its
+   * pool takes [speculative] draft_kv_fraction of the budget (0: the share that gives it as
+   * many blocks as the target's pool); with [cache] num_blocks set, the draft gets as many
+   * blocks, or with draft_kv_fraction f, f / (1 - f) of the target pool's bytes. */
   uint64_t block_bytes = kiln_model_kv_block_bytes(e->model, e->bs);
-  int64_t nb = kiln_config_get_int(cfg, "cache", "num_blocks");
+  uint64_t dblock_bytes = e->dmodel ? kiln_model_kv_block_bytes(e->dmodel, e->bs) : 0;
+  double dfrac = kiln_config_get_float(cfg, "speculative", "draft_kv_fraction");
+  int64_t nb = kiln_config_get_int(cfg, "cache", "num_blocks"), dnb = 0;
   int64_t cap = (int64_t)e->max_seqs * e->max_blocks + 1;
+  if (e->dmodel && nb > 0)
+    dnb = dfrac > 0 ? (int64_t)((double)nb * dfrac / (1.0 - dfrac) * (double)block_bytes /
+                                (double)dblock_bytes)
+                    : nb;
   if (nb <= 0) {
     uint64_t free_b = 0, total_b = 0;
     if ((he = be->device_memory(e->dev, &free_b, &total_b)))
@@ -2358,6 +2536,12 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       /* Host memory is shared with everything else on the machine: at most 2 GiB unless
        * [cache] num_blocks asks for more. */
       if (budget > 2.0 * 1073741824.0) budget = 2.0 * 1073741824.0;
+    }
+    if (e->dmodel && budget > 0) {
+      double share = dfrac > 0 ? dfrac
+                               : (double)dblock_bytes / (double)(block_bytes + dblock_bytes);
+      dnb = (int64_t)(budget * share / (double)dblock_bytes);
+      budget -= budget * share;
     }
     nb = budget > 0 ? (int64_t)(budget / (double)block_bytes) : 0;
     if (nb > cap) nb = cap;
@@ -2374,6 +2558,32 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   if ((st = kiln_model_kv_create(e->model, (int32_t)nb, e->bs, &e->kvc))) return st;
   kiln_model_graphs_capture(e->model, e->kvc,
                             kiln_config_get_float(cfg, "graph", "capture_budget_s"));
+  if (e->dmodel) {
+    int64_t dmax_blocks = (kiln_model_max_len(e->dmodel) + e->bs - 1) / e->bs;
+    int64_t dcap = (int64_t)e->max_seqs * dmax_blocks + 1;
+    if (dnb > dcap) dnb = dcap;
+    if (dnb > (1 << 30)) dnb = 1 << 30;
+    if (dnb < 1)
+      return kiln_status_make(KILN_ERR_OUT_OF_MEMORY,
+                              "no memory left for the draft model's KV cache "
+                              "(speculative.draft_model %s); raise "
+                              "speculative.draft_kv_fraction or gpu_memory_utilization",
+                              e->draft_path);
+    if ((st = kiln_model_kv_create(e->dmodel, (int32_t)dnb, e->bs, &e->dkvc))) return st;
+    kiln_model_graphs_capture(e->dmodel, e->dkvc,
+                              kiln_config_get_float(cfg, "graph", "capture_budget_s"));
+    kiln_draft_options_t dopt = {.num_blocks = (int32_t)dnb,
+                                 .block_size = e->bs,
+                                 .max_seqs = e->dmax,
+                                 .max_tokens = e->max_tokens,
+                                 .force_host_sampling = e->force_host};
+    if ((st = kiln_runner_model_init(&dopt.runner, e->dmodel, e->dkvc, be, e->dev, e->stream,
+                                     e->dmax)))
+      return st;
+    if ((st = kiln_draft_create(&dopt, &e->draft))) return st;
+    kiln_log(KILN_LOG_INFO, "draft model %s: KV cache of %lld blocks (%.1f MiB)", e->draft_path,
+             (long long)dnb, (double)dnb * (double)dblock_bytes / 1048576.0);
+  }
   *num_blocks = (int32_t)nb;
   if (kiln_model_has_vision(e->model)) {
     e->has_vision = true;
@@ -2572,6 +2782,7 @@ static kiln_status_t engine_warmup(kiln_engine_t *e, const kiln_config_t *cfg) {
   pthread_mutex_unlock(&e->mu);
   e->enc_encodes = e->enc_evictions = 0;
   atomic_store(&e->next_seqno, 0);
+  if (e->draft) kiln_draft_zero_seconds(e->draft);
   kiln_log(KILN_LOG_INFO, "warm-up: %d requests (%d prompt tokens%s) in %.3f s", ran_n,
            ran_tokens + 16, image ? ", one 448x448 image" : "", e->metrics.warmup_seconds);
   return NULL;
@@ -2601,13 +2812,31 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   e->spec_min = (int32_t)kiln_config_get_int(cfg, "speculative", "ngram_min");
   e->spec_max = (int32_t)kiln_config_get_int(cfg, "speculative", "ngram_max");
   e->spec_batch = (int32_t)kiln_config_get_int(cfg, "speculative", "disable_by_batch_size");
-  if (!strcmp(kiln_config_get_string(cfg, "speculative", "method"), "ngram"))
+  const char *method = kiln_config_get_string(cfg, "speculative", "method");
+  e->spec_draft = !strcmp(method, "draft");
+  if (!strcmp(method, "ngram") || e->spec_draft)
     e->spec_k = (int32_t)kiln_config_get_int(cfg, "speculative", "num_speculative_tokens");
-  if (e->spec_min > e->spec_max)
+  e->force_host = su->force_host_sampling;
+  if (e->spec_draft) {
+    char dp[4096];
+    st = kiln_config_get_path(cfg, "speculative", "draft_model", dp, sizeof(dp));
+    if (!st && !dp[0])
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "speculative.method = draft needs speculative.draft_model (a "
+                            "smaller model with the same tokenizer)");
+    if (!st && su->runner.forward)
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "speculative.method = draft needs the model loaded from [model] path "
+                            "(not a given runner)");
+    if (!st && !(e->draft_path = strdup(dp)))
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "engine: out of memory");
+  }
+  if (!st && e->spec_min > e->spec_max)
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                           "speculative.ngram_min (%d) is larger than speculative.ngram_max (%d)",
                           e->spec_min, e->spec_max);
   int32_t sb = e->spec_batch < e->max_seqs ? e->spec_batch : e->max_seqs;
+  e->dmax = sb;
   e->spec_rows = e->spec_k * sb;
   e->max_logits = e->max_seqs + PROMPT_ROWS + e->spec_rows;
   e->max_top = 20;
@@ -2725,6 +2954,13 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   kiln_scheduler_free(e->sched);
   kiln_kv_manager_free(e->kv);
   if (e->runner.destroy) e->runner.destroy(e->runner.ctx);
+  kiln_draft_free(e->draft); /* every sequence gave its draft blocks back above */
+  kiln_kv_cache_free(e->dkvc);
+  kiln_model_free(e->dmodel);
+  free(e->draft_path);
+  free(e->dreqs);
+  free(e->dseqs);
+  free(e->dbuf);
   kiln_kv_cache_free(e->kvc);
   kiln_model_free(e->model);
   kiln_tokenizer_free(e->own_tok);

@@ -34,6 +34,9 @@ kiln_status_t kiln_engine_step(kiln_engine_t *eng, bool *idle);
 /* For tests: the block manager (to check invariants and that every block is free). */
 kiln_kv_manager_t *kiln_engine_kv(kiln_engine_t *eng);
 
+/* For tests: the draft model's block manager (NULL unless [speculative] method = draft). */
+kiln_kv_manager_t *kiln_engine_draft_kv(kiln_engine_t *eng);
+
 /* For tests: the model loaded from the config (NULL with a custom runner). */
 kiln_model_t *kiln_engine_model(kiln_engine_t *e);
 

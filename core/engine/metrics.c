@@ -159,6 +159,14 @@ static void counter(prom_t *p, const char *name, const char *help, uint64_t v) {
   kiln_strbuf_printf(&p->buf, "} %" PRIu64 "\n", v);
 }
 
+static void counter_f(prom_t *p, const char *name, const char *help, double v) {
+  family(p, name, "counter", help);
+  sample_start(p, name);
+  kiln_strbuf_append_str(&p->buf, "} ");
+  put_double(&p->buf, v);
+  kiln_strbuf_append_char(&p->buf, '\n');
+}
+
 static void histogram(prom_t *p, const char *name, const char *help, const kiln_histogram_t *h) {
   char sub[128];
   family(p, name, "histogram", help);
@@ -232,6 +240,9 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
           m->spec_draft_tokens);
   counter(&p, "spec_decode_num_accepted_tokens_total",
           "Proposed tokens accepted (the tokens the model itself chose).", m->spec_accepted_tokens);
+  counter_f(&p, "spec_decode_draft_seconds_total",
+            "Seconds spent running the draft model (speculative method = draft).",
+            m->spec_draft_seconds);
   gauge(&p, "spec_decode_draft_acceptance_rate",
         "Accepted / proposed tokens since start (0 when nothing was proposed).",
         m->spec_draft_tokens ? (double)m->spec_accepted_tokens / (double)m->spec_draft_tokens

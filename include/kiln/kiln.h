@@ -391,6 +391,9 @@ typedef struct kiln_metrics {
   uint64_t spec_drafts;
   uint64_t spec_draft_tokens;
   uint64_t spec_accepted_tokens;
+  /* [speculative] method = draft: seconds spent running the draft model (its catch-up and
+   * proposal forwards and their argmax), since start */
+  double spec_draft_seconds;
   /* start-up warm-up ([engine] warmup): the dummy requests run before the engine took any
    * (none of them counted above), and the seconds they took */
   uint64_t warmup_requests;
