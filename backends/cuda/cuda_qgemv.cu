@@ -16,18 +16,20 @@
  * bounds; the backend cannot inspect device memory without a host synchronisation, which a
  * graph capture forbids, so the host's load-time check is the error path).
  *
- * Decode (M <= 8, x rows 16-byte aligned, K % 8 == 0): qgemv_kernel, cuda_gemv.cu's shape. A
+ * Decode (M <= 8, f16/bf16 x rows 16-byte aligned, weight rows at the format's natural
+ * alignment, K % 8 == 0): qgemv_kernel, cuda_gemv.cu's shape. A
  * warp owns NPW consecutive rows of W; lane l decodes pieces l, l + WARP, ... (8 weights
  * each) of every owned row, UNROLL * NPW pieces decoded before any product so their loads are
  * in flight together; the quantized bytes of a row are read once (a warp's lanes cover
- * consecutive blocks), the x pieces (16 bytes of f16/bf16, 32 of f32) through L1 like
+ * consecutive blocks), the x pieces (16 bytes of f16/bf16) through L1 like
  * cuda_gemv.cu. Products and sums in f32 per lane, then over the warp with xor shuffles; lane
  * 0 adds the bias and rounds once to y's dtype. M is a compile-time MT in {1, 2, 4, 8}; rows
  * m >= M re-read row M - 1 and are never stored; a warp's rows past N re-read row N - 1.
  *
- * Everything else (M > 8, or unaligned x, or a group format's K % 8 != 0): qgemm_kernel, a
- * CUDA-core tiled gemm with the dequantization fused into its staging: a block of 256
- * threads owns a 64 x 64 tile of y, walks K in steps of 32, and stages x (widened to f32) and
+ * Everything else (M > 8, f32 x, unaligned x or weight rows, or K % 8 != 0): qgemm_kernel, a
+ * CUDA-core tiled gemm with the dequantization fused into its staging (one instantiation per
+ * format: x's dtype a run-time switch there, the weights read byte by byte, ALN 1): a block
+ * of 256 threads owns a 64 x 64 tile of y, walks K in steps of 32, and stages x (widened to f32) and
  * the step's 64 rows of W (qdeq8, f32) in shared memory, then 4 x 4 f32 fmas per thread per
  * k. No scratch, no library call. Why not a dequantize-to-bf16 tile and cuBLASLt: hal.h wants
  * x times the f32 weight (a Q4_0 (q - 8) * d has up to 14 significant bits; bf16 keeps 8, f16
@@ -52,13 +54,7 @@
 
 /* ---- x and y ---------------------------------------------------------------------------- */
 
-/* x[k .. k + 8) of a row whose start and k are 16-byte aligned, as f32. */
-static __device__ __forceinline__ void qx8(const float *x, int k, float f[8]) {
-  const float4 a = __ldg(reinterpret_cast<const float4 *>(x + k));
-  const float4 b = __ldg(reinterpret_cast<const float4 *>(x + k) + 1);
-  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
+/* x[k .. k + 8) of an f16/bf16 row whose start and k are 16-byte aligned, as f32. */
 static __device__ __forceinline__ void qx8(const kiln_bf16 *x, int k, float f[8]) {
   const uint4 v = __ldg(reinterpret_cast<const uint4 *>(x + k));
   const unsigned u[4] = {v.x, v.y, v.z, v.w};
@@ -76,6 +72,15 @@ static __device__ __forceinline__ void qx8(const kiln_f16 *x, int k, float f[8])
   for (int i = 0; i < 4; i++) {
     f[2 * i] = qf16(u[i]);
     f[2 * i + 1] = qf16(u[i] >> 16);
+  }
+}
+
+/* x[i] of any float dtype, as f32 (the tiled kernel's staging: one kernel for every x dtype). */
+static __device__ __forceinline__ float qxload(const void *x, int32_t dt, int64_t i) {
+  switch (dt) {
+    case KILN_HAL_F32: return __ldg((const float *)x + i);
+    case KILN_HAL_F16: return to_f32(((const kiln_f16 *)x)[i]);
+    default: return to_f32(((const kiln_bf16 *)x)[i]);
   }
 }
 
@@ -173,10 +178,12 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
 
 /* Grid: x = ceil(N / 64), y = min(ceil(M / 64), QGEMM_MAX_GRID_Y), looping over the rest of
  * M. Any x row stride and alignment, any K (a group format's tail handled weight by weight). */
-template <int FMT, int ALN, typename T>
+template <int FMT>
 static __global__ void __launch_bounds__(QGEMM_THREADS)
-    qgemm_kernel(const T *__restrict__ x, int64_t ldx, qgemm_w_t q, void *__restrict__ y,
-                 int64_t ldy, int32_t dty, const void *__restrict__ bias, int M, int N, int K) {
+    qgemm_kernel(const void *__restrict__ x, int32_t dtx, int64_t ldx, qgemm_w_t q,
+                 void *__restrict__ y, int64_t ldy, int32_t dty, const void *__restrict__ bias,
+                 int M, int N, int K) {
+  constexpr int ALN = 1; /* any row alignment: weights read byte by byte (see the launchers) */
   __shared__ float xs[QGEMM_BK][QGEMM_BM + 4];
   __shared__ float ws[QGEMM_BK][QGEMM_BN + 4];
   const int t = threadIdx.x;
@@ -193,7 +200,7 @@ static __global__ void __launch_bounds__(QGEMM_THREADS)
 #pragma unroll
       for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
     const int64_t ml = mb + lr;
-    const T *xrow = x + (ml < M ? ml : 0) * ldx;
+    const int64_t xrow = (ml < M ? ml : 0) * ldx;
 
     for (int k0 = 0; k0 < K; k0 += QGEMM_BK) {
       const int k = k0 + lk;
@@ -201,7 +208,7 @@ static __global__ void __launch_bounds__(QGEMM_THREADS)
       if (k + 8 <= K) {
         qdeq8<FMT, ALN>(q, nl, k, wv);
 #pragma unroll
-        for (int e = 0; e < 8; e++) xv[e] = ml < M ? to_f32(xrow[k + e]) : 0.0f;
+        for (int e = 0; e < 8; e++) xv[e] = ml < M ? qxload(x, dtx, xrow + k + e) : 0.0f;
       } else {
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -210,7 +217,7 @@ static __global__ void __launch_bounds__(QGEMM_THREADS)
           } else {
             wv[e] = 0.0f; /* not reached: the block formats' K is a multiple of 32 */
           }
-          xv[e] = ml < M && k + e < K ? to_f32(xrow[k + e]) : 0.0f;
+          xv[e] = ml < M && k + e < K ? qxload(x, dtx, xrow + k + e) : 0.0f;
         }
       }
       __syncthreads(); /* the previous step's reads are done */
@@ -249,17 +256,6 @@ static __global__ void __launch_bounds__(QGEMM_THREADS)
 
 /* ---- launchers -------------------------------------------------------------------------- */
 
-/* The natural alignment of a format's row starts (see qdeq8). */
-static int qfmt_align(int32_t fmt) {
-  switch (fmt) {
-    case KILN_HAL_QFMT_Q4_K:
-    case KILN_HAL_QFMT_Q5_K:
-    case KILN_HAL_QFMT_INT4_G:
-    case KILN_HAL_QFMT_INT8_G: return 8;
-    default: return 2;
-  }
-}
-
 static qgemm_w_t qgemm_w_of(const cuda_qgemm_params_t *p) {
   qgemm_w_t q;
   q.w = (const uint8_t *)p->w;
@@ -287,53 +283,63 @@ static cudaError_t qgemv_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
   return cudaGetLastError();
 }
 
-template <int FMT, int ALN, typename T>
+template <int FMT>
 static cudaError_t qgemm_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
   const int64_t gx = ((int64_t)p->N + QGEMM_BN - 1) / QGEMM_BN;
   int64_t gy = ((int64_t)p->M + QGEMM_BM - 1) / QGEMM_BM;
   if (gy > QGEMM_MAX_GRID_Y) gy = QGEMM_MAX_GRID_Y;
   dim3 grid((unsigned)gx, (unsigned)gy);
-  qgemm_kernel<FMT, ALN, T><<<grid, QGEMM_THREADS, 0, st>>>((const T *)p->x, p->ldx, qgemm_w_of(p),
-                                                           p->y, p->ldy, p->dtype_y, p->bias,
-                                                           p->M, p->N, p->K);
+  qgemm_kernel<FMT><<<grid, QGEMM_THREADS, 0, st>>>(p->x, p->dtype_x, p->ldx, qgemm_w_of(p), p->y,
+                                                    p->ldy, p->dtype_y, p->bias, p->M, p->N,
+                                                    p->K);
   return cudaGetLastError();
 }
 
-template <int WARP, int FMT, int ALN, typename T>
-static cudaError_t qgemm_pick_kernel(cudaStream_t st, const cuda_qgemm_params_t *p) {
-  const int esz = (int)sizeof(T);
-  const bool x_aligned = ((uintptr_t)p->x % 16 == 0) && (p->M == 1 || (p->ldx * esz) % 16 == 0);
-  if (p->M <= CUDA_QGEMV_MAX_M && p->K % 8 == 0 && x_aligned && !p->force_tiled) {
-    if (p->M <= 1) return qgemv_launch<WARP, 1, FMT, ALN, T>(st, p);
-    if (p->M <= 2) return qgemv_launch<WARP, 2, FMT, ALN, T>(st, p);
-    if (p->M <= 4) return qgemv_launch<WARP, 4, FMT, ALN, T>(st, p);
-    return qgemv_launch<WARP, 8, FMT, ALN, T>(st, p);
-  }
-  return qgemm_launch<FMT, ALN, T>(st, p);
-}
-
+/* The decode kernel for f16/bf16 x rows 16-byte aligned, weights at the format's natural
+ * alignment, M <= 8 and K % 8 == 0; everything else (f32 x, odd alignments, M > 8) the tiled
+ * kernel. Few instantiations on purpose: every (format, M, dtype, alignment) variant is a
+ * kernel per GPU architecture, and nvcc/hipcc build times grow with them (a variant per
+ * alignment and per x dtype on both paths made this file several minutes of compiler time per
+ * architecture); f32 activations and unaligned weight views are the conformance suite's
+ * cases, not the serving path. */
 template <int WARP, int FMT, typename T>
-static cudaError_t qgemm_pick_align(cudaStream_t st, const cuda_qgemm_params_t *p) {
+static cudaError_t qgemm_pick_kernel(cudaStream_t st, const cuda_qgemm_params_t *p) {
   constexpr int NAT = FMT == KILN_HAL_QFMT_Q4_K || FMT == KILN_HAL_QFMT_Q5_K ||
                               FMT == KILN_HAL_QFMT_INT4_G || FMT == KILN_HAL_QFMT_INT8_G
                           ? 8
                           : 2;
-  const int a = qfmt_align(FMT);
-  if ((uintptr_t)p->w % (uintptr_t)a == 0 && p->row_stride % a == 0)
-    return qgemm_pick_kernel<WARP, FMT, NAT, T>(st, p);
-  return qgemm_pick_kernel<WARP, FMT, 1, T>(st, p);
+  const int esz = (int)sizeof(T);
+  const bool x_aligned = ((uintptr_t)p->x % 16 == 0) && (p->M == 1 || (p->ldx * esz) % 16 == 0);
+  const bool w_aligned = (uintptr_t)p->w % (uintptr_t)NAT == 0 && p->row_stride % NAT == 0;
+  if (p->M <= CUDA_QGEMV_MAX_M && p->K % 8 == 0 && x_aligned && w_aligned && !p->force_tiled) {
+    if (p->M <= 1) return qgemv_launch<WARP, 1, FMT, NAT, T>(st, p);
+    if (p->M <= 2) return qgemv_launch<WARP, 2, FMT, NAT, T>(st, p);
+    if (p->M <= 4) return qgemv_launch<WARP, 4, FMT, NAT, T>(st, p);
+    return qgemv_launch<WARP, 8, FMT, NAT, T>(st, p);
+  }
+  return qgemm_launch<FMT>(st, p);
 }
 
-template <int WARP, typename T>
+template <int WARP, int FMT>
+static cudaError_t qgemm_pick_dtype(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  switch (p->dtype_x) {
+    case KILN_HAL_F16: return qgemm_pick_kernel<WARP, FMT, kiln_f16>(st, p);
+    case KILN_HAL_BF16: return qgemm_pick_kernel<WARP, FMT, kiln_bf16>(st, p);
+    case KILN_HAL_F32: return qgemm_launch<FMT>(st, p);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <int WARP>
 static cudaError_t qgemm_pick_fmt(cudaStream_t st, const cuda_qgemm_params_t *p) {
   switch (p->format) {
-    case KILN_HAL_QFMT_Q4_0: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q4_0, T>(st, p);
-    case KILN_HAL_QFMT_Q8_0: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q8_0, T>(st, p);
-    case KILN_HAL_QFMT_Q4_K: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q4_K, T>(st, p);
-    case KILN_HAL_QFMT_Q5_K: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q5_K, T>(st, p);
-    case KILN_HAL_QFMT_Q6_K: return qgemm_pick_align<WARP, KILN_HAL_QFMT_Q6_K, T>(st, p);
-    case KILN_HAL_QFMT_INT4_G: return qgemm_pick_align<WARP, KILN_HAL_QFMT_INT4_G, T>(st, p);
-    case KILN_HAL_QFMT_INT8_G: return qgemm_pick_align<WARP, KILN_HAL_QFMT_INT8_G, T>(st, p);
+    case KILN_HAL_QFMT_Q4_0: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_Q4_0>(st, p);
+    case KILN_HAL_QFMT_Q8_0: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_Q8_0>(st, p);
+    case KILN_HAL_QFMT_Q4_K: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_Q4_K>(st, p);
+    case KILN_HAL_QFMT_Q5_K: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_Q5_K>(st, p);
+    case KILN_HAL_QFMT_Q6_K: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_Q6_K>(st, p);
+    case KILN_HAL_QFMT_INT4_G: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_INT4_G>(st, p);
+    case KILN_HAL_QFMT_INT8_G: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_INT8_G>(st, p);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -343,6 +349,6 @@ extern "C" cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_q
   if (p->dtype_y != KILN_HAL_F32 && p->dtype_y != p->dtype_x) return cudaErrorInvalidValue;
   const bool group = p->format == KILN_HAL_QFMT_INT4_G || p->format == KILN_HAL_QFMT_INT8_G;
   if (group && (!p->scales || p->group_size < 1 || p->G < 1)) return cudaErrorInvalidValue;
-  KILN_WARP_DISPATCH(warp, KILN_FLOAT_DISPATCH(p->dtype_x, return qgemm_pick_fmt<WARP_, T_>(st, p)));
+  KILN_WARP_DISPATCH(warp, return qgemm_pick_fmt<WARP_>(st, p));
   return cudaSuccess; /* not reached */
 }
