@@ -770,15 +770,16 @@ static kiln_hal_error_t *cuda_rope(kiln_hal_stream_t *s, const kiln_hal_rope_arg
   kiln_hal_check_env_t env = cuda_check_env(d);
   CHECK(kiln_hal_check_rope(&env, &a));
   int64_t T = a.positions.shape[0], R = a.cos_sin.shape[1];
-  const kiln_hal_tensor_t *xs[2] = {&a.q, &a.k};
   if (T == 0 || R == 0) return NULL;
-  for (int i = 0; i < 2; i++) {
-    if (!xs[i]->buffer || kiln_hal_tensor_numel(xs[i]) == 0) continue;
-    CHECK(launch_result(cuda_launch_rope(s->stream, cuda_view(xs[i]), cuda_view(&a.positions),
-                                         cuda_view(&a.cos_sin), a.style),
-                        op));
-  }
-  return NULL;
+  const bool has_q = a.q.buffer && kiln_hal_tensor_numel(&a.q) > 0;
+  const bool has_k = a.k.buffer && kiln_hal_tensor_numel(&a.k) > 0;
+  if (!has_q && !has_k) return NULL;
+  /* q and k in one launch (k alone when q is absent) */
+  const kiln_hal_tensor_t *first = has_q ? &a.q : &a.k;
+  return launch_result(cuda_launch_rope(s->stream, cuda_view(first), cuda_view(&a.k),
+                                        has_q && has_k, cuda_view(&a.positions),
+                                        cuda_view(&a.cos_sin), a.style),
+                       op);
 }
 
 static kiln_hal_error_t *cuda_silu_mul(kiln_hal_stream_t *s, const kiln_hal_silu_mul_args_t *user) {

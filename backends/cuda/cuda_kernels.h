@@ -38,9 +38,10 @@ cudaError_t cuda_launch_rmsnorm(cudaStream_t st, int warp, cuda_view_t x, cuda_v
 cudaError_t cuda_launch_layernorm(cudaStream_t st, int warp, cuda_view_t x, cuda_view_t residual,
                                   cuda_view_t weight, cuda_view_t bias, cuda_view_t out, float eps);
 
-/* In-place rotary embedding of x: [T, NHX, D]; positions [T] I32; cos_sin [P, R] F32. */
-cudaError_t cuda_launch_rope(cudaStream_t st, cuda_view_t x, cuda_view_t positions,
-                             cuda_view_t cos_sin, int32_t style);
+/* In-place rotary embedding of q: [T, NHQ, D] and (has_k) k: [T, NHK, D], same dtype, in one
+ * launch; positions [T] I32; cos_sin [P, R] F32. */
+cudaError_t cuda_launch_rope(cudaStream_t st, cuda_view_t q, cuda_view_t k, bool has_k,
+                             cuda_view_t positions, cuda_view_t cos_sin, int32_t style);
 
 /* out[t, i] = act(x[t, i]) * x[t, I + i].   x: [T, 2I]   out: [T, I] */
 cudaError_t cuda_launch_silu_mul(cudaStream_t st, cuda_view_t x, cuda_view_t out, int32_t act);

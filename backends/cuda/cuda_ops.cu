@@ -131,19 +131,24 @@ extern "C" cudaError_t cuda_launch_layernorm(cudaStream_t st, int warp, cuda_vie
 
 /* ---- rope ------------------------------------------------------------------------------- */
 
+/* One launch for q and k (a block per token; the heads of q, then those of k): a decode step
+ * runs this once per layer, so one launch instead of two saves a launch and a graph node per
+ * layer. NHK = 0 when k is absent. */
 template <typename T>
-static __global__ void rope_kernel(T *x, int64_t s0, int64_t s1, int64_t NHX, const int32_t *pos,
-                                   int64_t ps, const float *cs, int64_t cs_stride, int64_t P,
-                                   int64_t half, int style) {
+static __global__ void rope_kernel(T *q, int64_t qs0, int64_t qs1, int64_t NHQ, T *k, int64_t ks0,
+                                   int64_t ks1, int64_t NHK, const int32_t *pos, int64_t ps,
+                                   const float *cs, int64_t cs_stride, int64_t P, int32_t half,
+                                   int style) {
   const int64_t t = blockIdx.x;
   const int32_t p = pos[t * ps];
   if (p < 0 || p >= P) return;
   const float *c = cs + (int64_t)p * cs_stride;
-  for (int64_t idx = threadIdx.x; idx < NHX * half; idx += blockDim.x) {
-    const int64_t h = idx / half, i = idx % half;
-    T *row = x + t * s0 + h * s1;
-    const int64_t i0 = style == KILN_HAL_ROPE_NEOX ? i : 2 * i;
-    const int64_t i1 = style == KILN_HAL_ROPE_NEOX ? i + half : 2 * i + 1;
+  const int32_t n = (int32_t)((NHQ + NHK) * half);
+  for (int32_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    const int32_t h = idx / half, i = idx % half;
+    T *row = h < NHQ ? q + t * qs0 + h * qs1 : k + t * ks0 + (h - NHQ) * ks1;
+    const int32_t i0 = style == KILN_HAL_ROPE_NEOX ? i : 2 * i;
+    const int32_t i1 = style == KILN_HAL_ROPE_NEOX ? i + half : 2 * i + 1;
     const float x0 = to_f32(row[i0]), x1 = to_f32(row[i1]);
     const float cv = c[i], sv = c[half + i];
     row[i0] = from_f32<T>(x0 * cv - x1 * sv);
@@ -151,16 +156,18 @@ static __global__ void rope_kernel(T *x, int64_t s0, int64_t s1, int64_t NHX, co
   }
 }
 
-extern "C" cudaError_t cuda_launch_rope(cudaStream_t st, cuda_view_t x, cuda_view_t positions,
-                                        cuda_view_t cos_sin, int32_t style) {
-  const int64_t T = x.shape[0];
-  if (T > INT32_MAX) return cudaErrorInvalidValue;
-  const int64_t half = cos_sin.shape[1] / 2;
-  KILN_FLOAT_DISPATCH(x.dtype, {
-    rope_kernel<T_><<<(unsigned)T, 128, 0, st>>>((T_ *)x.ptr, x.stride[0], x.stride[1], x.shape[1],
-                                                 (const int32_t *)positions.ptr,
-                                                 positions.stride[0], (const float *)cos_sin.ptr,
-                                                 cos_sin.stride[0], cos_sin.shape[0], half, style);
+extern "C" cudaError_t cuda_launch_rope(cudaStream_t st, cuda_view_t q, cuda_view_t k, bool has_k,
+                                        cuda_view_t positions, cuda_view_t cos_sin,
+                                        int32_t style) {
+  const int64_t T = q.shape[0];
+  const int64_t half = cos_sin.shape[1] / 2, NHK = has_k ? k.shape[1] : 0;
+  if (T > INT32_MAX || (q.shape[1] + NHK) * half > INT32_MAX) return cudaErrorInvalidValue;
+  if (has_k && (k.dtype != q.dtype || k.shape[0] != T)) return cudaErrorInvalidValue;
+  KILN_FLOAT_DISPATCH(q.dtype, {
+    rope_kernel<T_><<<(unsigned)T, 128, 0, st>>>(
+        (T_ *)q.ptr, q.stride[0], q.stride[1], q.shape[1], has_k ? (T_ *)k.ptr : (T_ *)q.ptr,
+        k.stride[0], k.stride[1], NHK, (const int32_t *)positions.ptr, positions.stride[0],
+        (const float *)cos_sin.ptr, cos_sin.stride[0], cos_sin.shape[0], (int32_t)half, style);
   });
   return cudaGetLastError();
 }
