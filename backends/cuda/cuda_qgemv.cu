@@ -1,6 +1,8 @@
 /* cuda_qgemv.cu - gemm_quant (ABI 1.4): y[M, N] = x[M, K] @ dequant(W)^T + bias with W in a
- * GGUF block format (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) or a group format (INT4_G, INT8_G), never
- * widened in memory: every kernel decodes the weights in registers from the quantized bytes.
+ * GGUF block format (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), a group format (INT4_G, INT8_G) or
+ * FP8_E4M3 (1.5), never widened in memory: every kernel decodes the weights in registers from
+ * the quantized bytes. FP8 at M <= 8 has its own GEMV, qgemv_fp8_kernel (16 codes a load, any
+ * K); its decode (fp8_deq in cuda_qdeq.cuh) gives e4m3(q) * s rounded once, as hal.h.
  *
  * Dequantization. qdeq8() gives the 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as
  * exactly the f32 values kiln/hal_quant.h defines (hal.h's contract): Q4_0/Q8_0 (q - 8) * d
