@@ -416,6 +416,16 @@ static void gqg_all(const oh_backend_t *be, int32_t fmt) {
       gqg_run(be, fmt, dt, &pc);
       pc.M = 33, pc.K = 200, pc.group_size = 128;
       gqg_run(be, fmt, dt, &pc);
+      /* The decode paths' corners (CUDA: M <= 8 with x rows 16-byte aligned is the GEMV, 16
+       * codes a load when rows are 16-byte aligned): a K % 16 tail with aligned rows (w_pad
+       * 6: 304-byte rows) and with odd ones, groups of 20 that split the 16-code pieces, a K
+       * below one piece, M = 8 over a partial block of 128. */
+      static const gqg_case_t dec[] = {{1, 13, 298, 64, false, false, true, false, 6, 0},
+                                       {1, 13, 298, 0, false, false, false, true, 0, 1},
+                                       {2, 11, 304, 20, false, false, true, true, 0, 0},
+                                       {1, 5, 8, 0, false, false, true, false, 0, 0},
+                                       {8, 9, 200, 128, false, false, true, false, 8, 0}};
+      for (size_t i = 0; i < ARRAY_LEN(dec); i++) gqg_run(be, fmt, dt, &dec[i]);
     }
   }
   gqg_case_t big = {1, 256, 4096, 128, !fp8, false, true, false, 0, 0};

@@ -27,8 +27,10 @@
  * argmax must agree at >= 70% of the positions (the random fixtures' top logits are close
  * together: measured 20 / 20 and 18 / 20).
  * Then every refusal, each naming the key or the tensor.
- * KILN_TEST_BACKEND=cuda runs the same on a GPU, where every FP8 Linear is widened to the
- * serving dtype at load (no gemm_quant there) and the pairs must still agree. */
+ * KILN_TEST_BACKEND=cuda (or a KILN_TEST_BACKENDS list naming cuda or rocm, as test_gguf and
+ * test_qlinear) runs the same on a GPU: with KILN_HAL_CAP_QUANT(FP8_E4M3) (CUDA) the weights
+ * stay FP8 and run through its gemm_quant kernels (decode GEMV, tiled prefill); without it
+ * every FP8 Linear is widened to the serving dtype at load; the pairs must agree either way. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
 #include <setjmp.h>
@@ -71,12 +73,28 @@ static void expect_err(kiln_status_t st, const char *frag1, const char *frag2) {
   kiln_status_free(st);
 }
 
+/* The backend to run on: $KILN_TEST_BACKEND, else the first GPU backend (cuda, rocm) that
+ * $KILN_TEST_BACKENDS names, else cpu. */
+static const char *test_backend_name(void) {
+  const char *one = getenv("KILN_TEST_BACKEND");
+  if (one && *one) return one;
+  const char *list = getenv("KILN_TEST_BACKENDS");
+  static const char *const gpus[] = {"cuda", "rocm"};
+  for (const char *p = list; p && *p;) {
+    size_t len = strcspn(p, ", ");
+    for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++)
+      if (len == strlen(gpus[i]) && strncmp(p, gpus[i], len) == 0) return gpus[i];
+    p += len;
+    p += strspn(p, ", ");
+  }
+  return "cpu";
+}
+
 static int setup(void **state) {
   (void)state;
   kiln_hal_registry_options_t o = {0};
   kiln_status_t st = kiln_hal_registry_create(&o, &g_reg);
-  const char *want = getenv("KILN_TEST_BACKEND"); /* cpu unless set (cuda: the widening path) */
-  if (!st) st = kiln_hal_registry_open(g_reg, want && *want ? want : "cpu", &g_plugin);
+  if (!st) st = kiln_hal_registry_open(g_reg, test_backend_name(), &g_plugin);
   if (st) {
     fprintf(stderr, "%s\n", kiln_status_message(st));
     kiln_status_free(st);

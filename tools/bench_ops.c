@@ -292,6 +292,7 @@ static void fill_blocks(kiln_hal_buffer_t *b, int32_t fmt, int64_t nblocks) {
   free(host);
 }
 
+/* FP8_E4M3 with per-channel F32 scales (group_size K), codes random without NaN. */
 /* Random bytes (codes, zeros) into b. */
 static void fill_bytes(kiln_hal_buffer_t *b, uint64_t n) {
   uint8_t *host = malloc((size_t)n);
@@ -359,17 +360,19 @@ static timing_t time_rot(rot_ctx_t *c) {
   return t;
 }
 
-/* FP8_E4M3 with per-channel F32 scales (group_size K) after the codes in one buffer, codes
- * random without NaN, rotated over copies past L2 like the other formats. */
-static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64_t K,
+/* FP8_E4M3 against the bf16 gemm g (same x, y): codes, then its f32 scales [N, G] in one
+ * buffer, rotated past L2 like the other formats; gs = K (per-channel) or a block size. */
+static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64_t K, int64_t gs,
                       timing_t tb) {
+  const int64_t G = (K + gs - 1) / gs;
   const uint64_t codes = (uint64_t)(N * K), s_off = (codes + 255) / 256 * 256;
-  const uint64_t qbytes = s_off + (uint64_t)N * 4;
+  const uint64_t qbytes = s_off + (uint64_t)(N * G) * 4;
   const int nq = rotate_copies(qbytes);
   kiln_hal_buffer_t *qb[QB_MAX_COPIES];
   for (int i = 0; i < nq; i++) qb[i] = alloc_buf(qbytes);
-  uint8_t *host = malloc((size_t)qbytes);
-  if (!host) die("malloc", NULL);
+  uint8_t *host = malloc((size_t)codes);
+  float *sc = malloc((size_t)(N * G) * sizeof(float));
+  if (!host || !sc) die("malloc", NULL);
   uint64_t r = 0x9E3779B97F4A7C15ull;
   for (uint64_t i = 0; i < codes; i++) {
     r ^= r << 13;
@@ -378,14 +381,12 @@ static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64
     host[i] = (uint8_t)(r >> 32);
     if ((host[i] & 0x7F) == 0x7F) host[i] ^= 1; /* no NaN codes */
   }
-  const float sc = 1.0f / 4096;
-  for (int64_t n = 0; n < N; n++) memcpy(host + s_off + (uint64_t)n * 4, &sc, 4);
-  check(be->copy_h2d(stream, qb[0], 0, host, qbytes), "copy_h2d");
+  for (int64_t i = 0; i < N * G; i++) sc[i] = 1.0f / 4096;
+  check(be->copy_h2d(stream, qb[0], 0, host, codes), "copy_h2d");
+  check(be->copy_h2d(stream, qb[0], s_off, sc, (uint64_t)(N * G) * 4), "copy_h2d");
   check(be->stream_sync(stream), "stream_sync");
-  free(host);
   replicate(qb, nq, qbytes);
   kiln_hal_gemm_quant_args_t q[QB_MAX_COPIES];
-  const int64_t ss[2] = {N, 1};
   for (int i = 0; i < nq; i++) {
     memset(&q[i], 0, sizeof(q[i]));
     q[i].struct_size = sizeof(q[i]);
@@ -393,26 +394,37 @@ static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64
     q[i].y = g->c;
     q[i].w.buffer = qb[i];
     q[i].w.format = KILN_HAL_QFMT_FP8_E4M3;
-    q[i].w.group_size = (int32_t)K;
+    q[i].w.group_size = (int32_t)gs;
     q[i].w.n = N;
     q[i].w.k = K;
     q[i].w.row_stride = K;
+    const int64_t ss[2] = {N, G};
     q[i].w.scales = kiln_hal_tensor_make(qb[i], s_off, KILN_HAL_F32, 2, ss);
   }
   rot_ctx_t rq = {NULL, q, nq, 0, 1};
   timing_t tq = time_rot(&rq);
   char name[96];
-  snprintf(name, sizeof(name), "  fp8_e4m3 (x%.2f of bf16's time)", tq.median / tb.median);
-  report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)(codes + (uint64_t)N * 4), M > 8);
+  if (gs == K)
+    snprintf(name, sizeof(name), "  fp8_e4m3 (x%.2f of bf16's time)", tq.median / tb.median);
+  else
+    snprintf(name, sizeof(name), "  fp8/%-4lld (x%.2f of bf16's time)", (long long)gs,
+             tq.median / tb.median);
+  report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)qbytes, M > 8);
   for (int i = 0; i < nq; i++) be->buffer_free(qb[i]);
+  free(host);
+  free(sc);
 }
 
 static void bench_qgemm(void) {
   static const int64_t Ms[] = {1, 8, 128};
   /* {K, N}: 1B-ish (2048 x 8192 up, 8192 x 2048 down), 7B-ish (4096 x 4096 attention,
    * 4096 x 14336 gate/up, 14336 x 4096 down), a Qwen-sized lm_head (3584 x 151936). */
-  static const int64_t shapes[][2] = {{2048, 8192},  {8192, 2048},  {4096, 4096},
-                                      {4096, 14336}, {14336, 4096}, {3584, 151936}};
+  /* Then Qwen2.5-7B's (3584 x 4608 qkv, 3584 x 37888 gate+up, 3584 x 18944, 18944 x 3584
+   * down), for FP8 checkpoints only (the third number: 1 = FP8 alone). */
+  static const int64_t shapes[][3] = {{2048, 8192, 0},  {8192, 2048, 0},   {4096, 4096, 0},
+                                      {4096, 14336, 0}, {14336, 4096, 0},  {3584, 151936, 0},
+                                      {3584, 4608, 1},  {3584, 37888, 1},  {3584, 18944, 1},
+                                      {18944, 3584, 1}};
   static const int32_t fmts[] = {KILN_HAL_QFMT_Q4_0, KILN_HAL_QFMT_Q8_0,   KILN_HAL_QFMT_Q4_K,
                                  KILN_HAL_QFMT_Q5_K, KILN_HAL_QFMT_Q6_K,   KILN_HAL_QFMT_INT4_G,
                                  KILN_HAL_QFMT_INT8_G};
@@ -432,6 +444,7 @@ static void bench_qgemm(void) {
   for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
     const int64_t K = shapes[s][0], N = shapes[s][1], maxM = quick ? 8 : 128;
     if (quick && (N > 100000 || K > 8192 || N > 8192)) continue;
+    if (shapes[s][2] && !(info.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3))) continue;
     const uint64_t wbytes = (uint64_t)(N * K) * 2;
     const int nw = rotate_copies(wbytes);
     kiln_hal_buffer_t *wb[QB_MAX_COPIES];
@@ -462,7 +475,7 @@ static void bench_qgemm(void) {
       snprintf(name, sizeof(name), "gemm bf16 M=%-3lld K=%-5lld N=%-6lld", (long long)M,
                (long long)K, (long long)N);
       report(name, tb, 2.0 * (double)(M * N) * (double)K, (double)wbytes, M > 8);
-      for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
+      for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]) && !shapes[s][2]; f++) {
         const int32_t fmt = fmts[f];
         const bool group = kiln_hal_qfmt_is_group(fmt);
         if (!(info.caps & KILN_HAL_CAP_QUANT(fmt))) continue;
@@ -516,8 +529,10 @@ static void bench_qgemm(void) {
         report(name, tq, 2.0 * (double)(M * N) * (double)K, (double)qbytes, M > 8);
         for (int i = 0; i < nq; i++) be->buffer_free(qb[i]);
       }
-      if (info.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3)) /* per-channel scales */
-        bench_fp8(&g[0], M, N, K, tb);
+      if (info.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3)) {
+        bench_fp8(&g[0], M, N, K, K, tb);  /* per-channel scales */
+        bench_fp8(&g[0], M, N, K, 128, tb); /* block FP8's 128 */
+      }
     }
     for (int i = 0; i < nw; i++) be->buffer_free(wb[i]);
     be->buffer_free(x);

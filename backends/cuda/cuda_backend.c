@@ -242,12 +242,19 @@ static kiln_hal_error_t *check_index(const char *op, int32_t index) {
   return NULL;
 }
 
-/* The quantized formats gemm_quant takes (cuda_qgemv.cu): every GGUF block format and the
- * INT4_G / INT8_G group formats; KILN_HAL_CAP_QUANT of each is set in device_info. Not
- * FP8_E4M3: the loader widens FP8 checkpoints to bf16 for this backend. */
+/* The quantized formats gemm_quant takes (cuda_qgemv.cu): every GGUF block format, the
+ * INT4_G / INT8_G group formats and, on CUDA, FP8_E4M3; KILN_HAL_CAP_QUANT of each is set in
+ * device_info, so the loader keeps FP8 checkpoints FP8 on this backend (decode reads 1 byte a
+ * weight; M > 8 runs the CUDA-core tiled kernel, see cuda_qgemv.cu). The ROCm build of this
+ * file does not claim FP8 (its kernel has not run on an AMD GPU): FP8 is widened at load there. */
 static bool qfmt_supported(int32_t fmt) {
+#if defined(__HIP_PLATFORM_AMD__)
+  const bool fp8 = false;
+#else
+  const bool fp8 = fmt == KILN_HAL_QFMT_FP8_E4M3;
+#endif
   return (fmt >= KILN_HAL_QFMT_Q4_0 && fmt < KILN_HAL_QFMT_COUNT) ||
-         fmt == KILN_HAL_QFMT_INT4_G || fmt == KILN_HAL_QFMT_INT8_G;
+         fmt == KILN_HAL_QFMT_INT4_G || fmt == KILN_HAL_QFMT_INT8_G || fp8;
 }
 
 static uint64_t quant_caps(void) {

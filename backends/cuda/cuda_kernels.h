@@ -90,11 +90,12 @@ cudaError_t cuda_launch_gemv(cudaStream_t st, int warp, const cuda_gemv_params_t
 /* gemm_quant (cuda_qgemv.cu): y = x @ dequant(w)^T + bias, f32 sums rounded once to y's dtype.
  * x: [M, K] (row stride ldx elements, last dim contiguous) F32/F16/BF16; y: [M, N] (row stride
  * ldy) in x's dtype or F32; bias: NULL or [N] contiguous in y's dtype. w: row 0 of N rows of
- * `format` (kiln_hal_qfmt_t: the GGUF block formats or INT4_G/INT8_G), row_stride bytes apart,
- * any alignment; the group formats' scales (F16, row stride lds elements), zeros (U8 or NULL,
- * row stride ldz), g_idx (I32 [K] contiguous or NULL), group_size and G. The caller has
- * validated everything (hal_check.h); M <= CUDA_QGEMV_MAX_M runs the decode GEMV when x is
- * 16-byte aligned (ptr and ldx) and K % 8 == 0, else the tiled kernel (force_tiled: always). */
+ * `format` (kiln_hal_qfmt_t: the GGUF block formats, INT4_G/INT8_G or FP8_E4M3), row_stride
+ * bytes apart, any alignment; the group formats' scales (F16, FP8's F32; row stride lds
+ * elements), zeros (U8 or NULL, row stride ldz), g_idx (I32 [K] contiguous or NULL),
+ * group_size and G. The caller has validated everything (hal_check.h); M <= CUDA_QGEMV_MAX_M
+ * runs the decode GEMV when x is 16-byte aligned (ptr and ldx) and K % 8 == 0 (FP8: any K),
+ * else the tiled kernel (force_tiled: always). */
 #define CUDA_QGEMV_MAX_M 8
 typedef struct cuda_qgemm_params {
   const void *x, *w, *bias;

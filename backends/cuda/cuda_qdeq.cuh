@@ -73,12 +73,115 @@ typedef struct qgemm_w {
   int64_t ldz;
   const int32_t *g_idx;           /* [K] or NULL */
   int32_t group_size, G;
+  const float *fscales;           /* FP8_E4M3: f32 [N, G], row stride lds (scales unused) */
+  int32_t gshift;                 /* FP8_E4M3: k >> gshift is k / group_size, or -1 (divide) */
 } qgemm_w_t;
+
+/* ---- FP8 E4M3FN ------------------------------------------------------------------------- */
+
+template <int ALN>
+static __device__ __forceinline__ void ld16(const uint8_t *p, uint32_t v[4]) {
+  if constexpr (ALN >= 16) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  } else {
+    ld8<ALN>(p, v);
+    ld8<ALN>(p + 8, v + 2);
+  }
+}
+
+/* e4m3(q) as kiln/hal_quant.h defines it, NaN for 0x7F / 0xFF (q < 256). */
+static __device__ __forceinline__ float fp8_e4m3(uint32_t q) {
+  const uint32_t e = (q >> 3) & 15, m = q & 7;
+  if ((q & 0x7F) == 0x7F) return __int_as_float((int)((q & 0x80u) << 24 | 0x7fc00000u));
+  const float mag = e ? __int_as_float((int)((e + 120) << 23 | m << 20)) : (float)m * 0x1p-9f;
+  return q & 0x80 ? -mag : mag;
+}
+
+/* The group of column k of an FP8 row. */
+static __device__ __forceinline__ int fp8_group(const qgemm_w_t &q, int k) {
+  return q.gshift >= 0 ? k >> q.gshift : k / q.group_size;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+/* The four codes of c (little endian) as two f16x2 (codes 0, 1 and 2, 3), exactly: sm_89+
+ * converts e4m3 pairs in hardware, NaN codes to NaN. */
+static __device__ __forceinline__ void fp8x4_f16x2(uint32_t c, uint32_t &h01, uint32_t &h23) {
+  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
+      : "=r"(h01), "=r"(h23)
+      : "r"(c));
+}
+
+/* w[e] = e4m3(byte e of c) * s, one f32 rounding each (f16 holds every e4m3 value). */
+template <int NW>
+static __device__ __forceinline__ void fp8_deq(const uint32_t *c, float s, float *w) {
+#pragma unroll
+  for (int i = 0; i < NW / 4; i++) {
+    uint32_t a, b;
+    fp8x4_f16x2(c[i], a, b);
+    w[4 * i] = qf16(a) * s;
+    w[4 * i + 1] = qf16(a >> 16) * s;
+    w[4 * i + 2] = qf16(b) * s;
+    w[4 * i + 3] = qf16(b >> 16) * s;
+  }
+}
+#else
+/* Nonzero when a byte of c is a NaN code (its low 7 bits all set). */
+static __device__ __forceinline__ uint32_t fp8_nan4(uint32_t c) {
+  return ((c & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
+/* w[e] = e4m3(byte e of c) * s, one f32 rounding each. The bits sign << 15 | (q & 0x7F) << 7
+ * are an f16 worth exactly e4m3(q) / 256 for every non-NaN q (exponent field e: 2^(e - 15)
+ * (1 + m/8); e = 0: the f16 subnormal (m/8) 2^-14), so f32(f16) * (s * 256) is the real
+ * e4m3(q) * s, rounded once, whenever s * 256 is finite; NaN codes and such s take the
+ * exact decode. Three integer ops per pair of codes, an exact widening and a product. */
+template <int NW>
+static __device__ __forceinline__ void fp8_deq(const uint32_t *c, float s, float *w) {
+  const float s256 = s * 256.0f;
+  uint32_t bad = 0;
+#pragma unroll
+  for (int i = 0; i < NW / 4; i++) bad |= fp8_nan4(c[i]);
+  if (bad == 0 && fabsf(s256) < INFINITY) {
+#pragma unroll
+    for (int i = 0; i < NW / 4; i++) {
+      const uint32_t ev = ((c[i] << 7) & 0x3F803F80u) | ((c[i] << 8) & 0x80008000u); /* 0, 2 */
+      const uint32_t od = ((c[i] >> 1) & 0x3F803F80u) | (c[i] & 0x80008000u);        /* 1, 3 */
+      w[4 * i] = qf16(ev) * s256;
+      w[4 * i + 1] = qf16(od) * s256;
+      w[4 * i + 2] = qf16(ev >> 16) * s256;
+      w[4 * i + 3] = qf16(od >> 16) * s256;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < NW; e++) w[e] = fp8_e4m3((c[e / 4] >> (8 * (e % 4))) & 0xffu) * s;
+  }
+}
+#endif
+
+/* w[e] = W[n, k + e] for e < NW of an FP8 row: row's codes c[NW / 4] already loaded, its
+ * scales srow, k % NW == 0, k + NW <= K. One group for all NW (the common case: group_size a
+ * multiple of NW, or G == 1): one scale; else a scale per weight. */
+template <int NW>
+static __device__ __forceinline__ void fp8_deq_piece(const qgemm_w_t &q, const float *srow,
+                                                     int k, const uint32_t *c, float *w) {
+  const int g = fp8_group(q, k);
+  if (q.G == 1 || fp8_group(q, k + NW - 1) == g) {
+    fp8_deq<NW>(c, __ldg(srow + g), w);
+  } else {
+#pragma unroll
+    for (int e = 0; e < NW; e++)
+      w[e] = fp8_e4m3((c[e / 4] >> (8 * (e % 4))) & 0xffu) * __ldg(srow + fp8_group(q, k + e));
+  }
+}
 
 /* One weight (n, k) of a group format, with any k (the tails of K % 8 != 0). */
 template <int FMT>
 static __device__ __forceinline__ float qdeq1_group(const qgemm_w_t &q, int64_t n, int k) {
   const uint8_t *row = q.w + n * q.rs;
+  if constexpr (FMT == KILN_HAL_QFMT_FP8_E4M3) /* group < G: hal_check ties G to K */
+    return fp8_e4m3(qb(row + k)) * __ldg(q.fscales + n * q.lds + fp8_group(q, k));
   const int code = FMT == KILN_HAL_QFMT_INT4_G ? (int)((qb(row + k / 2) >> (4 * (k & 1))) & 15)
                                               : (int)qb(row + k);
   const int g = q.g_idx ? __ldg(q.g_idx + k) : k / q.group_size;
@@ -160,6 +263,10 @@ static __device__ __forceinline__ void qdeq8(const qgemm_w_t &q, int64_t n, int 
       const int qv = (((byte8(lo, e) >> shl) & 15) | ((byte8(hi, e) >> shh) & 3) << 4) - 32;
       w[e] = dsc * (float)qv;
     }
+  } else if constexpr (FMT == KILN_HAL_QFMT_FP8_E4M3) {
+    uint32_t c[2];
+    ld8<qmin<ALN, 8>::v>(row + k, c);
+    fp8_deq_piece<8>(q, q.fscales + n * q.lds, k, c, w);
   } else { /* INT4_G, INT8_G */
     constexpr int A = qmin<ALN, 8>::v;
     int code[8];

@@ -1,6 +1,8 @@
 /* cuda_qgemv.cu - gemm_quant (ABI 1.4): y[M, N] = x[M, K] @ dequant(W)^T + bias with W in a
- * GGUF block format (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) or a group format (INT4_G, INT8_G), never
- * widened in memory: every kernel decodes the weights in registers from the quantized bytes.
+ * GGUF block format (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), a group format (INT4_G, INT8_G) or
+ * FP8_E4M3 (1.5), never widened in memory: every kernel decodes the weights in registers from
+ * the quantized bytes. FP8 at M <= 8 has its own GEMV, qgemv_fp8_kernel (16 codes a load, any
+ * K); its decode (fp8_deq in cuda_qdeq.cuh) gives e4m3(q) * s rounded once, as hal.h.
  *
  * Dequantization. qdeq8() gives the 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as
  * exactly the f32 values kiln/hal_quant.h defines (hal.h's contract): Q4_0/Q8_0 (q - 8) * d
@@ -174,6 +176,107 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
   }
 }
 
+/* ---- decode, FP8_E4M3: M <= 8 ------------------------------------------------------------ */
+
+/* x[k .. k + 16) as f32 (row and k 16-byte aligned). */
+template <typename T>
+static __device__ __forceinline__ void qx16(const T *x, int k, float f[16]) {
+  qx8(x, k, f);
+  qx8(x, k + 8, f + 8);
+}
+
+/* qgemv_kernel's shape with FP8's 1-byte codes: lane l owns pieces of 16 weights (one 16-byte
+ * load per row at ALN 16), pieces l, l + WARP, ...; all UNROLL * NPW code loads (and their
+ * scales) are issued before any decode. Any K: the K % 16 tail is one weight per lane. Grid as
+ * qgemv_kernel; x and ldx 16-byte aligned. */
+template <int WARP, int MT, int NPW, int UNROLL, int ALN, typename T>
+static __global__ void __launch_bounds__(QGEMV_THREADS)
+    qgemv_fp8_kernel(const T *__restrict__ x, int64_t ldx, qgemm_w_t q, void *__restrict__ y,
+                     int64_t ldy, int32_t dty, const void *__restrict__ bias, int M, int N,
+                     int K) {
+  const int lane = threadIdx.x % WARP;
+  const int64_t n0 = ((int64_t)blockIdx.x * (QGEMV_THREADS / WARP) + threadIdx.x / WARP) * NPW;
+  if (n0 >= N) return; /* warp-uniform; no barrier in the kernel */
+
+  const uint8_t *wr[NPW];
+  const float *sr[NPW];
+#pragma unroll
+  for (int j = 0; j < NPW; j++) {
+    const int64_t n = n0 + j < N ? n0 + j : (int64_t)N - 1;
+    wr[j] = q.w + n * q.rs;
+    sr[j] = q.fscales + n * q.lds;
+  }
+  const T *xr[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) xr[m] = x + (int64_t)(m < M ? m : M - 1) * ldx;
+
+  float acc[MT][NPW];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < NPW; j++) acc[m][j] = 0.0f;
+
+  const int K16 = K / 16;
+  for (int base = lane; base < K16; base += WARP * UNROLL) {
+    uint32_t c[UNROLL][NPW][4];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const int p = base + u * WARP;
+      const int pk = (p < K16 ? p : K16 - 1) * 16; /* past the end: re-load the last piece */
+#pragma unroll
+      for (int j = 0; j < NPW; j++) ld16<ALN>(wr[j] + pk, c[u][j]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const int p = base + u * WARP;
+      if (p < K16) {
+        float wf[NPW][16];
+#pragma unroll
+        for (int j = 0; j < NPW; j++) fp8_deq_piece<16>(q, sr[j], p * 16, c[u][j], wf[j]);
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+          float xf[16];
+          qx16(xr[m], p * 16, xf);
+#pragma unroll
+          for (int j = 0; j < NPW; j++)
+#pragma unroll
+            for (int e = 0; e < 16; e++) acc[m][j] = fmaf(xf[e], wf[j][e], acc[m][j]);
+        }
+      }
+    }
+  }
+  const int kt = K16 * 16 + lane; /* the tail: K % 16 < WARP weights, one per lane */
+  if (kt < K) {
+    float wt[NPW];
+#pragma unroll
+    for (int j = 0; j < NPW; j++) wt[j] = fp8_e4m3(qb(wr[j] + kt)) * __ldg(sr[j] + fp8_group(q, kt));
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      const float xv = to_f32(xr[m][kt]);
+#pragma unroll
+      for (int j = 0; j < NPW; j++) acc[m][j] = fmaf(xv, wt[j], acc[m][j]);
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < NPW; j++) acc[m][j] = warp_sum<WARP>(acc[m][j]);
+
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      if (m >= M) break;
+#pragma unroll
+      for (int j = 0; j < NPW; j++) {
+        const int64_t n = n0 + j;
+        if (n >= N) break;
+        qstore(y, dty, (int64_t)m * ldy + n, bias, n, acc[m][j]);
+      }
+    }
+  }
+}
+
 /* ---- everything else: the tiled kernel -------------------------------------------------- */
 
 /* Grid: x = ceil(N / 64), y = min(ceil(M / 64), QGEMM_MAX_GRID_Y), looping over the rest of
@@ -212,7 +315,8 @@ static __global__ void __launch_bounds__(QGEMM_THREADS)
       } else {
 #pragma unroll
         for (int e = 0; e < 8; e++) {
-          if constexpr (FMT == KILN_HAL_QFMT_INT4_G || FMT == KILN_HAL_QFMT_INT8_G) {
+          if constexpr (FMT == KILN_HAL_QFMT_INT4_G || FMT == KILN_HAL_QFMT_INT8_G ||
+                        FMT == KILN_HAL_QFMT_FP8_E4M3) {
             wv[e] = k + e < K ? qdeq1_group<FMT>(q, nl, k + e) : 0.0f;
           } else {
             wv[e] = 0.0f; /* not reached: the block formats' K is a multiple of 32 */
@@ -267,6 +371,13 @@ static qgemm_w_t qgemm_w_of(const cuda_qgemm_params_t *p) {
   q.g_idx = p->g_idx;
   q.group_size = p->group_size;
   q.G = p->G;
+  q.fscales = (const float *)p->scales;
+  q.gshift = -1;
+  if (p->format == KILN_HAL_QFMT_FP8_E4M3) {
+    if (p->G == 1) q.gshift = 31; /* every k < K is group 0 */
+    for (int sh = 0; sh < 31 && q.gshift < 0; sh++)
+      if (p->group_size == 1 << sh) q.gshift = sh;
+  }
   return q;
 }
 
@@ -278,6 +389,20 @@ static cudaError_t qgemv_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
   constexpr int rows_per_block = NPW * (QGEMV_THREADS / WARP);
   const int64_t blocks = ((int64_t)p->N + rows_per_block - 1) / rows_per_block;
   qgemv_kernel<WARP, MT, NPW, UNROLL, FMT, ALN, T><<<(unsigned)blocks, QGEMV_THREADS, 0, st>>>(
+      (const T *)p->x, p->ldx, qgemm_w_of(p), p->y, p->ldy, p->dtype_y, p->bias, p->M, p->N,
+      p->K);
+  return cudaGetLastError();
+}
+
+/* FP8: MT 1 keeps 8 code loads in flight per lane (2 rows x 4 pieces), MT 2 four, MT 4 and 8
+ * four rows x 1 piece (their registers go to the products). */
+template <int WARP, int MT, int ALN, typename T>
+static cudaError_t qgemv_fp8_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  constexpr int NPW = MT <= 2 ? 2 : 4;
+  constexpr int UNROLL = MT == 1 ? 4 : MT == 2 ? 2 : 1;
+  constexpr int rows_per_block = NPW * (QGEMV_THREADS / WARP);
+  const int64_t blocks = ((int64_t)p->N + rows_per_block - 1) / rows_per_block;
+  qgemv_fp8_kernel<WARP, MT, NPW, UNROLL, ALN, T><<<(unsigned)blocks, QGEMV_THREADS, 0, st>>>(
       (const T *)p->x, p->ldx, qgemm_w_of(p), p->y, p->ldy, p->dtype_y, p->bias, p->M, p->N,
       p->K);
   return cudaGetLastError();
@@ -295,29 +420,40 @@ static cudaError_t qgemm_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
   return cudaGetLastError();
 }
 
-/* The decode kernel for f16/bf16 x rows 16-byte aligned, weights at the format's natural
- * alignment, M <= 8 and K % 8 == 0; everything else (f32 x, odd alignments, M > 8) the tiled
- * kernel. Few instantiations on purpose: every (format, M, dtype, alignment) variant is a
- * kernel per GPU architecture, and nvcc/hipcc build times grow with them (a variant per
- * alignment and per x dtype on both paths made this file several minutes of compiler time per
- * architecture); f32 activations and unaligned weight views are the conformance suite's
- * cases, not the serving path. */
+/* The decode kernels for f16/bf16 x rows 16-byte aligned, weights at the format's natural
+ * alignment (FP8: 16 bytes, any K; the others K % 8 == 0), M <= 8; everything else (f32 x, odd
+ * alignments, M > 8) the tiled kernel. Few instantiations on purpose: every (format, M, dtype,
+ * alignment) variant is a kernel per GPU architecture, and nvcc/hipcc build times grow with
+ * them (a variant per alignment and per x dtype on both paths made this file several minutes
+ * of compiler time per architecture); f32 activations and unaligned weight views are the
+ * conformance suite's cases, not the serving path. */
 template <int WARP, int FMT, typename T>
 static cudaError_t qgemm_pick_kernel(cudaStream_t st, const cuda_qgemm_params_t *p) {
-  constexpr int NAT = FMT == KILN_HAL_QFMT_Q4_K || FMT == KILN_HAL_QFMT_Q5_K ||
+  constexpr int NAT = FMT == KILN_HAL_QFMT_FP8_E4M3 ? 16
+                      : FMT == KILN_HAL_QFMT_Q4_K || FMT == KILN_HAL_QFMT_Q5_K ||
                               FMT == KILN_HAL_QFMT_INT4_G || FMT == KILN_HAL_QFMT_INT8_G
                           ? 8
                           : 2;
   const int esz = (int)sizeof(T);
   const bool x_aligned = ((uintptr_t)p->x % 16 == 0) && (p->M == 1 || (p->ldx * esz) % 16 == 0);
   const bool w_aligned = (uintptr_t)p->w % (uintptr_t)NAT == 0 && p->row_stride % NAT == 0;
-  if (p->M <= CUDA_QGEMV_MAX_M && p->K % 8 == 0 && x_aligned && w_aligned && !p->force_tiled) {
-    if (p->M <= 1) return qgemv_launch<WARP, 1, FMT, NAT, T>(st, p);
-    if (p->M <= 2) return qgemv_launch<WARP, 2, FMT, NAT, T>(st, p);
-    if (p->M <= 4) return qgemv_launch<WARP, 4, FMT, NAT, T>(st, p);
-    return qgemv_launch<WARP, 8, FMT, NAT, T>(st, p);
+  if constexpr (FMT == KILN_HAL_QFMT_FP8_E4M3) {
+    if (p->M <= CUDA_QGEMV_MAX_M && x_aligned && w_aligned && !p->force_tiled) {
+      if (p->M <= 1) return qgemv_fp8_launch<WARP, 1, NAT, T>(st, p);
+      if (p->M <= 2) return qgemv_fp8_launch<WARP, 2, NAT, T>(st, p);
+      if (p->M <= 4) return qgemv_fp8_launch<WARP, 4, NAT, T>(st, p);
+      return qgemv_fp8_launch<WARP, 8, NAT, T>(st, p);
+    }
+    return qgemm_launch<FMT>(st, p);
+  } else {
+    if (p->M <= CUDA_QGEMV_MAX_M && p->K % 8 == 0 && x_aligned && w_aligned && !p->force_tiled) {
+      if (p->M <= 1) return qgemv_launch<WARP, 1, FMT, NAT, T>(st, p);
+      if (p->M <= 2) return qgemv_launch<WARP, 2, FMT, NAT, T>(st, p);
+      if (p->M <= 4) return qgemv_launch<WARP, 4, FMT, NAT, T>(st, p);
+      return qgemv_launch<WARP, 8, FMT, NAT, T>(st, p);
+    }
+    return qgemm_launch<FMT>(st, p);
   }
-  return qgemm_launch<FMT>(st, p);
 }
 
 template <int WARP, int FMT>
@@ -340,6 +476,7 @@ static cudaError_t qgemm_pick_fmt(cudaStream_t st, const cuda_qgemm_params_t *p)
     case KILN_HAL_QFMT_Q6_K: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_Q6_K>(st, p);
     case KILN_HAL_QFMT_INT4_G: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_INT4_G>(st, p);
     case KILN_HAL_QFMT_INT8_G: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_INT8_G>(st, p);
+    case KILN_HAL_QFMT_FP8_E4M3: return qgemm_pick_dtype<WARP, KILN_HAL_QFMT_FP8_E4M3>(st, p);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -347,7 +484,8 @@ static cudaError_t qgemm_pick_fmt(cudaStream_t st, const cuda_qgemm_params_t *p)
 extern "C" cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_qgemm_params_t *p) {
   if (p->M < 1 || p->N < 1 || p->K < 1) return cudaErrorInvalidValue;
   if (p->dtype_y != KILN_HAL_F32 && p->dtype_y != p->dtype_x) return cudaErrorInvalidValue;
-  const bool group = p->format == KILN_HAL_QFMT_INT4_G || p->format == KILN_HAL_QFMT_INT8_G;
+  const bool group = p->format == KILN_HAL_QFMT_INT4_G || p->format == KILN_HAL_QFMT_INT8_G ||
+                     p->format == KILN_HAL_QFMT_FP8_E4M3;
   if (group && (!p->scales || p->group_size < 1 || p->G < 1)) return cudaErrorInvalidValue;
   KILN_WARP_DISPATCH(warp, return qgemm_pick_fmt<WARP_>(st, p));
   return cudaSuccess; /* not reached */

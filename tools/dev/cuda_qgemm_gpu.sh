@@ -5,11 +5,13 @@
 #      on the tiled kernel (KILN_CUDA_QGEMM=tiled, which M <= 8 otherwise skips);
 #   2. the same cases (seed 1) under compute-sanitizer memcheck, only the gemm_quant kernels
 #      instrumented (kernel names containing "qgem");
-#   3. test_gguf (its Q4_0/Q8_0 llama model, quantized against its widened twin) and test_qlinear
-#      (GPTQ/AWQ models; needs python3 with numpy for its fixtures) on cuda;
+#   3. test_gguf (its Q4_0/Q8_0 llama model, quantized against its widened twin), test_qlinear
+#      (GPTQ/AWQ models) and test_fp8 (FP8 checkpoints kept FP8; both need python3 with numpy
+#      for their fixtures) on cuda;
 #   4. kiln-bench-ops --only qgemm: GB/s of the quantized bytes against the measured copy
 #      bandwidth, M = 1, 8 and 128, shapes N x K = 8192x2048, 2048x8192, 4096x4096, 14336x4096,
-#      4096x14336, 151936x3584.
+#      4096x14336, 151936x3584, then for FP8 alone (per-channel and 128-blocks) Qwen2.5-7B's
+#      4608x3584, 37888x3584, 18944x3584 and 3584x18944.
 # About 2 minutes on an H200 (most of it the benchmark's weight fills and memcheck).
 # Usage, with a build tree configured with -DKILN_BACKEND_CUDA=ON:
 #   bash tools/dev/cuda_qgemm_gpu.sh BUILD_DIR
@@ -47,10 +49,11 @@ if command -v compute-sanitizer >/dev/null; then
 else
   echo "compute-sanitizer not found: memcheck skipped"
 fi
-echo "== test_gguf, test_qlinear on cuda"
+echo "== test_gguf, test_qlinear, test_fp8 on cuda"
 step test_gguf env KILN_TEST_BACKENDS=cuda KILN_SOURCE_DIR="$ROOT" KILN_BUILD_DIR="$BUILD" timeout 120 ./test_gguf
 step test_qlinear env KILN_TEST_BACKENDS=cuda KILN_SOURCE_DIR="$ROOT" KILN_BUILD_DIR="$BUILD" timeout 120 ./test_qlinear
+step test_fp8 env KILN_TEST_BACKENDS=cuda KILN_SOURCE_DIR="$ROOT" KILN_BUILD_DIR="$BUILD" timeout 120 ./test_fp8
 echo "== kiln-bench-ops --only qgemm (cuda)"
-timeout 240 "$BUILD/bin/kiln-bench-ops" "$BUILD/lib/kiln/libkiln-backend-cuda.so" --only qgemm \
+timeout 360 "$BUILD/bin/kiln-bench-ops" "$BUILD/lib/kiln/libkiln-backend-cuda.so" --only qgemm \
   2>&1 | tee "$OUT/bench_qgemm.txt"
 exit $rc
