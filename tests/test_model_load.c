@@ -201,7 +201,8 @@ static void test_wrong_shape(void **s) {
 static void test_wrong_dtype(void **s) {
   (void)s;
   expect_patched_error("model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
-                       (const char *const[]){"model.safetensors", "I32", NULL});
+                       (const char *const[]){"model.safetensors", "dtype i32",
+                                             "want a float tensor", NULL});
 }
 
 static void test_missing_tensor(void **s) {
