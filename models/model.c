@@ -189,6 +189,7 @@ static kiln_status_t plan_qlinear(plan_t *p, int n, char names[][160], const int
       why = "the parts of a fused Linear have different g_idx";
   }
   if (!why && p->q_dense_why) why = p->q_dense_why;
+  if (!why && fmt == KILN_HAL_QFMT_FP8_E4M3) why = p->fp8_widen_why;
   if (!why && !(p->qcaps & KILN_HAL_CAP_QUANT(fmt)))
     why = "the backend has no gemm_quant for this format";
   if (!why && fmt == KILN_HAL_QFMT_INT4_G && cols % 2) why = "in_features is odd";
@@ -634,7 +635,15 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
     m->cfg.quant.bits = 8;
     m->cfg.quant.sym = true;
     m->cfg.quant.fp8_scheme = KILN_FP8_ON_THE_FLY;
-  } else if (options->quantization != KILN_QUANT_NONE) {
+  }
+  if (options->fp8_weights < KILN_FP8_WEIGHTS_AUTO || options->fp8_weights > KILN_FP8_WEIGHTS_WIDEN) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "model options: fp8_weights %d is not one of auto (0), keep (1) and "
+                          "widen (2)",
+                          (int)options->fp8_weights);
+    goto fail;
+  }
+  if (options->quantization != KILN_QUANT_FP8 && options->quantization != KILN_QUANT_NONE) {
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                           "model options: quantization %d is not one of none (0) and fp8 (%d)",
                           (int)options->quantization, (int)KILN_QUANT_FP8);
@@ -695,6 +704,11 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   if (KILN_HAL_HAS(backend, gemm_quant) && backend->gemm_quant)
     plan.qcaps = di.caps & ~(uint64_t)0xffffffffu;
   plan.quant = &c->quant;
+  if (options->fp8_weights == KILN_FP8_WEIGHTS_WIDEN)
+    plan.fp8_widen_why = "[model] fp8_weights = widen";
+  else if (options->fp8_weights == KILN_FP8_WEIGHTS_AUTO && !(di.caps & KILN_HAL_CAP_HOST_MEMORY))
+    plan.fp8_widen_why = "[model] fp8_weights = auto widens FP8 on GPUs: their gemm_quant has no "
+                         "tensor-core FP8 path yet; keep stores it in FP8";
   if ((st = model_plan(m, &plan))) goto fail;
   m->weight_bytes = plan.size;
   if (c->quant.method != KILN_QUANT_NONE) {

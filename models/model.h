@@ -43,12 +43,21 @@
 
 typedef struct kiln_model kiln_model_t;
 
+enum { KILN_FP8_WEIGHTS_AUTO = 0, KILN_FP8_WEIGHTS_KEEP = 1, KILN_FP8_WEIGHTS_WIDEN = 2 };
+
 typedef struct kiln_model_options {
   int32_t dtype;              /* serving dtype: KILN_HAL_F32/F16/BF16, or -1 = the checkpoint's */
   /* [model] quantization: KILN_QUANT_NONE (0: the checkpoint as it is) or KILN_QUANT_FP8 (a
    * float checkpoint's decoder Linears quantized to FP8 e4m3 at load, per-channel scales;
    * docs/models.md "FP8"). */
   int32_t quantization;
+  /* [model] fp8_weights: what happens to FP8 Linear weights (checkpoints, or quantization =
+   * fp8) on a device whose gemm_quant takes FP8_E4M3. KILN_FP8_WEIGHTS_AUTO (0): kept in FP8
+   * on host-memory (CPU) devices, dequantized to the serving dtype at load on GPUs, whose
+   * gemm_quant has no tensor-core FP8 path yet (prefill would run at CUDA-core speed); KEEP:
+   * kept wherever the device takes them (half the bytes: a model that fits only in FP8);
+   * WIDEN: always dequantized at load. */
+  int32_t fp8_weights;
   int32_t max_tokens;         /* most tokens in one forward (sizes the activations) */
   int32_t max_seqs;           /* most sequences in one forward */
   int32_t max_blocks_per_seq; /* widest block table a forward takes */

@@ -151,6 +151,7 @@ typedef struct model_plan {
   int64_t q_kept, q_widened; /* GPTQ / AWQ / FP8 Linears kept in a group format / widened */
   const char *q_widen_why;   /* why the last one was widened */
   const char *q_dense_why;   /* set while planning a Linear that must be dense: why */
+  const char *fp8_widen_why; /* [model] fp8_weights: why FP8 Linears are widened, or NULL */
 } model_plan_t;
 
 /* Frees what a plan owns (ups, qparts). */

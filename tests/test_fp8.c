@@ -60,6 +60,7 @@ static kiln_hal_stream_t *g_stream;
 static char g_dir[256]; /* the generated fixtures */
 static char g_src[256]; /* tests/fixtures/models */
 static bool g_keeps;    /* the device runs gemm_quant on fp8_e4m3 */
+static bool g_host;     /* the device has KILN_HAL_CAP_HOST_MEMORY (fp8_weights = auto keeps) */
 
 static void check_st(kiln_status_t st) {
   if (st) fail_msg("%s", kiln_status_message(st));
@@ -108,6 +109,7 @@ static int setup(void **state) {
   if (be->device_info(0, &di)) return -1;
   g_keeps = KILN_HAL_HAS(be, gemm_quant) && be->gemm_quant &&
             (di.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3));
+  g_host = (di.caps & KILN_HAL_CAP_HOST_MEMORY) != 0;
   const char *src = getenv("KILN_SOURCE_DIR");
   if (!src) src = "..";
   snprintf(g_src, sizeof(g_src), "%s/tests/fixtures/models", src);
@@ -145,9 +147,10 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* Loads dir (absolute, or under g_dir) with the serving dtype and quantization given. */
-static kiln_status_t load_q(const char *sub, int32_t dtype, int32_t quantization,
-                            kiln_model_t **m) {
+/* Loads dir (absolute, or under g_dir) with the serving dtype, quantization and fp8_weights
+ * policy given. */
+static kiln_status_t load_qp(const char *sub, int32_t dtype, int32_t quantization,
+                             int32_t fp8_weights, kiln_model_t **m) {
   char path[1400];
   if (sub[0] == '/')
     snprintf(path, sizeof(path), "%s", sub);
@@ -156,10 +159,17 @@ static kiln_status_t load_q(const char *sub, int32_t dtype, int32_t quantization
   kiln_model_options_t o = {0};
   o.dtype = dtype;
   o.quantization = quantization;
+  o.fp8_weights = fp8_weights;
   o.max_tokens = 32;
   o.max_seqs = 4;
   o.max_blocks_per_seq = 64;
   return kiln_model_load(path, &g_plugin->table, g_dev, g_stream, &o, m);
+}
+
+/* fp8_weights = keep: the FP8 kernels run wherever the device has them (GPUs too). */
+static kiln_status_t load_q(const char *sub, int32_t dtype, int32_t quantization,
+                            kiln_model_t **m) {
+  return load_qp(sub, dtype, quantization, KILN_FP8_WEIGHTS_KEEP, m);
 }
 
 static kiln_status_t load(const char *sub, int32_t dtype, kiln_model_t **m) {
@@ -224,6 +234,30 @@ static void check_variant(const char *name, int32_t dtype, double tol) {
   compare(mq, mr, name, tol, 1.0);
   kiln_model_free(mq);
   kiln_model_free(mr);
+}
+
+/* [model] fp8_weights: keep and widen give the same logits in f32 (the widened weights are the
+ * exact dequantization); widen stores floats, keep (where the device takes FP8) a quarter of
+ * their bytes; auto keeps on a host-memory device and widens on a GPU. An out-of-range value
+ * is refused. */
+static void test_fp8_weights_policy(void **state) {
+  (void)state;
+  kiln_model_t *mk = NULL, *mw = NULL, *ma = NULL, *bad = NULL;
+  check_st(load_qp("ct_channel", KILN_HAL_F32, KILN_QUANT_NONE, KILN_FP8_WEIGHTS_KEEP, &mk));
+  check_st(load_qp("ct_channel", KILN_HAL_F32, KILN_QUANT_NONE, KILN_FP8_WEIGHTS_WIDEN, &mw));
+  check_st(load_qp("ct_channel", KILN_HAL_F32, KILN_QUANT_NONE, KILN_FP8_WEIGHTS_AUTO, &ma));
+  if (g_keeps) assert_true(kiln_model_weight_bytes(mk) < kiln_model_weight_bytes(mw));
+  const bool auto_keeps = g_keeps && g_host;
+  assert_int_equal(kiln_model_weight_bytes(ma),
+                   kiln_model_weight_bytes(auto_keeps ? mk : mw));
+  compare(mk, mw, "fp8_weights keep/widen", SELF_TOL, 1.0);
+  compare(ma, mw, "fp8_weights auto/widen", SELF_TOL, 1.0);
+  kiln_model_free(mk);
+  kiln_model_free(mw);
+  kiln_model_free(ma);
+  expect_err(load_qp("ct_channel", KILN_HAL_F32, KILN_QUANT_NONE, 7, &bad), "fp8_weights 7",
+             "widen");
+  assert_null(bad);
 }
 
 static void test_ct_tensor(void **state) {
@@ -373,7 +407,7 @@ int main(void) {
       cmocka_unit_test(test_ignore_match), cmocka_unit_test(test_ct_tensor),
       cmocka_unit_test(test_ct_channel),   cmocka_unit_test(test_block),
       cmocka_unit_test(test_bf16),         cmocka_unit_test(test_on_the_fly),
-      cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_refused),      cmocka_unit_test(test_fp8_weights_policy),
   };
   return cmocka_run_group_tests_name("fp8", tests, setup, teardown);
 }

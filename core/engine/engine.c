@@ -2461,6 +2461,10 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   mo.quantization = strcmp(kiln_config_get_string(cfg, "model", "quantization"), "fp8") == 0
                         ? KILN_QUANT_FP8
                         : KILN_QUANT_NONE;
+  const char *fw = kiln_config_get_string(cfg, "model", "fp8_weights");
+  mo.fp8_weights = !strcmp(fw, "keep")    ? KILN_FP8_WEIGHTS_KEEP
+                   : !strcmp(fw, "widen") ? KILN_FP8_WEIGHTS_WIDEN
+                                          : KILN_FP8_WEIGHTS_AUTO;
   mo.max_tokens = e->max_tokens;
   mo.max_seqs = e->max_seqs;
   mo.max_logits = e->max_logits;
