@@ -70,6 +70,20 @@ static bool rok(rank_ctx_t *c, kiln_hal_error_t *e, const char *what) {
   return false;
 }
 
+/* The ranks run as threads share one device (g_dev), and the cpu plugin (like hal.h asks of
+ * every plugin) refuses buffer_alloc on a device while any of its streams captures a graph: a
+ * rank's allocation must not land inside another rank's capture. dev_alloc and the capture in
+ * case_all_reduce hold g_dev_mu (the capture records the collective without waiting for the
+ * other ranks, so no rank waits for a peer while holding it). Forked ranks have a device each. */
+static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static kiln_hal_error_t *dev_alloc(uint64_t bytes, uint32_t flags, kiln_hal_buffer_t **out) {
+  pthread_mutex_lock(&g_dev_mu);
+  kiln_hal_error_t *e = g_t->buffer_alloc(g_dev, bytes, flags, out);
+  pthread_mutex_unlock(&g_dev_mu);
+  return e;
+}
+
 /* Deterministic inputs every rank can recompute: splitmix64 of (seed, tag, rank, i). */
 static double value(uint64_t tag, int rank, int64_t i) {
   uint64_t z = g_seed ^ (tag * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)rank << 40) ^ (uint64_t)i;
@@ -142,15 +156,20 @@ static void case_all_reduce(rank_ctx_t *c, int32_t dtype, int64_t n, uint64_t ta
   }
   for (int64_t i = 0; i < n; i++) v[i] = value(tag, c->rank, i);
   encode(dtype, v, host, n);
-  if (!rok(c, g_t->buffer_alloc(g_dev, 2 * bytes + 256, 0, &b), "buffer_alloc")) goto out;
+  if (!rok(c, dev_alloc(2 * bytes + 256, 0, &b), "buffer_alloc")) goto out;
   uint64_t dst_off = in_place ? 0 : ((bytes + 255) & ~(size_t)255);
   kiln_hal_coll_args_t a = cargs(c, 0, view(b, 0, dtype, n / 8, 8), view(b, dst_off, dtype, n / 8, 8));
   if (!rok(c, g_t->copy_h2d(c->stream, b, 0, host, bytes), "copy_h2d")) goto out;
   if (graph) {
     kiln_hal_graph_t *gr = NULL;
-    if (!rok(c, g_t->graph_begin(c->stream), "graph_begin")) goto out;
-    kiln_hal_error_t *e = g_t->all_reduce(c->stream, &a);
-    kiln_hal_error_t *e2 = g_t->graph_end(c->stream, &gr);
+    pthread_mutex_lock(&g_dev_mu);
+    kiln_hal_error_t *e0 = g_t->graph_begin(c->stream), *e = NULL, *e2 = NULL;
+    if (!e0) {
+      e = g_t->all_reduce(c->stream, &a);
+      e2 = g_t->graph_end(c->stream, &gr);
+    }
+    pthread_mutex_unlock(&g_dev_mu);
+    if (!rok(c, e0, "graph_begin")) goto out;
     if (!rok(c, e, "all_reduce (capture)") | !rok(c, e2, "graph_end")) goto out;
     /* Replay twice from the same inputs: the second must give the same sums. */
     for (int k = 0; k < 2 && !c->failures; k++) {
@@ -193,7 +212,7 @@ static void case_all_gather(rank_ctx_t *c, bool in_place) {
   kiln_hal_buffer_t *b = NULL;
   for (int64_t i = 0; i < n * cols; i++) mine[i] = (int32_t)(c->rank * 100000 + i);
   size_t all = (size_t)c->world * n * cols * 4;
-  if (!rok(c, g_t->buffer_alloc(g_dev, all + 512 + n * cols * 4, 0, &b), "buffer_alloc")) goto out;
+  if (!rok(c, dev_alloc(all + 512 + n * cols * 4, 0, &b), "buffer_alloc")) goto out;
   uint64_t src_off = in_place ? (uint64_t)c->rank * n * cols * 4 : ((all + 255) & ~(size_t)255);
   rok(c, g_t->fill(c->stream, b, 0, all, 0xEE), "fill");
   rok(c, g_t->copy_h2d(c->stream, b, src_off, mine, n * cols * 4), "copy_h2d");
@@ -223,7 +242,7 @@ static void case_broadcast(rank_ctx_t *c) {
   uint16_t *h = malloc(n * 2), *got = malloc(n * 2);
   kiln_hal_buffer_t *b = NULL;
   for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)(c->rank * 7 + i);
-  if (!rok(c, g_t->buffer_alloc(g_dev, n * 2, 0, &b), "buffer_alloc")) goto out;
+  if (!rok(c, dev_alloc(n * 2, 0, &b), "buffer_alloc")) goto out;
   rok(c, g_t->copy_h2d(c->stream, b, 0, h, n * 2), "copy_h2d");
   kiln_hal_coll_args_t a = cargs(c, root, view(b, 0, KILN_HAL_BF16, n / 10, 10),
                                  view(b, 0, KILN_HAL_BF16, n / 10, 10));
@@ -250,7 +269,7 @@ static void case_ring(rank_ctx_t *c) {
   kiln_hal_buffer_t *b = NULL;
   int next = (c->rank + 1) % c->world, prev = (c->rank + c->world - 1) % c->world;
   for (int64_t i = 0; i < n; i++) h[i] = (float)value(99, c->rank, i);
-  if (!rok(c, g_t->buffer_alloc(g_dev, 2 * n * 4, 0, &b), "buffer_alloc")) goto out;
+  if (!rok(c, dev_alloc(2 * n * 4, 0, &b), "buffer_alloc")) goto out;
   rok(c, g_t->copy_h2d(c->stream, b, 0, h, n * 4), "copy_h2d");
   kiln_hal_coll_args_t s = cargs(c, next, view(b, 0, KILN_HAL_F32, n / 50, 50), view(b, 0, 0, 0, 0));
   s.dst.buffer = NULL;
@@ -289,7 +308,7 @@ static void expect_invalid(rank_ctx_t *c, kiln_hal_error_t *e, const char *what,
 /* Rank 1 reduces one row more than the others: every rank is told, and all stay in step. */
 static void case_mismatch(rank_ctx_t *c) {
   kiln_hal_buffer_t *b = NULL;
-  if (!rok(c, g_t->buffer_alloc(g_dev, 4096, 0, &b), "buffer_alloc")) return;
+  if (!rok(c, dev_alloc(4096, 0, &b), "buffer_alloc")) return;
   rok(c, g_t->fill(c->stream, b, 0, 4096, 0), "fill");
   int64_t rows = c->rank == 1 ? 9 : 8;
   kiln_hal_coll_args_t a = cargs(c, 0, view(b, 0, KILN_HAL_F32, rows, 16), view(b, 0, KILN_HAL_F32, rows, 16));
@@ -465,7 +484,7 @@ static void test_collectives_never_joins(void **state) {
 static int body_wait_for_dead(rank_ctx_t *c) {
   if (c->rank == 1) return 0; /* "crashes": leaves without calling the collective */
   kiln_hal_buffer_t *b = NULL;
-  if (!rok(c, g_t->buffer_alloc(g_dev, 256, 0, &b), "buffer_alloc")) return c->failures;
+  if (!rok(c, dev_alloc(256, 0, &b), "buffer_alloc")) return c->failures;
   rok(c, g_t->fill(c->stream, b, 0, 256, 0), "fill");
   kiln_hal_coll_args_t a = cargs(c, 0, view(b, 0, KILN_HAL_F32, 4, 16), view(b, 0, KILN_HAL_F32, 4, 16));
   struct timespec t0;
