@@ -27,6 +27,7 @@
 #include "models/model_internal.h"
 #include "models/loader/weights.h"
 #include "models/model_tokenizer.h"
+#include "test_backend.h"
 
 /* ---- a temporary directory per test ---------------------------------------------------------- */
 
@@ -1032,7 +1033,7 @@ static void test_errors(void **state) {
 }
 
 /* End to end through the CPU backend (or the GPU one KILN_TEST_BACKEND / KILN_TEST_BACKENDS
- * names, see test_backend_name): the llama file's Q8_0 gate/up and down weights stay
+ * names, see tests/test_backend.h): the llama file's Q8_0 gate/up and down weights stay
  * quantized (gemm_quant, decode and prefill paths), and its logits match those of the same
  * file with every Q8_0 tensor written as F32 holding the dequantized values. Both run in f32;
  * they differ only in the order of f32 sums (gemm_quant vs sgemm), so 1e-4 relative to the
@@ -1055,22 +1056,6 @@ static void score_file(const char *path, const kiln_hal_backend_t *be, kiln_hal_
   kiln_model_free(m);
 }
 
-/* The backend to run on: $KILN_TEST_BACKEND, else the first GPU backend (cuda, rocm) that
- * $KILN_TEST_BACKENDS names, else cpu. */
-static const char *test_backend_name(void) {
-  const char *one = getenv("KILN_TEST_BACKEND");
-  if (one && *one) return one;
-  const char *list = getenv("KILN_TEST_BACKENDS");
-  static const char *const gpus[] = {"cuda", "rocm"};
-  for (const char *p = list; p && *p;) {
-    size_t len = strcspn(p, ", ");
-    for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++)
-      if (len == strlen(gpus[i]) && strncmp(p, gpus[i], len) == 0) return gpus[i];
-    p += len;
-    p += strspn(p, ", ");
-  }
-  return "cpu";
-}
 
 static void test_quantized_model(void **state) {
   (void)state;

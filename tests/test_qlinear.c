@@ -40,6 +40,7 @@
 #include "kiln/hal_util.h"
 #include "models/model.h"
 #include "models/model_internal.h"
+#include "test_backend.h"
 
 #define SELF_TOL 2e-5
 
@@ -311,22 +312,6 @@ static void test_bad_tensors(void **state) {
 
 /* ---- 2. end to end ------------------------------------------------------------------------ */
 
-/* The backend to run on: $KILN_TEST_BACKEND, else the first GPU backend (cuda, rocm) that
- * $KILN_TEST_BACKENDS names, else cpu. */
-static const char *test_backend_name(void) {
-  const char *one = getenv("KILN_TEST_BACKEND");
-  if (one && *one) return one;
-  const char *list = getenv("KILN_TEST_BACKENDS");
-  static const char *const gpus[] = {"cuda", "rocm"};
-  for (const char *p = list; p && *p;) {
-    size_t len = strcspn(p, ", ");
-    for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++)
-      if (len == strlen(gpus[i]) && strncmp(p, gpus[i], len) == 0) return gpus[i];
-    p += len;
-    p += strspn(p, ", ");
-  }
-  return "cpu";
-}
 
 
 static int setup(void **state) {
