@@ -4,10 +4,14 @@
  * dequantized to the serving dtype for a backend without them. [model] quantization = fp8
  * makes FP8 codes and per-channel scales from a float checkpoint's Linear here too. The
  * checkpoint layouts are written out in kiln/hal_quant.h and docs/models.md. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
@@ -335,22 +339,10 @@ static float fp8_scale(const model_qpart_t *q, int64_t n, int64_t g) {
   }
 }
 
-static kiln_status_t fp8_write(const model_qpart_t *q, int32_t what, int32_t dtype, void *out) {
-  const int64_t N = q->N, K = q->K, G = q->G;
-  if (what == MODEL_Q_ZEROS || what == MODEL_Q_GIDX) return NULL; /* none */
-  if (q->scheme != KILN_FP8_ON_THE_FLY) {
-    if (what == MODEL_Q_CODES) {
-      memcpy(out, q->weight->data, (size_t)(N * K));
-      return NULL;
-    }
-    if (what == MODEL_Q_SCALES) {
-      float *s = out;
-      for (int64_t n = 0; n < N; n++)
-        for (int64_t g = 0; g < G; g++) s[n * G + g] = fp8_scale(q, n, g);
-      return NULL;
-    }
-  }
-  /* On the fly (codes, scales) or widened (either): a row at a time. */
+/* Rows n0 .. n1 - 1 of an on-the-fly part (codes or scales) or of a widened one (either). */
+static kiln_status_t fp8_rows(const model_qpart_t *q, int32_t what, int32_t dtype, void *out,
+                              int64_t n0, int64_t n1) {
+  const int64_t K = q->K, G = q->G;
   float *row = malloc((size_t)K * sizeof(float)), *sc = malloc((size_t)G * sizeof(float));
   uint8_t *codes = malloc((size_t)K);
   kiln_status_t st = NULL;
@@ -358,7 +350,7 @@ static kiln_status_t fp8_write(const model_qpart_t *q, int32_t what, int32_t dty
     st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory quantizing %s", q->weight->name);
     goto done;
   }
-  for (int64_t n = 0; n < N && !st; n++) {
+  for (int64_t n = n0; n < n1 && !st; n++) {
     const uint8_t *crow = q->weight->data + n * K;
     if (q->scheme == KILN_FP8_ON_THE_FLY) {
       if ((st = fp8_fly_row(q, n, row, &sc[0]))) break;
@@ -392,6 +384,75 @@ done:
   free(sc);
   free(codes);
   return st;
+}
+
+typedef struct fp8_job {
+  const model_qpart_t *q;
+  int32_t what, dtype;
+  void *out;
+  int64_t n0, n1;
+  kiln_status_t st;
+} fp8_job_t;
+
+static void *fp8_job_main(void *arg) {
+  fp8_job_t *j = arg;
+  j->st = fp8_rows(j->q, j->what, j->dtype, j->out, j->n0, j->n1);
+  return NULL;
+}
+
+/* fp8_rows over every row, split over the host's cores for a large Linear (on-the-fly
+ * quantization of a 7B is ~15 G element conversions: a single core took ~70 s). Rows are
+ * independent, so the result is the same however they are split; the first error (lowest rows)
+ * is returned. */
+static kiln_status_t fp8_rows_parallel(const model_qpart_t *q, int32_t what, int32_t dtype,
+                                       void *out) {
+  enum { MAX_JOBS = 32 };
+  const int64_t N = q->N;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int64_t jobs = cpus < 1 ? 1 : cpus > MAX_JOBS ? MAX_JOBS : cpus;
+  if (N * q->K < ((int64_t)1 << 14)) jobs = 1; /* small (the fixtures' gate_up is 2^14.3) */
+  if (jobs > N) jobs = N;
+  if (jobs <= 1) return fp8_rows(q, what, dtype, out, 0, N);
+  fp8_job_t job[MAX_JOBS];
+  pthread_t th[MAX_JOBS];
+  bool started[MAX_JOBS];
+  for (int64_t t = 0; t < jobs; t++) {
+    job[t] = (fp8_job_t){q, what, dtype, out, N * t / jobs, N * (t + 1) / jobs, NULL};
+    started[t] = t > 0 && pthread_create(&th[t], NULL, fp8_job_main, &job[t]) == 0;
+  }
+  fp8_job_main(&job[0]);
+  for (int64_t t = 1; t < jobs; t++) {
+    if (started[t])
+      pthread_join(th[t], NULL);
+    else
+      fp8_job_main(&job[t]); /* no thread: this one does it */
+  }
+  kiln_status_t st = NULL;
+  for (int64_t t = 0; t < jobs; t++) {
+    if (!st)
+      st = job[t].st;
+    else
+      kiln_status_free(job[t].st);
+  }
+  return st;
+}
+
+static kiln_status_t fp8_write(const model_qpart_t *q, int32_t what, int32_t dtype, void *out) {
+  const int64_t N = q->N, K = q->K, G = q->G;
+  if (what == MODEL_Q_ZEROS || what == MODEL_Q_GIDX) return NULL; /* none */
+  if (q->scheme != KILN_FP8_ON_THE_FLY) {
+    if (what == MODEL_Q_CODES) {
+      memcpy(out, q->weight->data, (size_t)(N * K));
+      return NULL;
+    }
+    if (what == MODEL_Q_SCALES) {
+      float *s = out;
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t g = 0; g < G; g++) s[n * G + g] = fp8_scale(q, n, g);
+      return NULL;
+    }
+  }
+  return fp8_rows_parallel(q, what, dtype, out);
 }
 
 /* The zero point of (group g, column n), from qzeros (GPTQ v1: stored + 1). */
