@@ -664,6 +664,11 @@ static bool parse_int(gb_t *b, int64_t *out) {
 /* One sequence: atoms with their repetition operators, up to '|', ')' or the rule's end. */
 static void parse_sequence(gb_t *b, int32_t rule, bool nested, gvec_t *v) {
   int32_t last = -1; /* where the last atom starts in v */
+  /* What the last atom's repeats amount to (stacked ones fold: (x*)+ = x*, (x+)+ = x+,
+   * (x?)? = x?, and x+ under ?, * or {0,n} is x*): 0 nothing foldable, 1 x*, 2 x+, 3 x?. A
+   * run of stacked operators (a fuzzer's "x*+++++...") would otherwise nest a rule per
+   * operator, each alternative of which the matcher explores. */
+  int last_rep = 0;
   for (;;) {
     skip_space(b, nested);
     if (!gb_ok(b) || b->p >= b->end) return;
@@ -672,7 +677,7 @@ static void parse_sequence(gb_t *b, int32_t rule, bool nested, gvec_t *v) {
     if (c == '|' || c == ')' || c == '\n') return;
     if (c == '"') {
       b->p++;
-      last = v->n;
+      last = v->n, last_rep = 0;
       while (gb_ok(b)) {
         if (b->p >= b->end) {
           gb_fail(b, at, "unterminated literal");
@@ -689,11 +694,11 @@ static void parse_sequence(gb_t *b, int32_t rule, bool nested, gvec_t *v) {
       if (v->n == last) last = -1; /* "" is nothing */
     } else if (c == '[') {
       b->p++;
-      last = v->n;
+      last = v->n, last_rep = 0;
       parse_class(b, rule, v);
     } else if (c == '.') {
       b->p++;
-      last = v->n;
+      last = v->n, last_rep = 0;
       cprange_t rg[3] = {{0, 0x10FFFF}};
       int32_t m = ranges_normalize(rg, 1, false);
       push_class(b, rule, v, rg, m);
@@ -708,7 +713,7 @@ static void parse_sequence(gb_t *b, int32_t rule, bool nested, gvec_t *v) {
         return;
       }
       b->p++;
-      last = v->n;
+      last = v->n, last_rep = 0;
       vec_push(b, v, KILN_GEL_RULE, r);
     } else if (is_name_char(c)) {
       const char *s = b->p;
@@ -719,7 +724,7 @@ static void parse_sequence(gb_t *b, int32_t rule, bool nested, gvec_t *v) {
         gb_fail(b, s, "a new rule starts here: end the previous rule's line first");
         return;
       }
-      last = v->n;
+      last = v->n, last_rep = 0;
       vec_push(b, v, KILN_GEL_RULE, rule_get(b, s, (size_t)(e - s), s));
     } else if (c == '*' || c == '+' || c == '?' || c == '{') {
       if (last < 0) {
@@ -757,8 +762,15 @@ static void parse_sequence(gb_t *b, int32_t rule, bool nested, gvec_t *v) {
           return;
         }
       }
+      const bool unb = hi < 0 && lo <= 1; /* * or + */
+      const bool opt = lo == 0 && hi == 1;   /* ? */
+      if ((last_rep == 1 && (unb || opt)) || (last_rep == 2 && unb && lo == 1) ||
+          (last_rep == 3 && opt))
+        continue; /* the language is already that */
       apply_repeat(b, rule, v, last, lo, hi);
       /* the repeated atom is the last one again (x** is fine) */
+      last_rep = unb ? (lo == 0 ? 1 : 2) : opt ? (last_rep == 2 ? 1 : 3)
+                 : (last_rep == 2 && lo == 0 && hi != 0) ? 1 : 0;
     } else if (c == '<') {
       gb_fail(b, at, "token references (<...>) are not supported; write the text as a literal");
       return;
