@@ -83,6 +83,7 @@ static const char *const config_sections[] = {
 static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloat16", NULL};
 static const char *const config_quantizations[] = {"none", "fp8", NULL};
 static const char *const config_fp8_weights[] = {"auto", "keep", "widen", NULL};
+static const char *const config_fp8_activations[] = {"none", "dynamic", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
 static const char *const config_spec_methods[] = {"off", "ngram", "draft", NULL};
@@ -133,6 +134,10 @@ static const config_row_t config_rows[] = {
              "multiplied in FP8 where the backend can (half of bf16's bytes); widen = "
              "dequantized to the serving dtype at load; auto = keep on the CPU backend, widen on "
              "GPUs (no tensor-core FP8 GEMM yet: kept FP8 prefills at CUDA-core speed)"),
+    ROW_ENUM("model", "fp8_activations", "none", config_fp8_activations,
+             "Activations of FP8 Linears kept in FP8: none = used as they are (weight-only, "
+             "W8A16); dynamic = each token's row quantized to FP8 e4m3 with its own scale (W8A8: "
+             "FP8 tensor cores on sm_89+; small error, docs/models.md)"),
     ROW_INT("model", "max_model_len", "0", 0, 16777216,
             "Longest sequence (prompt + output) in tokens; 0 = from the model's config"),
     ROW_INT("model", "max_images_per_prompt", "8", 0, 1024,

@@ -643,6 +643,13 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
                           (int)options->fp8_weights);
     goto fail;
   }
+  if (options->fp8_activations != KILN_FP8_ACT_NONE &&
+      options->fp8_activations != KILN_FP8_ACT_DYNAMIC) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "model options: fp8_activations %d is not one of none (0) and dynamic (1)",
+                          (int)options->fp8_activations);
+    goto fail;
+  }
   if (options->quantization != KILN_QUANT_FP8 && options->quantization != KILN_QUANT_NONE) {
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                           "model options: quantization %d is not one of none (0) and fp8 (%d)",
@@ -704,9 +711,25 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   if (KILN_HAL_HAS(backend, gemm_quant) && backend->gemm_quant)
     plan.qcaps = di.caps & ~(uint64_t)0xffffffffu;
   plan.quant = &c->quant;
+  const bool dyn = options->fp8_activations == KILN_FP8_ACT_DYNAMIC;
+  if (dyn && options->fp8_weights == KILN_FP8_WEIGHTS_WIDEN) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "[model] fp8_activations = dynamic quantizes the activations of FP8 "
+                          "Linears kept in FP8, but fp8_weights = widen dequantizes them at load");
+    goto fail;
+  }
+  if (dyn && !(di.caps & KILN_HAL_CAP_FP8_XQUANT)) {
+    st = kiln_status_make(KILN_ERR_UNSUPPORTED,
+                          "[model] fp8_activations = dynamic: backend %s (%s) cannot quantize "
+                          "activations to FP8 (no KILN_HAL_CAP_FP8_XQUANT)",
+                          backend->name, di.name);
+    goto fail;
+  }
+  m->fp8_xquant = dyn;
   if (options->fp8_weights == KILN_FP8_WEIGHTS_WIDEN)
     plan.fp8_widen_why = "[model] fp8_weights = widen";
-  else if (options->fp8_weights == KILN_FP8_WEIGHTS_AUTO && !(di.caps & KILN_HAL_CAP_HOST_MEMORY))
+  else if (options->fp8_weights == KILN_FP8_WEIGHTS_AUTO && !dyn &&
+           !(di.caps & KILN_HAL_CAP_HOST_MEMORY))
     plan.fp8_widen_why = "[model] fp8_weights = auto widens FP8 on GPUs: their gemm_quant has no "
                          "tensor-core FP8 path yet; keep stores it in FP8";
   if ((st = model_plan(m, &plan))) goto fail;

@@ -44,6 +44,7 @@
 typedef struct kiln_model kiln_model_t;
 
 enum { KILN_FP8_WEIGHTS_AUTO = 0, KILN_FP8_WEIGHTS_KEEP = 1, KILN_FP8_WEIGHTS_WIDEN = 2 };
+enum { KILN_FP8_ACT_NONE = 0, KILN_FP8_ACT_DYNAMIC = 1 };
 
 typedef struct kiln_model_options {
   int32_t dtype;              /* serving dtype: KILN_HAL_F32/F16/BF16, or -1 = the checkpoint's */
@@ -58,6 +59,9 @@ typedef struct kiln_model_options {
    * kept wherever the device takes them (half the bytes: a model that fits only in FP8);
    * WIDEN: always dequantized at load. */
   int32_t fp8_weights;
+  /* [model] fp8_activations: KILN_FP8_ACT_NONE (0, weight-only) or KILN_FP8_ACT_DYNAMIC (the
+   * kept FP8 Linears quantize each row of x to FP8 with its own scale: hal.h's x_quant). */
+  int32_t fp8_activations;
   int32_t max_tokens;         /* most tokens in one forward (sizes the activations) */
   int32_t max_seqs;           /* most sequences in one forward */
   int32_t max_blocks_per_seq; /* widest block table a forward takes */

@@ -51,6 +51,7 @@ typedef struct model_layer {
 struct kiln_model {
   kiln_model_config_t cfg;
   kiln_model_options_t opt;
+  bool fp8_xquant; /* [model] fp8_activations = dynamic: FP8 gemm_quant calls set x_quant */
   const kiln_hal_backend_t *be;
   kiln_hal_device_t *dev;
   kiln_hal_stream_t *stream;

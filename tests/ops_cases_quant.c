@@ -198,6 +198,7 @@ typedef struct gqg_case {
   int32_t group_size; /* 0: K (one group) */
   bool zeros, g_idx, bias, y_f32;
   int64_t w_pad, s_pad; /* extra bytes per code row; extra elements per scale / zero row */
+  bool xq;              /* FP8: x_quant = FP8_TOKEN (W8A8, ABI 1.6) */
 } gqg_case_t;
 
 static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_case_t *g) {
@@ -208,9 +209,9 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
   const size_t es = kiln_hal_dtype_size(dt), yes = kiln_hal_dtype_size(ydt);
   if (oh_skip_big((double)M * (double)N * (double)K)) return;
   oh_case(be, "gemm_quant", dt,
-          "%s M=%lld N=%lld K=%lld group_size=%d zeros=%d g_idx=%d bias=%d y=%s",
+          "%s M=%lld N=%lld K=%lld group_size=%d zeros=%d g_idx=%d bias=%d y=%s%s",
           kiln_hal_qfmt_name(fmt), (long long)M, (long long)N, (long long)K, (int)gs, g->zeros,
-          g->g_idx, g->bias, kiln_hal_dtype_name(ydt));
+          g->g_idx, g->bias, kiln_hal_dtype_name(ydt), g->xq ? " x_quant=fp8_token" : "");
   const int64_t rb = kiln_hal_qgroup_row_bytes(fmt, K) + g->w_pad, lds = G + g->s_pad;
   const bool fp8 = fmt == KILN_HAL_QFMT_FP8_E4M3;
   const size_t ses = fp8 ? 4 : 2;
@@ -232,7 +233,16 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
   a.x = oh_view(xbuf, 0, dt, 2, (const int64_t[]){M, K}, NULL);
   a.y = oh_view(ybuf, 0, ydt, 2, (const int64_t[]){M, N}, NULL);
   a.bias = oh_absent();
-  oh_write_rand(xbuf, &a.x, -1, 1, xv);
+  a.x_quant = g->xq ? KILN_HAL_XQUANT_FP8_TOKEN : KILN_HAL_XQUANT_NONE;
+  /* x_quant: rows of very different magnitudes (each row's own scale must be used), one row
+   * of zeros (scale 1) */
+  oh_write_rand(xbuf, &a.x, g->xq ? -64 : -1, g->xq ? 64 : 1, xv);
+  if (g->xq) {
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t k = 0; k < K; k++)
+        xv[m * K + k] = m == 1 ? 0.0 : ldexp(xv[m * K + k], -(int)(3 * m % 13));
+    oh_write(xbuf, &a.x, xv);
+  }
   if (g->bias) {
     a.bias = oh_view(bbuf, 0, ydt, 1, (const int64_t[]){N}, NULL);
     oh_write_rand(bbuf, &a.bias, -1, 1, biasv);
@@ -277,10 +287,31 @@ static void gqg_run(const oh_backend_t *be, int32_t fmt, int32_t dt, const gqg_c
   if (oh_ok(be->t->gemm_quant(be->stream, &a), "gemm_quant") && oh_pull(ybuf)) {
     oh_mark(ybuf, &a.y);
     oh_read(ybuf, &a.y, got);
-    ops_ref_gemm_qgroup(M, N, K, xv, fmt, wbuf->host, rb, sbuf->host, lds,
-                        g->zeros ? zbuf->host : NULL, lds, g->g_idx ? gidx : NULL, gs,
-                        g->bias ? biasv : NULL, want, mag);
-    oh_compare("y", M * N, got, want, mag, oh_tol_gemm(ydt));
+    oh_tol_t tol = oh_tol_gemm(ydt);
+    if (g->xq) { /* the reference on the quantized rows, then s_m * sum + bias */
+      double *xq = OH_NEW(double, M * K + 1), *sx = OH_NEW(double, M + 1);
+      ops_ref_fp8_xquant(M, K, xv, xq, sx);
+      ops_ref_gemm_qgroup(M, N, K, xq, fmt, wbuf->host, rb, sbuf->host, lds, NULL, lds, NULL, gs,
+                          NULL, want, mag);
+      for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+          const double b = g->bias ? biasv[n] : 0.0;
+          want[m * N + n] = sx[m] * want[m * N + n] + b;
+          mag[m * N + n] = sx[m] * mag[m * N + n] + fabs(b);
+        }
+      free(xq);
+      free(sx);
+      /* FP8 matrix units (Hopper's wgmma) add the products in an accumulator narrower than
+       * f32 between the promotions to f32 that cuBLASLt makes (DeepSeek-V3 reports ~14 bits
+       * kept): 2^-12 of sum |x_q w| admits that; one wrong code (an e4m3 step, 6-12% of one
+       * of K = 256 terms) still shows above it. */
+      tol.mtol = 0x1p-12;
+    } else {
+      ops_ref_gemm_qgroup(M, N, K, xv, fmt, wbuf->host, rb, sbuf->host, lds,
+                          g->zeros ? zbuf->host : NULL, lds, g->g_idx ? gidx : NULL, gs,
+                          g->bias ? biasv : NULL, want, mag);
+    }
+    oh_compare("y", M * N, got, want, mag, tol);
     oh_check_rest(ybuf, "y (tail)");
   }
   free(xv);
@@ -328,6 +359,10 @@ static void gq8_bad_args(const oh_backend_t *be) {
   oh_expect_error(be->t->gemm_quant(be->stream, &a), "g_idx present");
   a = good, a.w.row_stride -= 1;
   oh_expect_error(be->t->gemm_quant(be->stream, &a), "row_stride below a row");
+  a = good, a.x_quant = 2;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "x_quant 2");
+  a = good, a.x_quant = -1;
+  oh_expect_error(be->t->gemm_quant(be->stream, &a), "x_quant -1");
   oh_free_all();
 }
 
@@ -407,12 +442,12 @@ static void gqg_all(const oh_backend_t *be, int32_t fmt) {
           gqg_run(be, fmt, dt, &g);
         }
     /* K not a multiple of the group (ceil) nor of 8 or the span, and symmetric. */
-    gqg_case_t odd = {5, 19, 298, 64, false, false, true, false, 1, 0};
+    gqg_case_t odd = {5, 19, 298, 64, false, false, true, false, 1, 0, false};
     gqg_run(be, fmt, dt, &odd);
     odd.M = 20, odd.g_idx = !fp8, odd.zeros = !fp8;
     gqg_run(be, fmt, dt, &odd);
     if (fp8) { /* per-channel over an odd K; blocks of 128 over a K with a partial block */
-      gqg_case_t pc = {3, 7, 298, 0, false, false, true, true, 0, 1};
+      gqg_case_t pc = {3, 7, 298, 0, false, false, true, true, 0, 1, false};
       gqg_run(be, fmt, dt, &pc);
       pc.M = 33, pc.K = 200, pc.group_size = 128;
       gqg_run(be, fmt, dt, &pc);
@@ -420,15 +455,27 @@ static void gqg_all(const oh_backend_t *be, int32_t fmt) {
        * codes a load when rows are 16-byte aligned): a K % 16 tail with aligned rows (w_pad
        * 6: 304-byte rows) and with odd ones, groups of 20 that split the 16-code pieces, a K
        * below one piece, M = 8 over a partial block of 128. */
-      static const gqg_case_t dec[] = {{1, 13, 298, 64, false, false, true, false, 6, 0},
-                                       {1, 13, 298, 0, false, false, false, true, 0, 1},
-                                       {2, 11, 304, 20, false, false, true, true, 0, 0},
-                                       {1, 5, 8, 0, false, false, true, false, 0, 0},
-                                       {8, 9, 200, 128, false, false, true, false, 8, 0}};
+      static const gqg_case_t dec[] = {{1, 13, 298, 64, false, false, true, false, 6, 0, false},
+                                       {1, 13, 298, 0, false, false, false, true, 0, 1, false},
+                                       {2, 11, 304, 20, false, false, true, true, 0, 0, false},
+                                       {1, 5, 8, 0, false, false, true, false, 0, 0, false},
+                                       {8, 9, 200, 128, false, false, true, false, 8, 0, false}};
       for (size_t i = 0; i < ARRAY_LEN(dec); i++) gqg_run(be, fmt, dt, &dec[i]);
+      /* x_quant = FP8_TOKEN (W8A8): decode and prefill sizes (the GEMV and the tiled or
+       * FP8-matrix paths), per-channel and blocks of 128, bias, f32 y, padded rows, an odd K. */
+      if (be->info.caps & KILN_HAL_CAP_FP8_XQUANT) {
+        static const gqg_case_t xqc[] = {{1, 24, 256, 0, false, false, true, false, 0, 0, true},
+                                         {3, 37, 512, 0, false, false, false, true, 16, 1, true},
+                                         {8, 16, 256, 128, false, false, true, false, 0, 0, true},
+                                         {40, 48, 256, 0, false, false, true, false, 0, 0, true},
+                                         {64, 64, 512, 0, false, false, false, false, 0, 0, true},
+                                         {70, 33, 298, 0, false, false, true, true, 6, 2, true},
+                                         {33, 40, 512, 128, false, false, false, true, 0, 0, true}};
+        for (size_t i = 0; i < ARRAY_LEN(xqc); i++) gqg_run(be, fmt, dt, &xqc[i]);
+      }
     }
   }
-  gqg_case_t big = {1, 256, 4096, 128, !fp8, false, true, false, 0, 0};
+  gqg_case_t big = {1, 256, 4096, 128, !fp8, false, true, false, 0, 0, false};
   gqg_run(be, fmt, KILN_HAL_F32, &big);
   big.M = 5, big.g_idx = !fp8;
   gqg_run(be, fmt, KILN_HAL_F32, &big);

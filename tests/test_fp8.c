@@ -62,6 +62,7 @@ static char g_dir[256]; /* the generated fixtures */
 static char g_src[256]; /* tests/fixtures/models */
 static bool g_keeps;    /* the device runs gemm_quant on fp8_e4m3 */
 static bool g_host;     /* the device has KILN_HAL_CAP_HOST_MEMORY (fp8_weights = auto keeps) */
+static uint64_t g_caps;  /* the device's capability bits */
 
 static void check_st(kiln_status_t st) {
   if (st) fail_msg("%s", kiln_status_message(st));
@@ -95,6 +96,7 @@ static int setup(void **state) {
   g_keeps = KILN_HAL_HAS(be, gemm_quant) && be->gemm_quant &&
             (di.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3));
   g_host = (di.caps & KILN_HAL_CAP_HOST_MEMORY) != 0;
+  g_caps = di.caps;
   const char *src = getenv("KILN_SOURCE_DIR");
   if (!src) src = "..";
   snprintf(g_src, sizeof(g_src), "%s/tests/fixtures/models", src);
@@ -242,6 +244,73 @@ static void test_fp8_weights_policy(void **state) {
   kiln_model_free(ma);
   expect_err(load_qp("ct_channel", KILN_HAL_F32, KILN_QUANT_NONE, 7, &bad), "fp8_weights 7",
              "widen");
+  assert_null(bad);
+}
+
+static kiln_status_t load_act(const char *sub, int32_t fp8_weights, int32_t act,
+                              kiln_model_t **m) {
+  char path[1400];
+  snprintf(path, sizeof(path), "%s/%s", g_dir, sub);
+  kiln_model_options_t o = {0};
+  o.dtype = KILN_HAL_F32;
+  o.fp8_weights = fp8_weights;
+  o.fp8_activations = act;
+  o.max_tokens = 32;
+  o.max_seqs = 4;
+  o.max_blocks_per_seq = 64;
+  return kiln_model_load(path, &g_plugin->table, g_dev, g_stream, &o, m);
+}
+
+/* [model] fp8_activations = dynamic (hal.h's x_quant, W8A8): each row of x quantized to e4m3
+ * with its own scale (relative error up to 2^-4 per element, ~2^-5 on average). On the tiny
+ * fixture the logits move measurably (so the option is applied: not bit-equal to weight-only)
+ * and stay within 15% of the largest logit of the weight-only run, with the argmax kept at 3 in
+ * 4 positions or more, in prefill (M = 20), decode (M = 1) and M = 3 chunks. widen with
+ * dynamic and an out-of-range value are refused. */
+static void test_fp8_activations(void **state) {
+  (void)state;
+  kiln_model_t *md = NULL, *mn = NULL, *bad = NULL;
+  if (!(g_caps & KILN_HAL_CAP_FP8_XQUANT) || !g_keeps) {
+    expect_err(load_act("ct_channel", KILN_FP8_WEIGHTS_KEEP, KILN_FP8_ACT_DYNAMIC, &bad),
+               "fp8_activations = dynamic", "KILN_HAL_CAP_FP8_XQUANT");
+    skip();
+  }
+  check_st(load_act("ct_channel", KILN_FP8_WEIGHTS_KEEP, KILN_FP8_ACT_DYNAMIC, &md));
+  check_st(load_act("ct_channel", KILN_FP8_WEIGHTS_KEEP, KILN_FP8_ACT_NONE, &mn));
+  const int64_t V = kiln_model_get_config(md)->vocab_size;
+  int32_t ids[20];
+  for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+  float *a = malloc((size_t)(20 * V) * sizeof(float)), *b = malloc((size_t)(20 * V) * sizeof(float));
+  assert_non_null(a);
+  assert_non_null(b);
+  static const int32_t chunks[] = {0, 1, 3};
+  for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+    check_st(kiln_model_score(md, ids, 20, chunks[c], 16, a));
+    check_st(kiln_model_score(mn, ids, 20, chunks[c], 16, b));
+    const double e = rel_err(a, b, (size_t)(20 * V));
+    int same = 0;
+    for (int t = 0; t < 20; t++) same += argmax(a + t * V, V) == argmax(b + t * V, V);
+    if (getenv("KILN_TEST_VERBOSE"))
+      printf("  fp8_activations chunk %d: rel err %.3g, argmax agrees at %d / 20\n", chunks[c], e,
+             same);
+    if (!(e > 1e-6)) fail_msg("chunk %d: dynamic equals weight-only (rel err %.3g)", chunks[c], e);
+    if (!(e <= 0.15)) fail_msg("chunk %d: relative error %.3g > 0.15", chunks[c], e);
+    if (same < 15) fail_msg("chunk %d: argmax agrees at %d of 20 positions", chunks[c], same);
+  }
+  /* The same tokens chunked differently: equal within f32 summation order. */
+  check_st(kiln_model_score(md, ids, 20, 0, 16, a));
+  check_st(kiln_model_score(md, ids, 20, 1, 16, b));
+  if (!(rel_err(a, b, (size_t)(20 * V)) <= 1e-3))
+    fail_msg("dynamic: prefill and decode disagree (rel err %.3g)", rel_err(a, b, (size_t)(20 * V)));
+  free(a);
+  free(b);
+  kiln_model_free(md);
+  kiln_model_free(mn);
+  expect_err(load_act("ct_channel", KILN_FP8_WEIGHTS_WIDEN, KILN_FP8_ACT_DYNAMIC, &bad),
+             "fp8_activations = dynamic", "fp8_weights = widen");
+  assert_null(bad);
+  expect_err(load_act("ct_channel", KILN_FP8_WEIGHTS_KEEP, 5, &bad), "fp8_activations 5",
+             "dynamic");
   assert_null(bad);
 }
 
@@ -393,6 +462,7 @@ int main(void) {
       cmocka_unit_test(test_ct_channel),   cmocka_unit_test(test_block),
       cmocka_unit_test(test_bf16),         cmocka_unit_test(test_on_the_fly),
       cmocka_unit_test(test_refused),      cmocka_unit_test(test_fp8_weights_policy),
+      cmocka_unit_test(test_fp8_activations),
   };
   return cmocka_run_group_tests_name("fp8", tests, setup, teardown);
 }

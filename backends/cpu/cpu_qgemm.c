@@ -57,6 +57,7 @@ typedef struct qg_ctx {
   const kiln_hal_tensor_t *y, *bias;
   float *tmp; /* prefill: per thread, K * QG_PANEL dequantized weights + M * QG_PANEL sums */
   const float *xs; /* decode, qg_fast_fmt: x's sums over each 16 elements, [M, K / 16] */
+  const float *xscale; /* x_quant: row m's FP8 scale s_m (x holds the codes' values), or NULL */
   int64_t tmp_floats;
 } qg_ctx_t;
 
@@ -555,6 +556,7 @@ QG_AVX2 static void qg_row_fast_avx2(const qg_ctx_t *c, const uint8_t *wrow, flo
 /* y[m, n] = round(acc + bias[n]). */
 static void qg_store(const qg_ctx_t *c, int64_t m, int64_t n, float acc) {
   const kiln_hal_tensor_t *y = c->y;
+  if (c->xscale) acc *= c->xscale[m];
   if (c->bias->buffer) acc += kiln_hal_load_f32(cpu_tensor_ptr(c->bias), c->bias->dtype, n);
   kiln_hal_store_f32(cpu_tensor_ptr(y), y->dtype, m * y->stride[0] + n, acc);
 }
@@ -675,8 +677,10 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
   c.bias = &a->bias;
   const bool small = M <= QG_SMALL_M;
   const int threads = cpu_num_threads();
-  const bool x_direct = a->x.dtype == KILN_HAL_F32;
-  size_t xbytes = x_direct ? 0 : ((size_t)(M * K) * sizeof(float) + 63) & ~(size_t)63;
+  const bool xq = a->x_quant == KILN_HAL_XQUANT_FP8_TOKEN;
+  const bool x_direct = a->x.dtype == KILN_HAL_F32 && !xq;
+  size_t xbytes =
+      x_direct ? 0 : ((size_t)(M * K + (xq ? M : 0)) * sizeof(float) + 63) & ~(size_t)63;
   if (!small) c.tmp_floats = (K * QG_PANEL + M * QG_PANEL + 15) & ~(int64_t)15;
   size_t tbytes = (size_t)(c.tmp_floats * threads) * sizeof(float);
   const bool fast = M == 1 && QG_X86 && cpu_vec_avx2() && qg_fast_fmt(c.fmt);
@@ -694,6 +698,12 @@ kiln_hal_error_t *cpu_gemm_quant(kiln_hal_stream_t *s, const kiln_hal_gemm_quant
     float *xf = (float *)scratch;
     for (int64_t m = 0; m < M; m++)
       cpu_vec_to_f32(a->x.dtype, xp + (size_t)(m * a->x.stride[0]) * es, xf + m * K, K);
+    if (xq) { /* hal.h's x_quant: the codes' values in place, the row scales after them */
+      float *sc = xf + M * K;
+      for (int64_t m = 0; m < M; m++)
+        sc[m] = kiln_hal_fp8_xquant_row(xf + m * K, K, NULL, xf + m * K);
+      c.xscale = sc;
+    }
     c.x = xf;
     c.ldx = K;
   }

@@ -294,6 +294,7 @@ static kiln_hal_error_t *cuda_device_info(int32_t index, kiln_hal_device_info_t 
 #endif
   if (cuda_nccl_available()) info.caps |= KILN_HAL_CAP_COLLECTIVES;
   info.caps |= quant_caps(); /* gemm_quant (cuda_qgemv.cu) */
+  if (qfmt_supported(KILN_HAL_QFMT_FP8_E4M3)) info.caps |= KILN_HAL_CAP_FP8_XQUANT;
   info.warp_size = p.warpSize;
   info.compute_units = p.multiProcessorCount;
   info.pci_bus_id =
@@ -321,6 +322,7 @@ static kiln_hal_error_t *cuda_device_open(int32_t index, kiln_hal_device_t **out
   d->index = index;
   d->warp_size = p.warpSize;
   d->sm_count = p.multiProcessorCount;
+  d->cc = p.major * 10 + p.minor;
 #if defined(__HIP_PLATFORM_AMD__)
   d->smem_optin = (int64_t)p.sharedMemPerBlock; /* LDS per workgroup: no opt-in step on AMD */
 #else
@@ -671,6 +673,83 @@ static kiln_hal_error_t *check_gidx(kiln_hal_stream_t *s, const kiln_hal_qweight
   return NULL;
 }
 
+/* ---- gemm_quant with x_quant = FP8_TOKEN (ABI 1.6, W8A8) --------------------------------- *
+ * x is quantized per row into the stream's staging buffer (CUDA_GEMM_STAGE_BYTES, free during
+ * gemm_quant), M in chunks of the rows that fit, then per chunk either
+ *  - cuBLASLt's FP8 GEMM (sm_89+, M > CUDA_QGEMV_MAX_M, one scale per weight row as a
+ *    contiguous vector): e4m3 x e4m3 on the matrix units, the weight scales on D's rows and
+ *    the token scales on its columns (outer-vector scaling), the bias in the epilogue, one
+ *    rounding to y; or, where cuBLASLt has no algorithm for the call (alignment, the bias),
+ *  - the codes' values as f16 (exact) through the GEMV / tiled kernel, each sum times s_m
+ *    before the bias and the rounding (qgemm_w_t.xsc).
+ * Two launches a chunk; no allocation, so it captures into graphs. */
+static kiln_hal_error_t *gemm_quant_xq(kiln_hal_stream_t *s, const kiln_hal_gemm_quant_args_t *a,
+                                       cuda_qgemm_params_t *p) {
+  const char *op = "gemm_quant";
+  const int64_t M = p->M, K = p->K, N = p->N;
+  const int64_t kpad = (K + 15) / 16 * 16;
+  const size_t ysz = kiln_hal_dtype_size(p->dtype_y);
+  bool lt = s->blas && s->device->cc >= 89 && M > CUDA_QGEMV_MAX_M && p->G == 1 &&
+            !p->force_tiled && (N == 1 || a->w.scales.stride[0] == 1);
+#if defined(__HIP_PLATFORM_AMD__)
+  lt = false;
+#endif
+  size_t esz = lt ? 1 : 2;
+  int64_t rows = (int64_t)((CUDA_GEMM_STAGE_BYTES - 512) / ((size_t)kpad * esz + 4));
+  if (rows < 1)
+    return cuda_err_unsupported("gemm_quant: x_quant with K = %lld needs more than the %u MiB "
+                                "staging buffer per row",
+                                (long long)K, CUDA_GEMM_STAGE_BYTES >> 20);
+  char *stage = (char *)s->stage;
+  for (int64_t m0 = 0; m0 < M; m0 += rows) {
+    const int64_t r = M - m0 < rows ? M - m0 : rows;
+    const size_t xsz = kiln_hal_dtype_size(p->dtype_x);
+    const char *xc = (const char *)p->x + (size_t)(m0 * p->ldx) * xsz;
+    char *yc = (char *)p->y + (size_t)(m0 * p->ldy) * ysz;
+    float *sc = (float *)(stage + (((size_t)rows * (size_t)kpad * esz + 255) & ~(size_t)255));
+    cudaError_t ce = cuda_launch_fp8_xquant(s->stream, xc, p->dtype_x, p->ldx, (int32_t)r,
+                                            (int32_t)K, stage, kpad, esz == 1, sc);
+    if (ce != cudaSuccess) return launch_result(ce, op);
+    if (lt) {
+      cuda_blas_call_t c;
+      memset(&c, 0, sizeof(c));
+      c.dtype_ab = CUDA_BLAS_FP8_E4M3;
+      c.dtype_c = p->dtype_y;
+      c.trans_a = true; /* A' = W: stored K x N column-major, i.e. [N, K] row-major */
+      c.trans_b = false;
+      c.m = N, c.n = r, c.k = K;
+      c.a = p->w, c.lda = p->row_stride;
+      c.b = stage, c.ldb = kpad;
+      c.d = yc, c.ldd = p->ldy;
+      c.batch = 1;
+      c.alpha = 1.0f, c.beta = 0.0f;
+      c.bias = p->bias;
+      c.bias_required = true;
+      c.scale_a = (const float *)p->scales;
+      c.scale_b = sc;
+      bool bias_done = false;
+      kiln_hal_error_t *e = cuda_blas_matmul(s, &c, &bias_done);
+      if (!e) continue;
+      if (e->code != KILN_HAL_ERR_UNSUPPORTED) return e;
+      kiln_hal_error_free(e); /* no algorithm for this call: f16 codes from here on */
+      lt = false;
+      esz = 2;
+      rows = (int64_t)((CUDA_GEMM_STAGE_BYTES - 512) / ((size_t)kpad * esz + 4));
+      m0 -= rows; /* this chunk again (the loop adds rows back), at the f16 chunk size */
+      continue;
+    }
+    cuda_qgemm_params_t q = *p;
+    q.x = stage;
+    q.ldx = kpad;
+    q.dtype_x = KILN_HAL_F16;
+    q.y = yc;
+    q.M = (int32_t)r;
+    q.xscale = sc;
+    CHECK(launch_result(cuda_launch_qgemm(s->stream, s->device->warp_size, &q), op));
+  }
+  return NULL;
+}
+
 /* gemm_quant (ABI 1.4): hal_check.h's rules and the g_idx check above, then one launch
  * (cuda_qgemv.cu). */
 static kiln_hal_error_t *cuda_gemm_quant(kiln_hal_stream_t *s,
@@ -717,6 +796,7 @@ static kiln_hal_error_t *cuda_gemm_quant(kiln_hal_stream_t *s,
     p.G = (int32_t)a.w.scales.shape[1];
   }
   p.force_tiled = qgemm_tiled_forced();
+  if (a.x_quant == KILN_HAL_XQUANT_FP8_TOKEN) return gemm_quant_xq(s, &a, &p);
   return launch_result(cuda_launch_qgemm(s->stream, s->device->warp_size, &p), op);
 }
 

@@ -49,6 +49,7 @@ static cudaDataType_t cuda_dtype(int32_t d) {
   switch (d) {
     case KILN_HAL_F16: return CUDA_R_16F;
     case KILN_HAL_BF16: return CUDA_R_16BF;
+    case CUDA_BLAS_FP8_E4M3: return CUDA_R_8F_E4M3;
     default: return CUDA_R_32F;
   }
 }
@@ -104,6 +105,15 @@ static kiln_hal_error_t *plan_build(cuda_blas_t *s, const lt_plan_t *k,
        "set TRANSA");
   BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
        "set TRANSB");
+  if (k->dtype_ab == CUDA_BLAS_FP8_E4M3) { /* per-row (A') and per-column (B') f32 scales */
+    int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                        sizeof(mode)),
+         "set A_SCALE_MODE");
+    BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                        sizeof(mode)),
+         "set B_SCALE_MODE");
+  }
   if (k->epilogue) {
     cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
     BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)),
@@ -254,7 +264,9 @@ kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t 
                                    bool *bias_done) {
   cuda_blas_t *b = s->blas;
   kiln_hal_error_t *err;
-  const size_t es_ab = kiln_hal_dtype_size(c->dtype_ab), es_c = kiln_hal_dtype_size(c->dtype_c);
+  const bool fp8 = c->dtype_ab == CUDA_BLAS_FP8_E4M3;
+  const size_t es_ab = fp8 ? 1 : kiln_hal_dtype_size(c->dtype_ab),
+               es_c = kiln_hal_dtype_size(c->dtype_c);
   lt_plan_t key;
   memset(&key, 0, sizeof(key));
   key.dtype_ab = c->dtype_ab;
@@ -280,20 +292,30 @@ kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t 
   lt_plan_t *plan = NULL;
   if ((err = plan_get(b, &key, &plan))) return err;
   *bias_done = c->bias != NULL;
-  if (!plan && c->bias) { /* no algorithm with the bias epilogue: the caller adds the bias */
+  if (!plan && c->bias && !c->bias_required) { /* no algorithm with the bias epilogue: the
+                                                    caller adds the bias */
     key.epilogue = 0;
     if ((err = plan_get(b, &key, &plan))) return err;
     *bias_done = false;
   }
   if (!plan)
     return cuda_err_unsupported("gemm: cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld",
-                                kiln_hal_dtype_name(c->dtype_ab), kiln_hal_dtype_name(c->dtype_ab),
+                                fp8 ? "e4m3" : kiln_hal_dtype_name(c->dtype_ab),
+                                fp8 ? "e4m3" : kiln_hal_dtype_name(c->dtype_ab),
                                 kiln_hal_dtype_name(c->dtype_c), (long long)c->m, (long long)c->n,
                                 (long long)c->k);
   if (plan->epilogue) {
     cublasStatus_t st = cublasLtMatmulDescSetAttribute(
         plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c->bias, sizeof(c->bias));
     if (st != CUBLAS_STATUS_SUCCESS) return lt_err(st, "gemm: set BIAS_POINTER");
+  }
+  if (fp8) {
+    cublasStatus_t st = cublasLtMatmulDescSetAttribute(
+        plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c->scale_a, sizeof(c->scale_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                          &c->scale_b, sizeof(c->scale_b));
+    if (st != CUBLAS_STATUS_SUCCESS) return lt_err(st, "gemm: set A/B_SCALE_POINTER");
   }
   float alpha = c->alpha, beta = c->beta;
   cublasStatus_t st = cublasLtMatmul(b->lt, plan->desc, &alpha, c->a, plan->la, c->b, plan->lb,

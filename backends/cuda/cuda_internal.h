@@ -31,6 +31,7 @@ struct kiln_hal_device {
   int32_t warp_size;
   int32_t sm_count;
   int64_t smem_optin;   /* max dynamic shared memory per block after opt-in, bytes */
+  int32_t cc;           /* compute capability, major * 10 + minor (89: FP8 matrix units) */
   atomic_int capturing; /* streams of this device inside graph_begin..graph_end */
 };
 
@@ -116,7 +117,14 @@ typedef struct cuda_blas_call {
   int64_t batch;                        /* >= 1; strides are not 0 when batch > 1 */
   float alpha, beta;
   const void *bias;
+  /* dtype_ab CUDA_BLAS_FP8_E4M3 (A' and B' E4M3 codes, TN layout: trans_a, !trans_b): f32
+   * scale vectors, scale_a [m] on the rows of D', scale_b [n] on its columns (cuBLASLt's
+   * outer-vector scaling), applied to the f32 sums before the bias and the one rounding.
+   * Only the CUDA plugin's cuBLASLt takes it; elsewhere the call is UNSUPPORTED. */
+  const float *scale_a, *scale_b;
+  bool bias_required; /* with a bias: UNSUPPORTED rather than an unfused bias */
 } cuda_blas_call_t;
+#define CUDA_BLAS_FP8_E4M3 100 /* a dtype_ab beside kiln_hal_dtype_t's: FP8 E4M3FN codes */
 
 /* Creates the library state for stream s (handle, workspace); *out stays NULL, with no error,
  * when the plugin has no library at all (the caller then uses Kiln's own kernel). */

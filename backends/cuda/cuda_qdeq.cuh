@@ -75,6 +75,7 @@ typedef struct qgemm_w {
   int32_t group_size, G;
   const float *fscales;           /* FP8_E4M3: f32 [N, G], row stride lds (scales unused) */
   int32_t gshift;                 /* FP8_E4M3: k >> gshift is k / group_size, or -1 (divide) */
+  const float *xsc;               /* FP8 x_quant: row m's scale s_m (x holds code values) */
 } qgemm_w_t;
 
 /* ---- FP8 E4M3FN ------------------------------------------------------------------------- */

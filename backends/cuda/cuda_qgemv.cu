@@ -170,7 +170,7 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
       for (int j = 0; j < NPW; j++) {
         const int64_t n = n0 + j;
         if (n >= N) break;
-        qstore(y, dty, (int64_t)m * ldy + n, bias, n, acc[m][j]);
+        qstore(y, dty, (int64_t)m * ldy + n, bias, n, q.xsc ? acc[m][j] * q.xsc[m] : acc[m][j]);
       }
     }
   }
@@ -271,7 +271,7 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
       for (int j = 0; j < NPW; j++) {
         const int64_t n = n0 + j;
         if (n >= N) break;
-        qstore(y, dty, (int64_t)m * ldy + n, bias, n, acc[m][j]);
+        qstore(y, dty, (int64_t)m * ldy + n, bias, n, q.xsc ? acc[m][j] * q.xsc[m] : acc[m][j]);
       }
     }
   }
@@ -352,7 +352,7 @@ static __global__ void __launch_bounds__(QGEMM_THREADS)
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const int64_t n = nb + tx * 4 + j;
-        if (n < N) qstore(y, dty, m * ldy + n, bias, n, acc[i][j]);
+        if (n < N) qstore(y, dty, m * ldy + n, bias, n, q.xsc ? acc[i][j] * q.xsc[m] : acc[i][j]);
       }
     }
   }
@@ -372,6 +372,7 @@ static qgemm_w_t qgemm_w_of(const cuda_qgemm_params_t *p) {
   q.group_size = p->group_size;
   q.G = p->G;
   q.fscales = (const float *)p->scales;
+  q.xsc = p->xscale;
   q.gshift = -1;
   if (p->format == KILN_HAL_QFMT_FP8_E4M3) {
     if (p->G == 1) q.gshift = 31; /* every k < K is group 0 */
@@ -489,4 +490,82 @@ extern "C" cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_q
   if (group && (!p->scales || p->group_size < 1 || p->G < 1)) return cudaErrorInvalidValue;
   KILN_WARP_DISPATCH(warp, return qgemm_pick_fmt<WARP_>(st, p));
   return cudaSuccess; /* not reached */
+}
+
+/* ---- x_quant = FP8_TOKEN: the activations' per-row FP8 quantization (ABI 1.6) ------------
+ * One block of 256 threads per row: the row's absmax (f32, a block reduction), s = a / 448
+ * (1 when 0), then each code = e4m3_rne_satfinite(x / s) with IEEE f32 division (__fdiv_rn,
+ * whatever the compiler flags), written as the code byte (fp8 != 0: the FP8 matrix units'
+ * operand) or as the code's f16 value (exact; the GEMV's and the tiled kernel's x), and s to
+ * scales[m]. Bit for bit kiln_hal_fp8_xquant_row (kiln/hal_quant.h). */
+#define XQ_THREADS 256
+
+static __device__ __forceinline__ uint32_t f32_to_e4m3_code(float v) {
+  /* kiln_hal_f32_to_fp8_e4m3 (round to nearest even, saturating at 448), in integer steps, so
+   * that every architecture gives the same byte. */
+  uint32_t bits = __float_as_uint(v);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  bits &= 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) return 0x7Fu;
+  if (bits >= 0x43E00000u) return sign | 0x7Eu;
+  if (bits < 0x3C800000u) {
+    const float t = __uint_as_float(bits) * 512.0f;
+    int m = (int)t;
+    const float r = t - (float)m;
+    if (r > 0.5f || (r == 0.5f && (m & 1))) m++;
+    return sign | (uint32_t)m;
+  }
+  const uint32_t r = bits + 0x7FFFFu + ((bits >> 20) & 1u);
+  uint32_t code = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
+  if (code > 0x7Eu) code = 0x7Eu;
+  return sign | code;
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(XQ_THREADS)
+    fp8_xquant_kernel(const T *__restrict__ x, int64_t ldx, int K, void *__restrict__ out,
+                      int64_t ldo, int fp8, float *__restrict__ scales) {
+  const int64_t m = blockIdx.x;
+  const T *xr = x + m * ldx;
+  float a = 0.0f;
+  for (int k = threadIdx.x; k < K; k += XQ_THREADS) a = fmaxf(a, fabsf(to_f32(xr[k])));
+  __shared__ float red[XQ_THREADS]; /* a tree in shared memory: any warp size (ROCm: 64) */
+  red[threadIdx.x] = a;
+  __syncthreads();
+  for (int h = XQ_THREADS / 2; h > 0; h >>= 1) {
+    if ((int)threadIdx.x < h) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + h]);
+    __syncthreads();
+  }
+  a = red[0];
+  float s = __fdiv_rn(a, 448.0f);
+  if (s == 0.0f) s = 1.0f;
+  if (threadIdx.x == 0) scales[m] = s;
+  for (int k = threadIdx.x; k < K; k += XQ_THREADS) {
+    const uint32_t c = f32_to_e4m3_code(__fdiv_rn(to_f32(xr[k]), s));
+    if (fp8)
+      ((uint8_t *)out)[m * ldo + k] = (uint8_t)c;
+    else
+      ((kiln_f16 *)out)[m * ldo + k] = from_f32<kiln_f16>(fp8_e4m3(c));
+  }
+}
+
+cudaError_t cuda_launch_fp8_xquant(cudaStream_t st, const void *x, int32_t dtype_x, int64_t ldx,
+                                   int32_t M, int32_t K, void *out, int64_t ldo, bool fp8,
+                                   float *scales) {
+  if (M <= 0) return cudaSuccess;
+  switch (dtype_x) {
+    case KILN_HAL_F32:
+      fp8_xquant_kernel<float><<<(unsigned)M, XQ_THREADS, 0, st>>>((const float *)x, ldx, K, out,
+                                                                  ldo, fp8, scales);
+      break;
+    case KILN_HAL_F16:
+      fp8_xquant_kernel<kiln_f16><<<(unsigned)M, XQ_THREADS, 0, st>>>((const kiln_f16 *)x, ldx,
+                                                                     K, out, ldo, fp8, scales);
+      break;
+    default:
+      fp8_xquant_kernel<kiln_bf16><<<(unsigned)M, XQ_THREADS, 0, st>>>((const kiln_bf16 *)x, ldx,
+                                                                      K, out, ldo, fp8, scales);
+      break;
+  }
+  return cudaGetLastError();
 }

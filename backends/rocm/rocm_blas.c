@@ -191,6 +191,8 @@ static int32_t rb_dtype(int32_t d) {
 kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t *c,
                                    bool *bias_done) {
   *bias_done = false; /* no epilogue in rocBLAS: cuda_gemm.c adds the bias */
+  if (c->dtype_ab == CUDA_BLAS_FP8_E4M3)
+    return cuda_err_unsupported("gemm: FP8 products are not implemented on rocBLAS here");
   if (c->lda > INT32_MAX || c->ldb > INT32_MAX || c->ldd > INT32_MAX || c->batch > INT32_MAX)
     return cuda_err_unsupported("gemm: leading dimensions or batch beyond rocBLAS's int32");
   const int32_t ta = c->trans_a ? ROCBLAS_OP_TRANSPOSE : ROCBLAS_OP_NONE;

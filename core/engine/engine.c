@@ -2465,6 +2465,10 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   mo.fp8_weights = !strcmp(fw, "keep")    ? KILN_FP8_WEIGHTS_KEEP
                    : !strcmp(fw, "widen") ? KILN_FP8_WEIGHTS_WIDEN
                                           : KILN_FP8_WEIGHTS_AUTO;
+  mo.fp8_activations =
+      !strcmp(kiln_config_get_string(cfg, "model", "fp8_activations"), "dynamic")
+          ? KILN_FP8_ACT_DYNAMIC
+          : KILN_FP8_ACT_NONE;
   mo.max_tokens = e->max_tokens;
   mo.max_seqs = e->max_seqs;
   mo.max_logits = e->max_logits;

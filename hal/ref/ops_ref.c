@@ -162,6 +162,30 @@ static double ref_e4m3(uint8_t q) {
   return q & 0x80 ? -v : v;
 }
 
+void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, double *s_out) {
+  for (int64_t m = 0; m < M; m++) {
+    double a = 0.0;
+    for (int64_t k = 0; k < K; k++) a = fmax(a, fabs(x[m * K + k]));
+    /* The exact quotients here are never within 2^-53 of an f32 rounding midpoint (a / 448 is
+     * a / 7 scaled, a periodic binary fraction; x / s of two 24-bit values is at least ~2^-49
+     * away), so rounding through double equals f32's correctly rounded division. */
+    double s = (double)(float)(a / 448.0);
+    if (s == 0.0) s = 1.0;
+    s_out[m] = s;
+    for (int64_t k = 0; k < K; k++) {
+      const double v = (double)(float)(x[m * K + k] / s), av = fabs(v);
+      int best = 0;
+      double bd = INFINITY;
+      for (int q = 0; q <= 0x7E; q++) { /* every finite non-negative code, ascending */
+        const double d = fabs(ref_e4m3((uint8_t)q) - av);
+        if (d < bd || (d == bd && (q & 1) == 0)) bd = d, best = q;
+      }
+      if (av >= 448.0) best = 0x7E;
+      xq_out[m * K + k] = v < 0 ? -ref_e4m3((uint8_t)best) : ref_e4m3((uint8_t)best);
+    }
+  }
+}
+
 void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32_t fmt,
                          const uint8_t *w, int64_t row_stride, const uint8_t *scales, int64_t lds,
                          const uint8_t *zeros, int64_t ldz, const int32_t *g_idx,

@@ -51,6 +51,12 @@ void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32
                          const uint8_t *zeros, int64_t ldz, const int32_t *g_idx,
                          int32_t group_size, const double *bias, double *y_out, double *out_mag);
 
+/* hal.h's x_quant = FP8_TOKEN on x [M, K] (values as stored, exact in f32), from its
+ * definition with plain arithmetic: per row a = max |x|, s = f32(a / 448) (1 when 0), each
+ * f32(x / s) rounded to the nearest E4M3FN value (ties to the even code, saturating at +-448),
+ * found by search over the codes. xq_out[M * K] gets the values, s_out[M] the scales. */
+void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, double *s_out);
+
 /* out[T,H] = table[ids[t], :], or zeros for an id outside [0, V). */
 void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
                        double *out);

@@ -77,6 +77,7 @@ static kiln_status_t linear(kiln_model_t *m, kiln_hal_tensor_t x, uint64_t off, 
   g.w.format = fmt;
   g.w.n = N;
   g.w.k = K;
+  if (fmt == KILN_HAL_QFMT_FP8_E4M3 && m->fp8_xquant) g.x_quant = KILN_HAL_XQUANT_FP8_TOKEN;
   if (kiln_hal_qfmt_is_group(fmt)) { /* GPTQ / AWQ / FP8 at load (model.c, qlinear.c) */
     g.w.row_stride = kiln_hal_qgroup_row_bytes(fmt, K);
     g.w.group_size = q->group_size;

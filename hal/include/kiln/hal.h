@@ -40,6 +40,10 @@
  *   Within 1.5, FP8_E4M3 was added: KILN_HAL_QFMT_FP8_E4M3, FP8 (OCP E4M3FN) weight codes
  *   with per-group F32 scales in kiln_hal_qweight_t (FP8 checkpoints, on-the-fly FP8); as for
  *   the group formats, a backend that does not set its KILN_HAL_CAP_QUANT bit never gets it.
+ *   1.6 appended kiln_hal_gemm_quant_args_t.x_quant (dynamic per-token FP8 quantization of
+ *   the activations, W8A8) and its capability bit KILN_HAL_CAP_FP8_XQUANT (optional: the host
+ *   sets x_quant only for a device with the bit; an older plugin reads args of the 1.5 size
+ *   and never sees the field).
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -106,7 +110,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 5
+#define KILN_HAL_ABI_MINOR 6
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -370,11 +374,30 @@ typedef struct kiln_hal_qweight {
  * b sum x, with a q the f32 product the format defines), and round_y is one rounding to y's
  * dtype at the end. M == 0 is a no-op. A backend takes a format only when its device has
  * KILN_HAL_CAP_QUANT(format); others are KILN_HAL_ERR_UNSUPPORTED. */
+typedef enum kiln_hal_xquant {
+  KILN_HAL_XQUANT_NONE = 0,      /* x is used as stored (weight-only) */
+  KILN_HAL_XQUANT_FP8_TOKEN = 1, /* x quantized to FP8 E4M3 per row, dynamic scale (1.6) */
+} kiln_hal_xquant_t;
+
+/* x_quant (1.6; 0 in a 1.5 caller's smaller struct): KILN_HAL_XQUANT_FP8_TOKEN, only with FP8
+ * weights (any group size) and only on a device with KILN_HAL_CAP_FP8_XQUANT, replaces each
+ * row of x by its dynamic per-token FP8 quantization before the product (W8A8, as vLLM and
+ * llm-compressor's "dynamic token" activations), every step in f32:
+ *     a_m = max_k |x[m, k]|;   s_m = a_m / 448 (one f32 division), or 1 when that is 0;
+ *     q[m, k] = kiln_hal_f32_to_fp8_e4m3(x[m, k] / s_m)   (f32 division, then round to
+ *               nearest even to E4M3FN, saturating at +-448: kiln/hal_quant.h);
+ *     y[m, n] = round_y(s_m * sum_k e4m3_to_f32(q[m, k]) * W[n, k] + bias[n]),
+ * the sum accumulated as above, in any order and association (a backend with one scale per
+ * weight row may form s_m * s(n) * sum_k e4m3(q) e4m3(w), the FP8 matrix units' product);
+ * x must be finite. Any other value, or FP8_TOKEN with another format, is INVALID_ARGUMENT. */
+#define KILN_HAL_CAP_FP8_XQUANT ((uint64_t)1 << 9)
+
 typedef struct kiln_hal_gemm_quant_args {
   uint32_t struct_size;
   kiln_hal_tensor_t x;
   kiln_hal_qweight_t w;
   kiln_hal_tensor_t y, bias;
+  int32_t x_quant; /* kiln_hal_xquant_t (1.6) */
 } kiln_hal_gemm_quant_args_t;
 
 /* out[t, :] = table[ids[t], :].   table: [V, H] float   ids: [T] I32   out: [T, H] (table's
@@ -864,6 +887,9 @@ KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_coll_args_t, dst) == 104, "coll args 1.
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_backend_t, comm_get_unique_id) == 336,
                        "backend table 1.5 changed");
 KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 400, "backend table 1.5 changed");
+/* 1.6: W8A8 FP8 */
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_quant_args_t, x_quant) == 584,
+                       "gemm_quant args 1.6 changed");
 #endif
 
 #ifdef __cplusplus

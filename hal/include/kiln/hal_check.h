@@ -736,6 +736,12 @@ static inline kiln_hal_error_t *kiln_hal_check_gemm_quant(const kiln_hal_check_e
   if (E == 0)
     return kiln_hal_check_fail("gemm_quant: w has unknown format %d", (int)w->format);
   const char *fmt = kiln_hal_qfmt_name(w->format);
+  if (a->x_quant != KILN_HAL_XQUANT_NONE && a->x_quant != KILN_HAL_XQUANT_FP8_TOKEN)
+    return kiln_hal_check_fail("gemm_quant: x_quant %d is not a kiln_hal_xquant_t",
+                               (int)a->x_quant);
+  if (a->x_quant == KILN_HAL_XQUANT_FP8_TOKEN && w->format != KILN_HAL_QFMT_FP8_E4M3)
+    return kiln_hal_check_fail(
+        "gemm_quant: x_quant fp8_token needs FP8 weights, w is %s", fmt);
   if (!group && (w->group_size != 0 || w->scales.buffer || w->zeros.buffer || w->g_idx.buffer))
     return kiln_hal_check_fail(
         "gemm_quant: w is %s, whose blocks hold their scales: group_size must be 0 (is %d) and "

@@ -276,6 +276,27 @@ static inline uint8_t kiln_hal_f32_to_fp8_e4m3(float x) {
   return (uint8_t)(sign | code);
 }
 
+/* hal.h's x_quant = KILN_HAL_XQUANT_FP8_TOKEN on one row of n f32 values (the definition):
+ * a = max |x[i]|, s = a / 448 (1 when that is 0), codes[i] = kiln_hal_f32_to_fp8_e4m3(x[i] /
+ * s); returns s. codes may be NULL (only s is wanted); vals, when not NULL, receives the codes'
+ * values e4m3_to_f32(codes[i]) (exact in f32). */
+static inline float kiln_hal_fp8_xquant_row(const float *x, int64_t n, uint8_t *codes,
+                                            float *vals) {
+  float a = 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i] < 0 ? -x[i] : x[i];
+    if (v > a) a = v;
+  }
+  float s = a / 448.0f;
+  if (s == 0.0f) s = 1.0f;
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t q = kiln_hal_f32_to_fp8_e4m3(x[i] / s);
+    if (codes) codes[i] = q;
+    if (vals) vals[i] = kiln_hal_fp8_e4m3_to_f32(q);
+  }
+  return s;
+}
+
 /* out[i] = W[n, k0 + i] for i < count, an FP8_E4M3 row: codes row, its G f32 scales srow
  * (unaligned is fine), group g = k / group_size. */
 static inline void kiln_hal_fp8_dequant(const uint8_t *row, const uint8_t *srow, int32_t group_size,
