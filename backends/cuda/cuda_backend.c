@@ -707,8 +707,11 @@ static kiln_hal_error_t *gemm_quant_xq(kiln_hal_stream_t *s, const kiln_hal_gemm
     const char *xc = (const char *)p->x + (size_t)(m0 * p->ldx) * xsz;
     char *yc = (char *)p->y + (size_t)(m0 * p->ldy) * ysz;
     float *sc = (float *)(stage + (((size_t)rows * (size_t)kpad * esz + 255) & ~(size_t)255));
+    /* the GEMV / tiled kernel take y in x's dtype or f32: bf16 code values for a bf16 y */
+    const int32_t xdt = p->dtype_y == KILN_HAL_BF16 ? KILN_HAL_BF16 : KILN_HAL_F16;
+    const int mode = esz == 1 ? CUDA_XQ_FP8 : xdt == KILN_HAL_BF16 ? CUDA_XQ_BF16 : CUDA_XQ_F16;
     cudaError_t ce = cuda_launch_fp8_xquant(s->stream, xc, p->dtype_x, p->ldx, (int32_t)r,
-                                            (int32_t)K, stage, kpad, esz == 1, sc);
+                                            (int32_t)K, stage, kpad, mode, sc);
     if (ce != cudaSuccess) return launch_result(ce, op);
     if (lt) {
       cuda_blas_call_t c;
@@ -741,7 +744,7 @@ static kiln_hal_error_t *gemm_quant_xq(kiln_hal_stream_t *s, const kiln_hal_gemm
     cuda_qgemm_params_t q = *p;
     q.x = stage;
     q.ldx = kpad;
-    q.dtype_x = KILN_HAL_F16;
+    q.dtype_x = xdt;
     q.y = yc;
     q.M = (int32_t)r;
     q.xscale = sc;

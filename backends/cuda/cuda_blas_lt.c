@@ -88,7 +88,7 @@ static bool same_key(const lt_plan_t *a, const lt_plan_t *b) {
 
 /* Builds descriptors for key `k` and asks the heuristic for an algorithm. On success *out is a
  * complete plan; *found is false when cuBLASLt has no algorithm for it (not an error). */
-static kiln_hal_error_t *plan_build(cuda_blas_t *s, const lt_plan_t *k,
+static kiln_hal_error_t *plan_build(cuda_blas_t *s, const lt_plan_t *k, const cuda_blas_call_t *c,
                                     lt_plan_t *out, bool *found) {
   kiln_hal_error_t *err = NULL;
   cublasLtMatmulPreference_t pref = NULL;
@@ -113,6 +113,14 @@ static kiln_hal_error_t *plan_build(cuda_blas_t *s, const lt_plan_t *k,
     BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                                         sizeof(mode)),
          "set B_SCALE_MODE");
+    /* cuBLASLt checks the scale pointers of a non-scalar mode at the heuristic query; the
+     * call's own are set again before every matmul */
+    BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                        &c->scale_a, sizeof(c->scale_a)),
+         "set A_SCALE_POINTER");
+    BLAS(cublasLtMatmulDescSetAttribute(out->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                        &c->scale_b, sizeof(c->scale_b)),
+         "set B_SCALE_POINTER");
   }
   if (k->epilogue) {
     cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
@@ -176,7 +184,10 @@ static kiln_hal_error_t *plan_build(cuda_blas_t *s, const lt_plan_t *k,
                                                      out->lc, pref, 1, &res, &n);
   cublasLtMatmulPreferenceDestroy(pref);
   pref = NULL;
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && n == 0)) {
+  /* FP8 with outer-vector scales: INVALID_VALUE is how some cuBLASLt versions say that they
+   * have no kernel for the layout; the caller then takes its own kernels */
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && n == 0) ||
+      (st == CUBLAS_STATUS_INVALID_VALUE && k->dtype_ab == CUDA_BLAS_FP8_E4M3)) {
     plan_destroy(out);
     return NULL;
   }
@@ -195,7 +206,7 @@ fail:
 }
 
 /* Finds or builds the plan for key k; NULL in *out_plan when cuBLASLt has none. */
-static kiln_hal_error_t *plan_get(cuda_blas_t *s, const lt_plan_t *k,
+static kiln_hal_error_t *plan_get(cuda_blas_t *s, const lt_plan_t *k, const cuda_blas_call_t *c,
                                   lt_plan_t **out_plan) {
   *out_plan = NULL;
   lt_plan_t *victim = &s->plans[0];
@@ -214,7 +225,7 @@ static kiln_hal_error_t *plan_get(cuda_blas_t *s, const lt_plan_t *k,
   }
   lt_plan_t fresh;
   bool found = false;
-  kiln_hal_error_t *err = plan_build(s, k, &fresh, &found);
+  kiln_hal_error_t *err = plan_build(s, k, c, &fresh, &found);
   if (err || !found) return err;
   if (victim->used) plan_destroy(victim);
   *victim = fresh;
@@ -290,12 +301,12 @@ kiln_hal_error_t *cuda_blas_matmul(kiln_hal_stream_t *s, const cuda_blas_call_t 
   key.align_c = alignment_of(c->d, c->ldd, key.stride_c, es_c);
   key.epilogue = c->bias ? 1 : 0;
   lt_plan_t *plan = NULL;
-  if ((err = plan_get(b, &key, &plan))) return err;
+  if ((err = plan_get(b, &key, c, &plan))) return err;
   *bias_done = c->bias != NULL;
   if (!plan && c->bias && !c->bias_required) { /* no algorithm with the bias epilogue: the
                                                     caller adds the bias */
     key.epilogue = 0;
-    if ((err = plan_get(b, &key, &plan))) return err;
+    if ((err = plan_get(b, &key, c, &plan))) return err;
     *bias_done = false;
   }
   if (!plan)

@@ -114,10 +114,12 @@ typedef struct cuda_qgemm_params {
 cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_qgemm_params_t *p);
 
 /* x_quant = FP8_TOKEN (hal.h 1.6) of x [M, K] (F32/F16/BF16, row stride ldx): out [M, K] with
- * row stride ldo elements gets the E4M3 code bytes (fp8) or the codes' values as f16, scales[m]
- * the row's s_m. Bit for bit kiln_hal_fp8_xquant_row. One launch, no scratch. */
+ * row stride ldo elements gets the E4M3 code bytes (mode CUDA_XQ_FP8) or the codes' values as
+ * f16 / bf16 (CUDA_XQ_F16 / CUDA_XQ_BF16, exact), scales[m] the row's s_m. Bit for bit
+ * kiln_hal_fp8_xquant_row. One launch, no scratch. */
+enum { CUDA_XQ_FP8 = 0, CUDA_XQ_F16 = 1, CUDA_XQ_BF16 = 2 };
 cudaError_t cuda_launch_fp8_xquant(cudaStream_t st, const void *x, int32_t dtype_x, int64_t ldx,
-                                   int32_t M, int32_t K, void *out, int64_t ldo, bool fp8,
+                                   int32_t M, int32_t K, void *out, int64_t ldo, int mode,
                                    float *scales);
 
 /* Kiln's own gemm (cuda_gemm_kernel.cu; the ROCm plugin's when rocBLAS is absent), all of

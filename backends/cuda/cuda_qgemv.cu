@@ -524,7 +524,7 @@ static __device__ __forceinline__ uint32_t f32_to_e4m3_code(float v) {
 template <typename T>
 static __global__ void __launch_bounds__(XQ_THREADS)
     fp8_xquant_kernel(const T *__restrict__ x, int64_t ldx, int K, void *__restrict__ out,
-                      int64_t ldo, int fp8, float *__restrict__ scales) {
+                      int64_t ldo, int mode, float *__restrict__ scales) {
   const int64_t m = blockIdx.x;
   const T *xr = x + m * ldx;
   float a = 0.0f;
@@ -542,29 +542,31 @@ static __global__ void __launch_bounds__(XQ_THREADS)
   if (threadIdx.x == 0) scales[m] = s;
   for (int k = threadIdx.x; k < K; k += XQ_THREADS) {
     const uint32_t c = f32_to_e4m3_code(__fdiv_rn(to_f32(xr[k]), s));
-    if (fp8)
+    if (mode == CUDA_XQ_FP8)
       ((uint8_t *)out)[m * ldo + k] = (uint8_t)c;
-    else
+    else if (mode == CUDA_XQ_F16)
       ((kiln_f16 *)out)[m * ldo + k] = from_f32<kiln_f16>(fp8_e4m3(c));
+    else
+      ((kiln_bf16 *)out)[m * ldo + k] = from_f32<kiln_bf16>(fp8_e4m3(c));
   }
 }
 
 cudaError_t cuda_launch_fp8_xquant(cudaStream_t st, const void *x, int32_t dtype_x, int64_t ldx,
-                                   int32_t M, int32_t K, void *out, int64_t ldo, bool fp8,
+                                   int32_t M, int32_t K, void *out, int64_t ldo, int mode,
                                    float *scales) {
   if (M <= 0) return cudaSuccess;
   switch (dtype_x) {
     case KILN_HAL_F32:
       fp8_xquant_kernel<float><<<(unsigned)M, XQ_THREADS, 0, st>>>((const float *)x, ldx, K, out,
-                                                                  ldo, fp8, scales);
+                                                                  ldo, mode, scales);
       break;
     case KILN_HAL_F16:
       fp8_xquant_kernel<kiln_f16><<<(unsigned)M, XQ_THREADS, 0, st>>>((const kiln_f16 *)x, ldx,
-                                                                     K, out, ldo, fp8, scales);
+                                                                     K, out, ldo, mode, scales);
       break;
     default:
       fp8_xquant_kernel<kiln_bf16><<<(unsigned)M, XQ_THREADS, 0, st>>>((const kiln_bf16 *)x, ldx,
-                                                                      K, out, ldo, fp8, scales);
+                                                                      K, out, ldo, mode, scales);
       break;
   }
   return cudaGetLastError();
