@@ -2469,6 +2469,9 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       !strcmp(kiln_config_get_string(cfg, "model", "fp8_activations"), "dynamic")
           ? KILN_FP8_ACT_DYNAMIC
           : KILN_FP8_ACT_NONE;
+  mo.kv_dtype = !strcmp(kiln_config_get_string(cfg, "cache", "dtype"), "fp8_e4m3")
+                    ? KILN_KV_DTYPE_FP8_E4M3
+                    : KILN_KV_DTYPE_AUTO;
   mo.max_tokens = e->max_tokens;
   mo.max_seqs = e->max_seqs;
   mo.max_logits = e->max_logits;
@@ -2609,7 +2612,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       e->has_preproc = true;
     }
   }
-  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens (%.1f MiB)", (long long)nb, e->bs,
+  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens, %lld tokens in %s (%.1f MiB)",
+           (long long)nb, e->bs, (long long)nb * e->bs, kiln_model_kv_dtype_name(e->model),
            (double)nb * (double)block_bytes / 1048576.0);
   return kiln_runner_model_init(&e->runner, e->model, e->kvc, be, e->dev, e->stream, e->max_logits);
 }
@@ -3037,6 +3041,7 @@ void kiln_engine_get_info(const kiln_engine_t *e, kiln_engine_info_t *out) {
   out->max_num_seqs = e->max_seqs;
   out->max_num_batched_tokens = e->max_tokens;
   out->has_tokenizer = e->tok != NULL;
+  out->kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : "";
 }
 
 kiln_status_t kiln_engine_tokenize(const kiln_engine_t *e, const char *text, size_t len,

@@ -296,6 +296,9 @@ typedef struct kiln_engine_info {
   int32_t max_num_seqs;
   int32_t max_num_batched_tokens;
   bool has_tokenizer;
+  /* The KV cache's storage ([cache] dtype): "bf16", "f16", "f32" (the model's dtype) or
+   * "fp8_e4m3"; num_blocks * block_size tokens fit in it. */
+  const char *kv_cache_dtype;
 } kiln_engine_info_t;
 
 /* Borrowed strings, valid until kiln_engine_destroy. */
