@@ -789,6 +789,7 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
       st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
       goto fail;
     }
+    for (int64_t i = 0; i < 2 * c->num_layers; i++) m->kv_scales[i] = 1.0f; /* model_plan reads */
     m->kv_format = KILN_HAL_KV_FP8_E4M3;
     m->kv_dtype = KILN_HAL_U8;
     m->kv_es = 1;
@@ -802,6 +803,21 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
   if ((st = model_plan(m, &plan))) goto fail;
   m->weight_bytes = plan.size;
   if (m->kv_format == KILN_HAL_KV_FP8_E4M3) {
+    if (c->quant.kv_cache_scheme == 2) {
+      st = kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: quantization_config.kv_cache_scheme is not FP8 (\"type\": "
+                            "\"float\", \"num_bits\": 8): its k_scale / v_scale are not e4m3 "
+                            "scales; use [cache] dtype = auto",
+                            path);
+      goto fail;
+    }
+    if (c->quant.kv_cache_scheme == 1 && m->kv_scales_found == 0) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: quantization_config.kv_cache_scheme names FP8 KV-cache scales "
+                            "but the checkpoint has no self_attn.k_scale / v_scale tensors",
+                            path);
+      goto fail;
+    }
     if (m->kv_scales_found != 0 && m->kv_scales_found != 2 * c->num_layers) {
       st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                             "%s: %lld of the %lld FP8 KV-cache scales (self_attn.k_scale, "
@@ -811,6 +827,10 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
     }
     kiln_log(KILN_LOG_INFO, "KV cache: fp8_e4m3 (e4m3fn codes, per-layer k/v scales: %s)",
              kiln_model_kv_scales_source(m));
+  } else if (c->quant.kv_cache_scheme == 1) {
+    kiln_log(KILN_LOG_INFO, "%s has calibrated FP8 KV-cache scales (kv_cache_scheme): [cache] "
+                            "dtype = fp8_e4m3 would use them",
+             path);
   }
   if (c->quant.method != KILN_QUANT_NONE) {
     char qdesc[128];

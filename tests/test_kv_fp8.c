@@ -20,8 +20,10 @@
  * Capacity. A block takes half the bytes of bf16 (a quarter of f32), so the engine's pool,
  * sized from kiln_model_kv_block_bytes, holds twice (four times) the tokens for one budget.
  * Engine. kiln-tiny with [cache] dtype = fp8_e4m3 through the whole engine (scheduler, decode
- * graphs on the CPU backend, prefix caching): the info says fp8_e4m3, greedy text agrees with
- * dtype = auto on most tokens; an unknown value is a config error naming cache.dtype.
+ * graphs on the CPU backend, prefix caching): the info and the metrics say fp8_e4m3 and the
+ * capacity, greedy text agrees with dtype = auto on its first tokens, a repeated prompt (its
+ * prefix cached in FP8 blocks) gives the same tokens; an unknown value is a config error
+ * naming cache.dtype.
  * KILN_TEST_BACKEND=cuda (or KILN_TEST_BACKENDS naming cuda / rocm) runs the model cases on
  * the GPU. KILN_TEST_VERBOSE=1 prints the measured errors. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
@@ -308,6 +310,20 @@ static void test_engine(void **state) {
   kiln_engine_get_info(ea, &ia);
   assert_string_equal(i8.kv_cache_dtype, "fp8_e4m3");
   assert_string_equal(ia.kv_cache_dtype, "bf16");
+  /* The metrics say it too: the dtype, the capacity, and half the bytes per token. */
+  kiln_metrics_t m8, ma;
+  kiln_engine_get_metrics(e8, &m8);
+  kiln_engine_get_metrics(ea, &ma);
+  assert_string_equal(m8.kv_cache_dtype, "fp8_e4m3");
+  assert_int_equal(m8.kv_block_size, i8.block_size);
+  assert_int_equal(2 * m8.kv_bytes_per_token, ma.kv_bytes_per_token);
+  char *prom = kiln_metrics_prometheus(&m8, "kiln-tiny"), want[160];
+  assert_non_null(prom);
+  assert_non_null(strstr(prom, "cache_dtype=\"fp8_e4m3\"} 1"));
+  snprintf(want, sizeof(want), "kiln:kv_cache_capacity_tokens{model_name=\"kiln-tiny\"} %lld",
+           (long long)i8.num_blocks * i8.block_size);
+  if (!strstr(prom, want)) fail_msg("no '%s' in the metrics:\n%s", want, prom);
+  free(prom);
   int32_t prompt[40], a[48], b[48];
   char *text = NULL;
   int32_t *ids = NULL, nids = 0;

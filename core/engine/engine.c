@@ -2700,6 +2700,15 @@ static kiln_status_t warmup_one(kiln_engine_t *e, const int32_t *ids, int32_t n,
   return NULL;
 }
 
+/* The KV cache's configuration in the metrics (block size, [cache] dtype, bytes per token). */
+static void engine_kv_metrics(kiln_engine_t *e) {
+  e->metrics.kv_block_size = e->bs;
+  e->metrics.kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : NULL;
+  e->metrics.kv_bytes_per_token =
+      e->model && e->bs > 0 ? (int64_t)(kiln_model_kv_block_bytes(e->model, e->bs) / (uint64_t)e->bs)
+                            : 0;
+}
+
 static kiln_status_t engine_warmup(kiln_engine_t *e, const kiln_config_t *cfg) {
   const char *mode = kiln_config_get_string(cfg, "engine", "warmup");
   if (!strcmp(mode, "off") || (!strcmp(mode, "auto") && e->host_memory)) return NULL;
@@ -2789,6 +2798,7 @@ static kiln_status_t engine_warmup(kiln_engine_t *e, const kiln_config_t *cfg) {
   pthread_mutex_lock(&e->mu);
   kiln_metrics_init(&e->metrics);
   e->metrics.kv_blocks_total = nb;
+  engine_kv_metrics(e);
   e->metrics.warmup_requests = (uint64_t)ran_n;
   e->metrics.warmup_seconds = now_s() - t0;
   pthread_mutex_unlock(&e->mu);
@@ -2897,6 +2907,7 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   if (!st) st = alloc_scratch(e);
   if (!st) {
     e->metrics.kv_blocks_total = kiln_kv_num_blocks(e->kv);
+    engine_kv_metrics(e);
     if (!e->manual && !su->runner.forward) st = engine_warmup(e, cfg);
   }
   if (!st) {
