@@ -85,6 +85,7 @@ static const char *const config_quantizations[] = {"none", "fp8", NULL};
 static const char *const config_fp8_weights[] = {"auto", "keep", "widen", NULL};
 static const char *const config_fp8_activations[] = {"none", "dynamic", NULL};
 static const char *const config_block_sizes[] = {"8", "16", "32", "64", "128", NULL};
+static const char *const config_kv_dtypes[] = {"auto", "fp8_e4m3", NULL};
 static const char *const config_policies[] = {"fcfs", "priority", NULL};
 static const char *const config_spec_methods[] = {"off", "ngram", "draft", NULL};
 static const char *const config_log_levels[] = {"error", "warn", "info", "debug", NULL};
@@ -175,6 +176,10 @@ static const config_row_t config_rows[] = {
              "the CPU backend; on; off"),
 
     ROW_ENUM("cache", "block_size", "16", config_block_sizes, "Tokens per KV-cache block"),
+    ROW_ENUM("cache", "dtype", "auto", config_kv_dtypes,
+             "Storage of the KV cache: auto = the model's dtype; fp8_e4m3 = FP8 codes with a "
+             "scale per layer for K and for V (the checkpoint's k_scale / v_scale, else 1.0): "
+             "twice the tokens of bf16 in the same memory, a small error (docs/engine.md)"),
     ROW_FLOAT("cache", "gpu_memory_utilization", "0.9", 0.01, 1.0,
               "Fraction of device memory Kiln may use for weights, activations and KV cache"),
     ROW_INT("cache", "num_blocks", "0", 0, 1000000000,

@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "models/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +308,45 @@ static bool qkv_mixed_blocks(const plan_t *p, char names[][160]) {
   return f[0] != f[1] || f[1] != f[2];
 }
 
+/* Layer l's FP8 KV-cache scales (hal.h: K = k_scale * e4m3(code)), as llm-compressor and
+ * vLLM write them: <pre>.layers.l.self_attn.k_scale / v_scale (compressed-tensors'
+ * kv_cache_scheme), or the older self_attn.k_proj.output_scale / v_proj.output_scale; one
+ * positive finite float each. Absent: 1.0 (kiln_model_load checks that no layer has only
+ * some). */
+static kiln_status_t model_kv_scales(kiln_model_t *m, plan_t *p, const char *pre, int64_t l) {
+  static const char *const names[2][2] = {{"self_attn.k_scale", "self_attn.k_proj.output_scale"},
+                                          {"self_attn.v_scale", "self_attn.v_proj.output_scale"}};
+  for (int kv = 0; kv < 2; kv++) {
+    char name[192];
+    const kiln_weight_t *w = NULL;
+    for (int i = 0; i < 2 && !w; i++) {
+      snprintf(name, sizeof(name), "%s.layers.%lld.%s", pre, (long long)l, names[kv][i]);
+      w = kiln_weights_find(p->src, name);
+    }
+    m->kv_scales[2 * l + kv] = 1.0f;
+    if (!w) continue;
+    float v = NAN;
+    if ((w->type == KILN_WTYPE_F32 || w->type == KILN_WTYPE_F16 || w->type == KILN_WTYPE_BF16) &&
+        w->numel == 1) {
+      kiln_status_t st = kiln_weight_convert(w, 0, 1, KILN_HAL_F32, &v);
+      if (st) return st;
+    } else {
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: tensor %s: an FP8 KV-cache scale is one f32 / bf16 / f16 "
+                              "value, got %s with %lld",
+                              w->file, name, kiln_wtype_name(w->type), (long long)w->numel);
+    }
+    if (!(v > 0.0f) || !isfinite(v))
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "%s: tensor %s is %g: an FP8 KV-cache scale must be positive and "
+                              "finite",
+                              w->file, name, (double)v);
+    m->kv_scales[2 * l + kv] = v;
+    m->kv_scales_found++;
+  }
+  return NULL;
+}
+
 static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
   const kiln_model_config_t *c = &m->cfg;
   const int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
@@ -355,6 +395,7 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     NAME(0, "post_attention_layernorm.weight");
     if ((st = model_plan_one(p, nm[0], H, 0, &L->post_norm))) return st;
     const int64_t qkv_rows[3] = {QD, KD, KD};
+    if (m->kv_format == KILN_HAL_KV_FP8_E4M3 && (st = model_kv_scales(m, p, pre, l))) return st;
     NAME(0, "self_attn.q_proj.weight");
     NAME(1, "self_attn.k_proj.weight");
     NAME(2, "self_attn.v_proj.weight");
@@ -650,6 +691,12 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
                           (int)options->fp8_activations);
     goto fail;
   }
+  if (options->kv_dtype != KILN_KV_DTYPE_AUTO && options->kv_dtype != KILN_KV_DTYPE_FP8_E4M3) {
+    st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                          "model options: kv_dtype %d is not one of auto (0) and fp8_e4m3 (1)",
+                          (int)options->kv_dtype);
+    goto fail;
+  }
   if (options->quantization != KILN_QUANT_FP8 && options->quantization != KILN_QUANT_NONE) {
     st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
                           "model options: quantization %d is not one of none (0) and fp8 (%d)",
@@ -726,6 +773,27 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
     goto fail;
   }
   m->fp8_xquant = dyn;
+  /* The KV cache's storage ([cache] dtype). */
+  m->kv_format = KILN_HAL_KV_FLOAT;
+  m->kv_dtype = m->dtype;
+  m->kv_es = m->es;
+  if (options->kv_dtype == KILN_KV_DTYPE_FP8_E4M3) {
+    if (!(di.caps & KILN_HAL_CAP_KV_FP8)) {
+      st = kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "[cache] dtype = fp8_e4m3: backend %s (%s) cannot hold an FP8 KV "
+                            "cache (no KILN_HAL_CAP_KV_FP8); use dtype = auto",
+                            backend->name, di.name);
+      goto fail;
+    }
+    if (!(m->kv_scales = calloc((size_t)(2 * c->num_layers), sizeof(float)))) {
+      st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
+      goto fail;
+    }
+    for (int64_t i = 0; i < 2 * c->num_layers; i++) m->kv_scales[i] = 1.0f; /* model_plan reads */
+    m->kv_format = KILN_HAL_KV_FP8_E4M3;
+    m->kv_dtype = KILN_HAL_U8;
+    m->kv_es = 1;
+  }
   if (options->fp8_weights == KILN_FP8_WEIGHTS_WIDEN)
     plan.fp8_widen_why = "[model] fp8_weights = widen";
   else if (options->fp8_weights == KILN_FP8_WEIGHTS_AUTO && !dyn &&
@@ -734,6 +802,36 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
                          "tensor-core FP8 path yet; keep stores it in FP8";
   if ((st = model_plan(m, &plan))) goto fail;
   m->weight_bytes = plan.size;
+  if (m->kv_format == KILN_HAL_KV_FP8_E4M3) {
+    if (c->quant.kv_cache_scheme == 2) {
+      st = kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: quantization_config.kv_cache_scheme is not FP8 (\"type\": "
+                            "\"float\", \"num_bits\": 8): its k_scale / v_scale are not e4m3 "
+                            "scales; use [cache] dtype = auto",
+                            path);
+      goto fail;
+    }
+    if (c->quant.kv_cache_scheme == 1 && m->kv_scales_found == 0) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: quantization_config.kv_cache_scheme names FP8 KV-cache scales "
+                            "but the checkpoint has no self_attn.k_scale / v_scale tensors",
+                            path);
+      goto fail;
+    }
+    if (m->kv_scales_found != 0 && m->kv_scales_found != 2 * c->num_layers) {
+      st = kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "%s: %lld of the %lld FP8 KV-cache scales (self_attn.k_scale, "
+                            "v_scale) are in the checkpoint: every layer needs both or none",
+                            path, (long long)m->kv_scales_found, (long long)(2 * c->num_layers));
+      goto fail;
+    }
+    kiln_log(KILN_LOG_INFO, "KV cache: fp8_e4m3 (e4m3fn codes, per-layer k/v scales: %s)",
+             kiln_model_kv_scales_source(m));
+  } else if (c->quant.kv_cache_scheme == 1) {
+    kiln_log(KILN_LOG_INFO, "%s has calibrated FP8 KV-cache scales (kv_cache_scheme): [cache] "
+                            "dtype = fp8_e4m3 would use them",
+             path);
+  }
   if (c->quant.method != KILN_QUANT_NONE) {
     char qdesc[128];
     kiln_model_quant_describe(&c->quant, qdesc, sizeof(qdesc));
@@ -878,6 +976,7 @@ void kiln_model_free(kiln_model_t *m) {
   vision_free(m);
   free(m->graph_sizes);
   free(m->layers);
+  free(m->kv_scales);
   free(m);
 }
 
@@ -887,12 +986,20 @@ int64_t kiln_model_max_len(const kiln_model_t *m) { return m->max_len; }
 bool kiln_model_has_mrope(const kiln_model_t *m) { return m->cfg.mrope; }
 bool kiln_model_has_vision(const kiln_model_t *m) { return m->vis != NULL; }
 uint64_t kiln_model_weight_bytes(const kiln_model_t *m) { return m->weight_bytes; }
+const char *kiln_model_kv_dtype_name(const kiln_model_t *m) {
+  return m->kv_format == KILN_HAL_KV_FP8_E4M3 ? "fp8_e4m3" : kiln_hal_dtype_name(m->dtype);
+}
+const char *kiln_model_kv_scales_source(const kiln_model_t *m) {
+  if (m->kv_format != KILN_HAL_KV_FP8_E4M3) return NULL;
+  return m->kv_scales_found ? "the checkpoint's k_scale / v_scale"
+                            : "1.0 (the checkpoint has no k_scale / v_scale)";
+}
 
 /* ---- KV cache ------------------------------------------------------------------------- */
 
 uint64_t kiln_model_kv_block_bytes(const kiln_model_t *m, int32_t block_size) {
   return (uint64_t)m->cfg.num_layers * 2 * (uint64_t)m->cfg.num_kv_heads * (uint64_t)block_size *
-         (uint64_t)m->cfg.head_dim * m->es;
+         (uint64_t)m->cfg.head_dim * m->kv_es;
 }
 
 kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t block_size,
@@ -918,7 +1025,7 @@ kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t 
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory for the KV cache's graphs");
   }
   kv->cache_bytes = align_up((uint64_t)kv->pool_blocks * (uint64_t)m->cfg.num_kv_heads *
-                             (uint64_t)block_size * (uint64_t)m->cfg.head_dim * m->es);
+                             (uint64_t)block_size * (uint64_t)m->cfg.head_dim * m->kv_es);
   const uint64_t bytes = kv->cache_bytes * 2 * (uint64_t)m->cfg.num_layers;
   st = alloc_buf(m, bytes, 0, "the KV cache", &kv->buf);
   /* Zeroed, so that a slot no forward has written reads as a zero key and value: a misused
@@ -959,7 +1066,7 @@ kiln_status_t kiln_kv_cache_copy_blocks(kiln_kv_cache_t *kv, const int32_t *src,
                                         int32_t n) {
   const kiln_model_t *m = kv->m;
   uint64_t block =
-      (uint64_t)m->cfg.num_kv_heads * (uint64_t)kv->block_size * (uint64_t)m->cfg.head_dim * m->es;
+      (uint64_t)m->cfg.num_kv_heads * (uint64_t)kv->block_size * (uint64_t)m->cfg.head_dim * m->kv_es;
   for (int32_t i = 0; i < n; i++) {
     if (src[i] < 0 || src[i] >= kv->num_blocks || dst[i] < 0 || dst[i] >= kv->num_blocks)
       return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,

@@ -45,6 +45,7 @@ typedef struct kiln_model kiln_model_t;
 
 enum { KILN_FP8_WEIGHTS_AUTO = 0, KILN_FP8_WEIGHTS_KEEP = 1, KILN_FP8_WEIGHTS_WIDEN = 2 };
 enum { KILN_FP8_ACT_NONE = 0, KILN_FP8_ACT_DYNAMIC = 1 };
+enum { KILN_KV_DTYPE_AUTO = 0, KILN_KV_DTYPE_FP8_E4M3 = 1 };
 
 typedef struct kiln_model_options {
   int32_t dtype;              /* serving dtype: KILN_HAL_F32/F16/BF16, or -1 = the checkpoint's */
@@ -62,6 +63,11 @@ typedef struct kiln_model_options {
   /* [model] fp8_activations: KILN_FP8_ACT_NONE (0, weight-only) or KILN_FP8_ACT_DYNAMIC (the
    * kept FP8 Linears quantize each row of x to FP8 with its own scale: hal.h's x_quant). */
   int32_t fp8_activations;
+  /* [cache] dtype: KILN_KV_DTYPE_AUTO (0: the KV cache in the serving dtype) or
+   * KILN_KV_DTYPE_FP8_E4M3 (hal.h's FP8 KV cache, half the bytes of bf16: E4M3FN codes with a
+   * static scale per layer for K and one for V, the checkpoint's k_scale / v_scale when it
+   * has them, else 1.0; needs KILN_HAL_CAP_KV_FP8). */
+  int32_t kv_dtype;
   int32_t max_tokens;         /* most tokens in one forward (sizes the activations) */
   int32_t max_seqs;           /* most sequences in one forward */
   int32_t max_blocks_per_seq; /* widest block table a forward takes */
@@ -104,6 +110,11 @@ bool kiln_model_has_mrope(const kiln_model_t *m);
 bool kiln_model_has_vision(const kiln_model_t *m);
 /* Device bytes held by the weights. */
 uint64_t kiln_model_weight_bytes(const kiln_model_t *m);
+/* The KV cache's storage: "bf16", "f16", "f32" (the serving dtype) or "fp8_e4m3"; and, for
+ * FP8, where its scales came from ("the checkpoint's k_scale / v_scale", "1.0 (the checkpoint
+ * has no k_scale / v_scale)"); NULL for a float cache. */
+const char *kiln_model_kv_dtype_name(const kiln_model_t *m);
+const char *kiln_model_kv_scales_source(const kiln_model_t *m);
 
 /* ---- the paged KV cache ----------------------------------------------------------------- */
 

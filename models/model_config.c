@@ -498,6 +498,15 @@ static kiln_status_t parse_ct_fp8(const kiln_json_t *q, const char *name, kiln_q
       return quant_refuse(name, full, v, "only \"token\" and \"tensor\" activation scales");
   }
   out->scale_inv = false;
+  const kiln_json_t *kvs = opt(q, "kv_cache_scheme");
+  if (kvs && kiln_json_type(kvs) != KILN_JSON_NULL) {
+    const char *kt = kiln_json_string(opt(kvs, "type"), NULL);
+    int64_t nbits = 0;
+    out->kv_cache_scheme =
+        kt && !strcmp(kt, "float") && kiln_json_int64(opt(kvs, "num_bits"), &nbits) && nbits == 8
+            ? 1
+            : 2;
+  }
   return fp8_ignore_list(opt(q, "ignore"), name, "quantization_config.ignore", out);
 }
 

@@ -116,6 +116,10 @@ typedef struct kiln_quant_config {
                                checked, not applied (weight-only FP8, docs/models.md) */
   bool act_quantized;       /* the checkpoint names an activation scheme (W8A8); Kiln runs
                                W8A16 either way */
+  /* compressed-tensors kv_cache_scheme: 0 absent (or null), 1 FP8 ("type": "float",
+   * "num_bits": 8: calibrated self_attn.k_scale / v_scale tensors), 2 another scheme; used by
+   * [cache] dtype = fp8_e4m3 (models/model.c) */
+  int32_t kv_cache_scheme;
   /* Modules left in the checkpoint's float dtype: compressed-tensors "ignore" / fp8's
    * modules_to_not_convert, n_ignore NUL-terminated entries one after another (a name, or
    * "re:" and a regular expression matched from the start of the module name). */

@@ -57,6 +57,13 @@ struct kiln_model {
   kiln_hal_stream_t *stream;
   int32_t dtype;   /* serving dtype */
   size_t es;       /* its size in bytes */
+  /* The KV cache ([cache] dtype): kiln_hal_kv_format_t, the caches' tensor dtype (the serving
+   * dtype, or U8 for FP8) and element size; FP8: kv_scales[2 l] / [2 l + 1] are layer l's
+   * k_scale / v_scale, kv_scales_found of them came from the checkpoint. */
+  int32_t kv_format, kv_dtype;
+  size_t kv_es;
+  float *kv_scales;
+  int64_t kv_scales_found;
   int64_t max_len; /* rope table rows = longest sequence */
 
   kiln_hal_buffer_t *weights;

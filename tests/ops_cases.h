@@ -14,7 +14,9 @@ void test_ops_copy(void **state);
 
 /* ops_cases_attention.c */
 void test_ops_kv_write(void **state);
+void test_ops_kv_write_fp8(void **state);
 void test_ops_attention(void **state);
+void test_ops_attention_fp8(void **state);
 void test_ops_attention_vision(void **state);
 
 /* ops_cases_sampling.c */

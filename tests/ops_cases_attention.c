@@ -2,7 +2,10 @@
  * [NB, NKV, BS, D], skipped slots stay poison) and attention (prefill, chunked prefill, decode
  * and mixed batches over shuffled blocks whose unused slots hold NaN; long contexts, GQA
  * groups, head dims and launch bounds that reach every path of the GPU kernels; one graph
- * captured with large bounds and replayed over other batches). */
+ * captured with large bounds and replayed over other batches). The FP8 KV cache (ABI 1.7,
+ * kv_format = KILN_HAL_KV_FP8_E4M3) runs the same cases: kv_write's codes must equal the fp64
+ * reference's round-to-nearest-even search exactly; attention's fp64 reference reads the exact
+ * values scale * e4m3(code) of the codes it was given, so its tolerance is the float cache's. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,17 +37,22 @@ static const kv_write_case_t kv_write_cases[] = {
     {16, 2, 8, 64, 1, true},
 };
 
-static void kv_write_run(const oh_backend_t *be, int32_t dt, const kv_write_case_t *c) {
+/* fp8: the FP8 cache with these scales (k_scale, v_scale); 0: the float cache in dt. */
+static void kv_write_run(const oh_backend_t *be, int32_t dt, const kv_write_case_t *c,
+                         float fp8_ks, float fp8_vs) {
   const int64_t BS = c->BS, NB = c->NB, NKV = c->NKV, D = c->D, T = c->T, NH = 2 * NKV;
   const int64_t row = c->fused ? (NH + 2 * NKV) * D : NKV * D, nslots = NB * BS;
-  const size_t es = kiln_hal_dtype_size(dt);
-  oh_case(be, "kv_write", dt, "BS=%lld NB=%lld NKV=%lld D=%lld T=%lld%s", (long long)BS,
+  const bool fp8 = fp8_ks > 0;
+  const size_t es = kiln_hal_dtype_size(dt), ces = fp8 ? 1 : es;
+  const int32_t cdt = fp8 ? KILN_HAL_U8 : dt;
+  oh_case(be, "kv_write", dt, "BS=%lld NB=%lld NKV=%lld D=%lld T=%lld%s%s", (long long)BS,
           (long long)NB, (long long)NKV, (long long)D, (long long)T,
-          c->fused ? " (k, v are slices of a fused QKV buffer)" : "");
+          c->fused ? " (k, v are slices of a fused QKV buffer)" : "",
+          fp8 ? " FP8 e4m3 cache" : "");
   oh_buf_t *kb = oh_buf_new(be, (size_t)(T * row) * es);
   oh_buf_t *vb = c->fused ? kb : oh_buf_new(be, (size_t)(T * row) * es);
-  oh_buf_t *kcb = oh_buf_new(be, (size_t)(nslots * NKV * D + 8) * es);
-  oh_buf_t *vcb = oh_buf_new(be, (size_t)(nslots * NKV * D + 8) * es);
+  oh_buf_t *kcb = oh_buf_new(be, (size_t)(nslots * NKV * D + 8) * ces);
+  oh_buf_t *vcb = oh_buf_new(be, (size_t)(nslots * NKV * D + 8) * ces);
   oh_buf_t *sb = oh_buf_new(be, (size_t)T * 4);
   double *k = OH_NEW(double, T *NKV *D), *v = OH_NEW(double, T *NKV *D);
   double *got = OH_NEW(double, NKV *D);
@@ -67,11 +75,28 @@ static void kv_write_run(const oh_backend_t *be, int32_t dt, const kv_write_case
   int64_t cshape[4] = {NB, NKV, BS, D}, sshape[1] = {T};
   a.k = oh_view(kb, c->fused ? (uint64_t)(NH * D) * es : 0, dt, 3, kshape, kstride);
   a.v = oh_view(vb, c->fused ? (uint64_t)((NH + NKV) * D) * es : 0, dt, 3, kshape, kstride);
-  a.k_cache = oh_view(kcb, 0, dt, 4, cshape, NULL);
-  a.v_cache = oh_view(vcb, 0, dt, 4, cshape, NULL);
+  a.k_cache = oh_view(kcb, 0, cdt, 4, cshape, NULL);
+  a.v_cache = oh_view(vcb, 0, cdt, 4, cshape, NULL);
   a.slot_mapping = oh_view(sb, 0, KILN_HAL_I32, 1, sshape, NULL);
   oh_write_rand(kb, &a.k, -2, 2, k);
   oh_write_rand(vb, &a.v, -2, 2, v);
+  if (fp8) {
+    a.kv_format = KILN_HAL_KV_FP8_E4M3;
+    a.k_scale = fp8_ks;
+    a.v_scale = fp8_vs;
+    /* The edges of the cast: infinities and a huge value saturate, signed zeros keep their
+     * sign, NaN is the NaN code; and values at the scaled rounding midpoints. */
+    const double special[] = {INFINITY, -1e6, 0.0, -0.0, NAN, -INFINITY};
+    for (size_t i = 0; i < ARRAY_LEN(special) && (int64_t)i < T * NKV * D; i++) k[i] = special[i];
+    for (int64_t i = 0; i < 8 && 8 + i < T * NKV * D; i++) /* (m + 1/2) 2^-9 and (1 + (2m+1)/16) */
+      v[8 + i] = (double)fp8_vs * (i < 4 ? (i + 0.5) * 0x1p-9 : 1.0 + (2 * i + 1) / 16.0);
+    oh_write(kb, &a.k, k);
+    oh_write(vb, &a.v, v);
+    for (int64_t i = 0; i < T * NKV * D; i++) {
+      k[i] = ops_ref_fp8_kv_code(k[i], fp8_ks);
+      v[i] = ops_ref_fp8_kv_code(v[i], fp8_vs);
+    }
+  }
   oh_write_i32(sb, &a.slot_mapping, slots);
   oh_push(kb);
   if (!c->fused) oh_push(vb);
@@ -83,9 +108,9 @@ static void kv_write_run(const oh_backend_t *be, int32_t dt, const kv_write_case
       for (int64_t h = 0; h < NKV; h++) {
         /* The row of (slot s, head h) in the cache: block s / BS, position s % BS. */
         int64_t shape1[1] = {D};
-        uint64_t at = (uint64_t)((((s / BS) * NKV + h) * BS + s % BS) * D) * es;
-        kiln_hal_tensor_t kr = oh_view(kcb, at, dt, 1, shape1, NULL);
-        kiln_hal_tensor_t vr = oh_view(vcb, at, dt, 1, shape1, NULL);
+        uint64_t at = (uint64_t)((((s / BS) * NKV + h) * BS + s % BS) * D) * ces;
+        kiln_hal_tensor_t kr = oh_view(kcb, at, cdt, 1, shape1, NULL);
+        kiln_hal_tensor_t vr = oh_view(vcb, at, cdt, 1, shape1, NULL);
         char what[96];
         oh_mark(kcb, &kr);
         oh_read(kcb, &kr, got);
@@ -117,7 +142,67 @@ void test_ops_kv_write(void **state) {
     for (int di = 0; di < 3; di++) {
       if (!oh_dtype_ok(&oh_backends[bi], oh_float_dtypes[di])) continue;
       for (size_t ci = 0; ci < ARRAY_LEN(kv_write_cases); ci++)
-        kv_write_run(&oh_backends[bi], oh_float_dtypes[di], &kv_write_cases[ci]);
+        kv_write_run(&oh_backends[bi], oh_float_dtypes[di], &kv_write_cases[ci], 0, 0);
+    }
+  }
+  oh_test_end();
+}
+
+/* A valid FP8-cache call on a backend without KILN_HAL_CAP_KV_FP8 must fail, not misread. */
+static void kv_fp8_refused(const oh_backend_t *be, bool attention) {
+  oh_case(be, attention ? "attention" : "kv_write", KILN_HAL_F32,
+          "FP8 cache on a device without KILN_HAL_CAP_KV_FP8");
+  oh_buf_t *x = oh_buf_new(be, 4 * 64), *c = oh_buf_new(be, 256), *i = oh_buf_new(be, 64);
+  int64_t xs[3] = {1, 1, 16}, cs[4] = {1, 1, 16, 16}, one[1] = {1}, two[1] = {2}, bt[2] = {1, 1};
+  memset(i->host, 0, 64);
+  i->host[4] = 1; /* query_start_loc {0, 1}, seq_lens {1} (at byte 8), block_table {0} */
+  i->host[8] = 1;
+  oh_push(i);
+  if (attention) {
+    kiln_hal_attention_args_t a;
+    memset(&a, 0, sizeof(a));
+    a.struct_size = sizeof(a);
+    a.q = a.out = oh_view(x, 0, KILN_HAL_F32, 3, xs, NULL);
+    a.k_cache = a.v_cache = oh_view(c, 0, KILN_HAL_U8, 4, cs, NULL);
+    a.query_start_loc = oh_view(i, 0, KILN_HAL_I32, 1, two, NULL);
+    a.seq_lens = oh_view(i, 8, KILN_HAL_I32, 1, one, NULL);
+    a.block_table = oh_view(i, 16, KILN_HAL_I32, 2, bt, NULL);
+    a.num_seqs = 1;
+    a.max_query_len = a.max_seq_len = 1;
+    a.scale = 1.0f;
+    a.kv_format = KILN_HAL_KV_FP8_E4M3;
+    a.k_scale = a.v_scale = 1.0f;
+    oh_expect_error(be->t->attention(be->stream, &a), "attention (FP8 cache, no capability)");
+  } else {
+    kiln_hal_kv_write_args_t a;
+    memset(&a, 0, sizeof(a));
+    a.struct_size = sizeof(a);
+    a.k = a.v = oh_view(x, 0, KILN_HAL_F32, 3, xs, NULL);
+    a.k_cache = a.v_cache = oh_view(c, 0, KILN_HAL_U8, 4, cs, NULL);
+    a.slot_mapping = oh_view(i, 16, KILN_HAL_I32, 1, one, NULL);
+    a.kv_format = KILN_HAL_KV_FP8_E4M3;
+    a.k_scale = a.v_scale = 1.0f;
+    oh_expect_error(be->t->kv_write(be->stream, &a), "kv_write (FP8 cache, no capability)");
+  }
+  oh_free_all();
+}
+
+void test_ops_kv_write_fp8(void **state) {
+  (void)state;
+  oh_test_begin("kv_write_fp8");
+  /* 1 (vLLM's uncalibrated default: small values fall into the subnormals), scales that
+   * saturate (2 / 0.0037 > 448) and a scale that is not a power of two. */
+  static const float scales[][2] = {{1.0f, 1.0f}, {0.0037f, 0.25f}, {0.3f, 3.0f}, {0.01f, 0.0037f}};
+  for (int bi = 0; bi < oh_num_backends; bi++) {
+    if (!(oh_backends[bi].info.caps & KILN_HAL_CAP_KV_FP8)) {
+      kv_fp8_refused(&oh_backends[bi], false);
+      continue;
+    }
+    for (int di = 0; di < 3; di++) {
+      if (!oh_dtype_ok(&oh_backends[bi], oh_float_dtypes[di])) continue;
+      for (size_t ci = 0; ci < ARRAY_LEN(kv_write_cases); ci++)
+        kv_write_run(&oh_backends[bi], oh_float_dtypes[di], &kv_write_cases[ci],
+                     scales[ci % ARRAY_LEN(scales)][0], scales[ci % ARRAY_LEN(scales)][1]);
     }
   }
   oh_test_end();
@@ -496,6 +581,22 @@ static void attn_layout(int64_t S, const int32_t *lens, int64_t MB, int64_t NB, 
   free(ids);
 }
 
+/* The FP8 cache of a layout: codes[i] (as doubles, for oh_write on a U8 view) of kc[i] with
+ * scale s (unused slots: the NaN code), and kc[i] replaced by the value attention must read. */
+static void attn_fp8_encode(int64_t n, double *kc, float s, double *codes) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t q = isnan(kc[i]) ? 0x7F : ops_ref_fp8_kv_code(kc[i], s);
+    codes[i] = q;
+    kc[i] = ops_ref_fp8_kv_value(q, s);
+  }
+}
+
+/* Random FP8 cache scales: 1 (uncalibrated: values of [-1, 1] reach the subnormals) a third of
+ * the time, else 1/448 .. 1/64 (a few keys saturate at 448 s). */
+static float attn_fp8_scale(void) {
+  return oh_rand_int(0, 2) == 0 ? 1.0f : (float)(1.0 / oh_rand_uniform(64, 600));
+}
+
 /* Compares out (pulled) with the reference, sequence by sequence, and checks that nothing else
  * of ob was written. */
 static void attn_check(oh_buf_t *ob, const kiln_hal_attention_args_t *a, int32_t dt,
@@ -526,9 +627,10 @@ static void attn_check(oh_buf_t *ob, const kiln_hal_attention_args_t *a, int32_t
   free(got);
 }
 
-static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t *c) {
+static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t *c, bool fp8) {
   const int64_t NH = c->NH, NKV = c->NKV, D = c->D, BS = c->BS, S = c->nseq;
-  const size_t es = kiln_hal_dtype_size(dt);
+  const size_t es = kiln_hal_dtype_size(dt), ces = fp8 ? 1 : es;
+  const int32_t cdt = fp8 ? KILN_HAL_U8 : dt;
   double work = 0; /* multiply-adds of the reference: q rows x visible keys x heads x dims x 2 */
   for (int64_t s = 0; s < S; s++) work += 2.0 * c->seqs[s].q_len * c->seqs[s].seq_len * NH * D;
   if (oh_skip_big(work)) return;
@@ -550,21 +652,29 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
   const int64_t NB = nblocks + 3, Tq = qsl[S], T = Tq + c->extra_rows;
   const int64_t qrow = c->strided ? (NH + 2 * NKV) * D : NH * D;
   const int64_t orow = c->strided ? NH * D + 8 : NH * D;
-  const uint64_t qoff = c->misalign ? es : 0, coff = c->misalign == 2 ? es : 0;
+  const uint64_t qoff = c->misalign ? es : 0, coff = c->misalign == 2 ? ces : 0;
+  const float ks = fp8 ? attn_fp8_scale() : 0.0f, vs = fp8 ? attn_fp8_scale() : 0.0f;
+  char kvs[64] = "";
+  if (fp8) snprintf(kvs, sizeof(kvs), " FP8 cache k_scale=%g v_scale=%g", (double)ks, (double)vs);
   oh_case(be, "attention", dt,
           "%s: NH=%lld NKV=%lld D=%lld BS=%lld S=%lld T=%lld causal=%d window=%d softcap=%g "
-          "scale=%g",
+          "scale=%g%s",
           c->name, (long long)NH, (long long)NKV, (long long)D, (long long)BS, (long long)S,
-          (long long)Tq, c->causal, c->window, (double)c->softcap, (double)scale);
+          (long long)Tq, c->causal, c->window, (double)c->softcap, (double)scale, kvs);
 
   const int64_t csize = NB * NKV * BS * D;
   int32_t *bt = OH_NEW(int32_t, S * MB);
   double *kc = OH_NEW(double, csize), *vc = OH_NEW(double, csize);
   attn_layout(S, lens, MB, NB, NKV, BS, D, bt, kc, vc);
+  double *kcode = fp8 ? OH_NEW(double, csize) : NULL, *vcode = fp8 ? OH_NEW(double, csize) : NULL;
+  if (fp8) {
+    attn_fp8_encode(csize, kc, ks, kcode);
+    attn_fp8_encode(csize, vc, vs, vcode);
+  }
   oh_buf_t *qb = oh_buf_new(be, (size_t)(T * qrow + 4) * es);
   oh_buf_t *ob = oh_buf_new(be, (size_t)(T * orow + 4) * es);
-  oh_buf_t *kcb = oh_buf_new(be, (size_t)(csize + 1) * es),
-           *vcb = oh_buf_new(be, (size_t)(csize + 1) * es);
+  oh_buf_t *kcb = oh_buf_new(be, (size_t)(csize + 1) * ces),
+           *vcb = oh_buf_new(be, (size_t)(csize + 1) * ces);
   oh_buf_t *btb = oh_buf_new(be, (size_t)(S * MB) * 4), *lb = oh_buf_new(be, (size_t)S * 4);
   oh_buf_t *qslb = oh_buf_new(be, (size_t)(S + 1) * 4);
   double *q = OH_NEW(double, T *NH *D);
@@ -577,11 +687,16 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
           qslshape[1] = {S + 1};
   a.q = oh_view(qb, qoff, dt, 3, qshape, qstride);
   a.out = oh_view(ob, qoff, dt, 3, qshape, ostride);
-  a.k_cache = oh_view(kcb, coff, dt, 4, cshape, NULL);
-  a.v_cache = oh_view(vcb, coff, dt, 4, cshape, NULL);
+  a.k_cache = oh_view(kcb, coff, cdt, 4, cshape, NULL);
+  a.v_cache = oh_view(vcb, coff, cdt, 4, cshape, NULL);
   a.block_table = oh_view(btb, 0, KILN_HAL_I32, 2, btshape, NULL);
   a.seq_lens = oh_view(lb, 0, KILN_HAL_I32, 1, lshape, NULL);
   a.query_start_loc = oh_view(qslb, 0, KILN_HAL_I32, 1, qslshape, NULL);
+  if (fp8) {
+    a.kv_format = KILN_HAL_KV_FP8_E4M3;
+    a.k_scale = ks;
+    a.v_scale = vs;
+  }
   a.num_seqs = (int32_t)S;
   a.max_query_len = max_q + c->bound_slack;
   a.max_seq_len = c->len_bound > 0 ? c->len_bound : max_len + c->bound_slack;
@@ -590,8 +705,8 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
   a.sliding_window = c->window;
   a.softcap = c->softcap;
   oh_write_rand(qb, &a.q, -3, 3, q);
-  oh_write(kcb, &a.k_cache, kc); /* rounds the visible keys; NaN stays NaN */
-  oh_write(vcb, &a.v_cache, vc);
+  oh_write(kcb, &a.k_cache, fp8 ? kcode : kc); /* rounds the visible keys; NaN stays NaN */
+  oh_write(vcb, &a.v_cache, fp8 ? vcode : vc);
   oh_write_i32(btb, &a.block_table, bt);
   oh_write_i32(lb, &a.seq_lens, lens);
   oh_write_i32(qslb, &a.query_start_loc, qsl);
@@ -609,6 +724,8 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
   free(bt);
   free(kc);
   free(vc);
+  free(kcode);
+  free(vcode);
   free(q);
   oh_free_all();
 }
@@ -616,10 +733,13 @@ static void attention_run(const oh_backend_t *be, int32_t dt, const attn_case_t 
 /* Attention captured in a graph with launch bounds for the largest batch (max_seq_len 4096),
  * then replayed over batches of other lengths, tables and contents at the same addresses: the
  * launch (its context splits included) may depend on the bounds only. */
-static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
+static void attention_graph_run(const oh_backend_t *be, int32_t dt, bool fp8) {
   enum { S = 4, BOUND = 4096 };
   const int64_t NH = 8, NKV = 2, D = 128, BS = 16, MB = BOUND / BS, NB = S * MB + 1;
-  const size_t es = kiln_hal_dtype_size(dt);
+  const size_t es = kiln_hal_dtype_size(dt), ces = fp8 ? 1 : es;
+  const int32_t cdt = fp8 ? KILN_HAL_U8 : dt;
+  /* The scales are the graph's (captured by value, per layer static): fixed for all replays. */
+  const float ks = fp8 ? (float)(1.0 / 300.0) : 0.0f, vs = fp8 ? 1.0f : 0.0f;
   const kiln_hal_backend_t *t = be->t;
   static const int32_t rounds[3][S] = {{1, 700, 4096, 33}, {4000, 1, 65, 1024}, {17, 2049, 1, 300}};
   int32_t qsl[S + 1], qlens[S] = {1, 1, 1, 1};
@@ -627,9 +747,10 @@ static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
   const int64_t csize = NB * NKV * BS * D;
   int32_t *bt = OH_NEW(int32_t, S * MB);
   double *kc = OH_NEW(double, csize), *vc = OH_NEW(double, csize), *q = OH_NEW(double, S *NH *D);
+  double *kcode = fp8 ? OH_NEW(double, csize) : NULL, *vcode = fp8 ? OH_NEW(double, csize) : NULL;
   oh_buf_t *qb = oh_buf_new(be, (size_t)(S * NH * D) * es);
   oh_buf_t *ob = oh_buf_new(be, (size_t)(S * NH * D) * es);
-  oh_buf_t *kcb = oh_buf_new(be, (size_t)csize * es), *vcb = oh_buf_new(be, (size_t)csize * es);
+  oh_buf_t *kcb = oh_buf_new(be, (size_t)csize * ces), *vcb = oh_buf_new(be, (size_t)csize * ces);
   oh_buf_t *btb = oh_buf_new(be, (size_t)(S * MB) * 4), *lb = oh_buf_new(be, (size_t)S * 4);
   oh_buf_t *qslb = oh_buf_new(be, (size_t)(S + 1) * 4);
   kiln_hal_attention_args_t a;
@@ -639,11 +760,16 @@ static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
           lshape[1] = {S}, qslshape[1] = {S + 1};
   a.q = oh_view(qb, 0, dt, 3, qshape, NULL);
   a.out = oh_view(ob, 0, dt, 3, qshape, NULL);
-  a.k_cache = oh_view(kcb, 0, dt, 4, cshape, NULL);
-  a.v_cache = oh_view(vcb, 0, dt, 4, cshape, NULL);
+  a.k_cache = oh_view(kcb, 0, cdt, 4, cshape, NULL);
+  a.v_cache = oh_view(vcb, 0, cdt, 4, cshape, NULL);
   a.block_table = oh_view(btb, 0, KILN_HAL_I32, 2, btshape, NULL);
   a.seq_lens = oh_view(lb, 0, KILN_HAL_I32, 1, lshape, NULL);
   a.query_start_loc = oh_view(qslb, 0, KILN_HAL_I32, 1, qslshape, NULL);
+  if (fp8) {
+    a.kv_format = KILN_HAL_KV_FP8_E4M3;
+    a.k_scale = ks;
+    a.v_scale = vs;
+  }
   a.num_seqs = S;
   a.max_query_len = 1;
   a.max_seq_len = BOUND;
@@ -655,12 +781,16 @@ static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
   kiln_hal_graph_t *g = NULL;
   for (int r = 0; r < 3; r++) {
     const int32_t *lens = rounds[r];
-    oh_case(be, "attention", dt, "graph replay %d: decode S=%d, lens %d %d %d %d, bound %d", r, S,
-            lens[0], lens[1], lens[2], lens[3], BOUND);
+    oh_case(be, "attention", dt, "graph replay %d: decode S=%d, lens %d %d %d %d, bound %d%s", r,
+            S, lens[0], lens[1], lens[2], lens[3], BOUND, fp8 ? ", FP8 cache" : "");
     attn_layout(S, lens, MB, NB, NKV, BS, D, bt, kc, vc);
+    if (fp8) {
+      attn_fp8_encode(csize, kc, ks, kcode);
+      attn_fp8_encode(csize, vc, vs, vcode);
+    }
     oh_write_rand(qb, &a.q, -3, 3, q);
-    oh_write(kcb, &a.k_cache, kc);
-    oh_write(vcb, &a.v_cache, vc);
+    oh_write(kcb, &a.k_cache, fp8 ? kcode : kc);
+    oh_write(vcb, &a.v_cache, fp8 ? vcode : vc);
     oh_write_i32(btb, &a.block_table, bt);
     oh_write_i32(lb, &a.seq_lens, lens);
     oh_push(qb);
@@ -685,6 +815,8 @@ static void attention_graph_run(const oh_backend_t *be, int32_t dt) {
   free(bt);
   free(kc);
   free(vc);
+  free(kcode);
+  free(vcode);
   free(q);
   oh_free_all();
 }
@@ -823,7 +955,7 @@ void test_ops_attention_vision(void **state) {
       for (size_t ci = 0; ci < ARRAY_LEN(vision_attn_cases); ci++) {
         const vision_attn_case_t *v = &vision_attn_cases[ci];
         if (v->gpu_only && be->info.kind == KILN_HAL_DEVICE_CPU) continue;
-        for (int r = 0; r < v->reps; r++) attention_run(be, oh_float_dtypes[di], &v->c);
+        for (int r = 0; r < v->reps; r++) attention_run(be, oh_float_dtypes[di], &v->c, false);
       }
       /* Fresh vision batches: windows and images of random sizes, 1..8 per call. */
       for (int r = 0; r < 4; r++) {
@@ -839,22 +971,29 @@ void test_ops_attention_vision(void **state) {
         const int32_t cap = r < 2 ? 64 : 300;
         for (int s = 0; s < c.nseq; s++)
           c.seqs[s].q_len = c.seqs[s].seq_len = (int32_t)oh_rand_int(1, cap);
-        attention_run(be, oh_float_dtypes[di], &c);
+        attention_run(be, oh_float_dtypes[di], &c, false);
       }
     }
   }
   oh_test_end();
 }
 
-void test_ops_attention(void **state) {
-  (void)state;
-  oh_test_begin("attention");
+static void attention_test(const char *name, bool fp8) {
+  oh_test_begin(name);
   for (int bi = 0; bi < oh_num_backends; bi++) {
     const oh_backend_t *be = &oh_backends[bi];
+    if (fp8 && !(be->info.caps & KILN_HAL_CAP_KV_FP8)) {
+      kv_fp8_refused(be, true);
+      continue;
+    }
     for (int di = 0; di < 3; di++) {
       if (!oh_dtype_ok(be, oh_float_dtypes[di])) continue;
-      for (size_t ci = 0; ci < ARRAY_LEN(attn_cases); ci++)
-        attention_run(be, oh_float_dtypes[di], &attn_cases[ci]);
+      /* The CPU widens FP8 codes to f32 whatever q's dtype: its fixed FP8 cases run in bf16
+       * only (the random ones in every dtype), which keeps the 2-core CI's time in check. */
+      const bool fixed = !fp8 || be->info.kind != KILN_HAL_DEVICE_CPU ||
+                         oh_float_dtypes[di] == KILN_HAL_BF16;
+      for (size_t ci = 0; fixed && ci < ARRAY_LEN(attn_cases); ci++)
+        attention_run(be, oh_float_dtypes[di], &attn_cases[ci], fp8);
       /* Fresh batches every run (the seed reproduces them). */
       for (int r = 0; r < 5; r++) {
         static const int64_t dims[] = {64, 80, 96, 128, 256}, bss[] = {8, 16, 32};
@@ -880,14 +1019,26 @@ void test_ops_attention(void **state) {
           c.seqs[s].q_len = oh_rand_int(0, 1) ? 1 : (int32_t)oh_rand_int(0, mq);
         }
         if (oh_rand_int(0, 2) == 0) c.len_bound = 8192;
-        attention_run(be, oh_float_dtypes[di], &c);
+        attention_run(be, oh_float_dtypes[di], &c, fp8);
       }
     }
     if (be->info.caps & KILN_HAL_CAP_GRAPHS && be->t->graph_begin && be->t->graph_end &&
         be->t->graph_replay && be->t->graph_destroy) {
       for (int di = 0; di < 3; di++)
-        if (oh_dtype_ok(be, oh_float_dtypes[di])) attention_graph_run(be, oh_float_dtypes[di]);
+        if (oh_dtype_ok(be, oh_float_dtypes[di])) attention_graph_run(be, oh_float_dtypes[di], fp8);
     }
   }
   oh_test_end();
+}
+
+void test_ops_attention(void **state) {
+  (void)state;
+  attention_test("attention", false);
+}
+
+/* The same cases over FP8 caches (ABI 1.7): prefill, chunked prefill over a cached prefix,
+ * decode with context splits, mixed batches, misaligned caches, and the graph replay. */
+void test_ops_attention_fp8(void **state) {
+  (void)state;
+  attention_test("attention_fp8", true);
 }

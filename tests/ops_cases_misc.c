@@ -405,6 +405,27 @@ static const char *kv_write_mut(kiln_hal_kv_write_args_t *a, int m) {
     case 5: a->k_cache.ndim = 3; return "k_cache ndim 3";
     case 6: a->v.shape[1] = 1; return "v with 1 head, cache with 2";
     case 7: a->slot_mapping.shape[0] = 2; return "slot_mapping [2] for T = 3";
+    /* ABI 1.7: the FP8 KV cache */
+    case 8: a->kv_format = 2; return "kv_format 2";
+    case 9:
+      a->kv_format = KILN_HAL_KV_FP8_E4M3;
+      a->k_scale = a->v_scale = 1.0f;
+      return "kv_format fp8_e4m3 with f32 caches";
+    case 10:
+      a->kv_format = KILN_HAL_KV_FP8_E4M3;
+      a->k_cache.dtype = a->v_cache.dtype = KILN_HAL_U8;
+      a->k_scale = 0.0f;
+      a->v_scale = 1.0f;
+      return "fp8_e4m3 caches with k_scale 0";
+    case 11:
+      a->kv_format = KILN_HAL_KV_FP8_E4M3;
+      a->k_cache.dtype = a->v_cache.dtype = KILN_HAL_U8;
+      a->k_scale = 1.0f;
+      a->v_scale = INFINITY;
+      return "fp8_e4m3 caches with v_scale inf";
+    case 12:
+      a->k_cache.dtype = a->v_cache.dtype = KILN_HAL_U8;
+      return "u8 caches with kv_format float";
     default: return NULL;
   }
 }
@@ -427,6 +448,23 @@ static const char *attention_mut(kiln_hal_attention_args_t *a, int m) {
     case 9: a->seq_lens.shape[0] = 1; return "seq_lens [1] for S = 2";
     case 10: a->v_cache.shape[2] = 2; return "v_cache block size 2, k_cache 4";
     case 11: a->k_cache.dtype = a->v_cache.dtype = KILN_HAL_I32; return "caches i32";
+    /* ABI 1.7: the FP8 KV cache */
+    case 12: a->kv_format = -1; return "kv_format -1";
+    case 13:
+      a->kv_format = KILN_HAL_KV_FP8_E4M3;
+      a->k_scale = a->v_scale = 1.0f;
+      return "kv_format fp8_e4m3 with f32 caches";
+    case 14:
+      a->kv_format = KILN_HAL_KV_FP8_E4M3;
+      a->k_cache.dtype = a->v_cache.dtype = KILN_HAL_U8;
+      a->k_scale = 1.0f;
+      a->v_scale = NAN;
+      return "fp8_e4m3 caches with v_scale NaN";
+    case 15:
+      a->kv_format = KILN_HAL_KV_FP8_E4M3;
+      a->k_cache.dtype = KILN_HAL_U8;
+      a->k_scale = a->v_scale = 1.0f;
+      return "fp8_e4m3 with a u8 k_cache and an f32 v_cache";
     default: return NULL;
   }
 }
@@ -587,7 +625,10 @@ static void bad_args_run(const oh_backend_t *be) {
                                      v3(g_b[1], F, 3, 2, 8),
                                      oh_view(g_b[2], 0, F, 4, cs, NULL),
                                      oh_view(g_b[3], 0, F, 4, cs, NULL),
-                                     v1(g_b[4], I, 3)};
+                                     v1(g_b[4], I, 3),
+                                     KILN_HAL_KV_FLOAT,
+                                     0.0f,
+                                     0.0f};
     oh_buf_t *watch[] = {g_b[2], g_b[3]};
     BAD_LOOP(kv_write, kiln_hal_kv_write_args_t, base, watch, kv_write_mut);
     oh_free_all();

@@ -111,6 +111,7 @@ static const expected_key_t all_keys[] = {
     {"engine", "max_num_batched_tokens", "8192"},
     {"engine", "seed", "0"},
     {"cache", "block_size", "16"},
+    {"cache", "dtype", "auto"},
     {"cache", "gpu_memory_utilization", "0.9"},
     {"cache", "num_blocks", "0"},
     {"cache", "enable_prefix_caching", "true"},
@@ -346,6 +347,9 @@ static void test_bool_enum_errors(void **state) {
                  "'fp8' is not allowed", "auto, float32, float16, bfloat16");
   EXPECT_INVALID(load(cfg, "[cache]\nblock_size = 24\n"), "t.ini:2: ", "cache.block_size", "'24'",
                  "8, 16, 32, 64, 128");
+  EXPECT_INVALID(load(cfg, "[cache]\ndtype = fp8\n"), "t.ini:2: ", "cache.dtype", "'fp8'",
+                 "auto, fp8_e4m3");
+  EXPECT_INVALID(load(cfg, "[cache]\ndtype = bf16\n"), "cache.dtype", "'bf16'", "auto, fp8_e4m3");
   EXPECT_INVALID(load(cfg, "[log]\nformat = xml\n"), "log.format", "text, json");
   EXPECT_INVALID(load(cfg, "[scheduler]\npolicy = lifo\n"), "scheduler.policy", "fcfs, priority");
   kiln_config_free(cfg);

@@ -456,6 +456,68 @@ static void test_ignore_match(void **state) {
   assert_false(kiln_quant_ignored(&q, "x.model.layers.0.self_attn.q_proj")); /* anchored */
 }
 
+/* compressed-tensors kv_cache_scheme (llm-compressor's FP8 KV cache): copies of ct_tensor with
+ * the scheme in quantization_config and, per layer, self_attn.k_scale / v_scale. With [cache]
+ * dtype = fp8_e4m3 the scales are used; the scheme without the tensors, or a scheme that is
+ * not 8-bit float, is refused. */
+static void kv_variant(const char *name, const char *scheme, bool tensors) {
+  char cmd[4096];
+  snprintf(cmd, sizeof(cmd),
+           "set -e; rm -rf '%s/%s'; cp -r '%s/ct_tensor' '%s/%s'; python3 - '%s/%s' '%s' %d <<'EOF'\n"
+           "import json, struct, sys\n"
+           "d, scheme, tensors = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])\n"
+           "c = json.load(open(d + '/config.json'))\n"
+           "c['quantization_config']['kv_cache_scheme'] = scheme\n"
+           "json.dump(c, open(d + '/config.json', 'w'))\n"
+           "raw = open(d + '/model.safetensors', 'rb').read()\n"
+           "n = struct.unpack('<Q', raw[:8])[0]\n"
+           "hdr = json.loads(raw[8:8 + n]); data = bytearray(raw[8 + n:])\n"
+           "for l in range(c['num_hidden_layers'] if tensors else 0):\n"
+           "    for kv, v in (('k', 0.02), ('v', 0.01)):\n"
+           "        hdr['model.layers.%%d.self_attn.%%s_scale' %% (l, kv)] = {'dtype': 'F32', "
+           "'shape': [], 'data_offsets': [len(data), len(data) + 4]}\n"
+           "        data += struct.pack('<f', v)\n"
+           "h = json.dumps(hdr).encode(); h += b' ' * (-len(h) %% 8)\n"
+           "open(d + '/model.safetensors', 'wb').write(struct.pack('<Q', len(h)) + h + bytes(data))\n"
+           "EOF",
+           g_dir, name, g_dir, g_dir, name, g_dir, name, scheme, tensors ? 1 : 0);
+  if (system(cmd) != 0) fail_msg("could not write the fixture %s", name);
+}
+
+static kiln_status_t load_kv(const char *sub, kiln_model_t **m) {
+  char path[1400];
+  snprintf(path, sizeof(path), "%s/%s", g_dir, sub);
+  kiln_model_options_t o = {0};
+  o.dtype = KILN_HAL_F32;
+  o.fp8_weights = KILN_FP8_WEIGHTS_KEEP;
+  o.kv_dtype = KILN_KV_DTYPE_FP8_E4M3;
+  o.max_tokens = 32;
+  o.max_seqs = 4;
+  o.max_blocks_per_seq = 64;
+  return kiln_model_load(path, &g_plugin->table, g_dev, g_stream, &o, m);
+}
+
+static void test_kv_cache_scheme(void **state) {
+  (void)state;
+  if (!(g_caps & KILN_HAL_CAP_KV_FP8)) skip();
+  static const char fp8[] = "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", "
+                            "\"dynamic\": false, \"symmetric\": true}";
+  kiln_model_t *m = NULL, *mr = NULL, *bad = NULL;
+  kv_variant("ct_kv", fp8, true);
+  check_st(load_kv("ct_kv", &m));
+  assert_non_null(strstr(kiln_model_kv_scales_source(m), "checkpoint"));
+  check_st(load("ct_tensor", KILN_HAL_F32, &mr));
+  compare(m, mr, "kv_cache_scheme fp8", 0.1, 0.75); /* test_kv_fp8's bound */
+  kiln_model_free(m);
+  kiln_model_free(mr);
+  kv_variant("ct_kv_none", fp8, false);
+  expect_err(load_kv("ct_kv_none", &bad), "kv_cache_scheme", "no self_attn.k_scale");
+  assert_null(bad);
+  kv_variant("ct_kv_int", "{\"num_bits\": 8, \"type\": \"int\"}", true);
+  expect_err(load_kv("ct_kv_int", &bad), "kv_cache_scheme is not FP8", "dtype = auto");
+  assert_null(bad);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ignore_match), cmocka_unit_test(test_ct_tensor),
@@ -463,6 +525,7 @@ int main(void) {
       cmocka_unit_test(test_bf16),         cmocka_unit_test(test_on_the_fly),
       cmocka_unit_test(test_refused),      cmocka_unit_test(test_fp8_weights_policy),
       cmocka_unit_test(test_fp8_activations),
+      cmocka_unit_test(test_kv_cache_scheme),
   };
   return cmocka_run_group_tests_name("fp8", tests, setup, teardown);
 }

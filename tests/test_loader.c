@@ -179,7 +179,7 @@ static void test_newer_minor_accepted(void **state) {
   kiln_status_t st = kiln_hal_registry_open(s.reg, "newer", &p);
   assert_null(st);
   assert_int_equal(p->abi_major, KILN_HAL_ABI_MAJOR);
-  assert_int_equal(p->abi_minor, 7);
+  assert_int_equal(p->abi_minor, 8);
   assert_int_equal(p->table.struct_size, sizeof(kiln_hal_backend_t));
   scenario_free(&s);
 }

@@ -37,7 +37,8 @@ static void info_caps(char *buf, size_t n, uint64_t caps) {
                {KILN_HAL_CAP_HOST_MEMORY, "host-memory"},
                {KILN_HAL_CAP_DEVICE_SAMPLING, "device-sampling"},
                {KILN_HAL_CAP_TF32, "tf32"},
-               {KILN_HAL_CAP_COLLECTIVES, "collectives"}};
+               {KILN_HAL_CAP_COLLECTIVES, "collectives"},
+               {KILN_HAL_CAP_KV_FP8, "kv-fp8"}};
   buf[0] = '\0';
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
     if (!(caps & names[i].bit)) continue;

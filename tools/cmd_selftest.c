@@ -202,7 +202,8 @@ static void dev_forward(st_ctx_t *c, st_dev_t *b, int T, int max_q, int max_len)
   int64_t cshape[4] = {NB, NKV, BS, D};
   kiln_hal_tensor_t kc = kiln_hal_tensor_make(b->kc, 0, dt, 4, cshape),
                     vc = kiln_hal_tensor_make(b->vc, 0, dt, 4, cshape);
-  kiln_hal_kv_write_args_t kw = {sizeof(kw), k, v, kc, vc, st_view(b->slots, KILN_HAL_I32, 0, T)};
+  kiln_hal_kv_write_args_t kw = {sizeof(kw), k, v, kc, vc, st_view(b->slots, KILN_HAL_I32, 0, T),
+                                 KILN_HAL_KV_FLOAT, 0.0f, 0.0f};
   st_check(c, t->kv_write(c->stream, &kw), "kv_write");
   kiln_hal_attention_args_t aa;
   memset(&aa, 0, sizeof(aa));

@@ -170,10 +170,11 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
   kiln_server_attach(server, eng);
   const char *host = so.host;
   printf(
-      "kiln: serving %s on http://%s%s%s:%d (backend %s, %s; context %lld, %d KV blocks of %d)\n",
+      "kiln: serving %s on http://%s%s%s:%d (backend %s, %s; context %lld, %d KV blocks of %d, "
+      "%s)\n",
       name, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
       kiln_server_port(server), info.backend, info.device, (long long)info.max_model_len,
-      info.num_blocks, info.block_size);
+      info.num_blocks, info.block_size, info.kv_cache_dtype);
   fflush(stdout);
   KILN_LOG_I("chat page: http://%s%s%s:%d/", strchr(host, ':') ? "[" : "", host,
              strchr(host, ':') ? "]" : "", kiln_server_port(server));

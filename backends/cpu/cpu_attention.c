@@ -9,6 +9,9 @@
  * the next tile's rows are prefetched into L2 as the kernels go. When there are too few items
  * to occupy every thread (decode of a few long sequences), each item's KV range is cut into
  * chunks whose partial (max, sum, acc) are merged afterwards.
+ * An FP8 cache (kv_format = KILN_HAL_KV_FP8_E4M3, ABI 1.7) is widened into kf/vf through a
+ * 256-entry table of the codes' exact e4m3 values; k_scale is folded into q's scale and v_scale
+ * into the final 1 / sum (hal.h allows both), so the products see e4m3 values exactly.
  *
  *   q rows of seq s:  [qsl[s], qsl[s+1])      row i sits at position p = L - q_len + i
  *   keys visible:     j < L, j <= p (causal), j > p - window (window > 0)
@@ -45,6 +48,9 @@ typedef struct attn_ctx {
   int64_t tmp_floats;
   float *parts;      /* per partial slot: QT*G*(D + 2) */
   int64_t nitems, per_task; /* a pool task runs items [t*per_task, (t+1)*per_task) in order */
+  bool fp8;                 /* FP8 cache: codes widened through lut */
+  float qscale, vscale;     /* scale (* k_scale), and v_scale (1 for a float cache) */
+  float lut[256];           /* FP8: e4m3(code) */
 } attn_ctx_t;
 
 static inline int64_t seq_len(const attn_ctx_t *c, int64_t s) {
@@ -106,7 +112,7 @@ static void attn_item(const attn_ctx_t *c, int64_t idx, int64_t next, int thread
     for (int64_t hh = 0; hh < G; hh++) {
       float *q = qf + (r * G + hh) * D;
       cpu_vec_to_f32(a->q.dtype, qrow_ptr(&a->q, qs + it->q0 + r, it->g * G + hh), q, D);
-      for (int64_t d = 0; d < D; d++) q[d] *= a->scale;
+      for (int64_t d = 0; d < D; d++) q[d] *= c->qscale;
     }
   memset(acc, 0, (size_t)(npairs * D) * sizeof(float));
   for (int64_t i = 0; i < npairs; i++) {
@@ -116,7 +122,7 @@ static void attn_item(const attn_ctx_t *c, int64_t idx, int64_t next, int thread
 
   /* Decode (one or two query rows) reads each K/V row once and widens it in registers; more
    * rows re-read the tile per row, so half dtypes are widened into kf/vf once instead. */
-  bool widen = rows > 2 && kdt != KILN_HAL_F32;
+  bool widen = c->fp8 || (rows > 2 && kdt != KILN_HAL_F32);
   int32_t tdt = widen ? KILN_HAL_F32 : kdt;
   /* Row pointers of this tile and the next (ping-pong): the tile kernels prefetch the next
    * tile's rows a few at a time as they go. Blocks are scattered over the pool, so each starts
@@ -149,8 +155,17 @@ static void attn_item(const attn_ctx_t *c, int64_t idx, int64_t next, int thread
           __builtin_prefetch((const char *)kn[jj] + o, 0, 2);
           __builtin_prefetch((const char *)vn[jj] + o, 0, 2);
         }
-        cpu_vec_to_f32(kdt, kp[jj], kf + jj * D, D);
-        cpu_vec_to_f32(kdt, vp[jj], vf + jj * D, D);
+        if (c->fp8) {
+          const uint8_t *kc8 = kp[jj], *vc8 = vp[jj];
+          float *kd = kf + jj * D, *vd = vf + jj * D;
+          for (int64_t d = 0; d < D; d++) {
+            kd[d] = c->lut[kc8[d]];
+            vd[d] = c->lut[vc8[d]];
+          }
+        } else {
+          cpu_vec_to_f32(kdt, kp[jj], kf + jj * D, D);
+          cpu_vec_to_f32(kdt, vp[jj], vf + jj * D, D);
+        }
       }
       kp = kw;
       vp = vw;
@@ -196,7 +211,7 @@ static void attn_item(const attn_ctx_t *c, int64_t idx, int64_t next, int thread
   for (int64_t r = 0; r < rows; r++)
     for (int64_t hh = 0; hh < G; hh++) {
       int64_t pi = r * G + hh;
-      float *o = acc + pi * D, inv = l[pi] > 0.0f ? 1.0f / l[pi] : 0.0f;
+      float *o = acc + pi * D, inv = l[pi] > 0.0f ? c->vscale / l[pi] : 0.0f;
       for (int64_t d = 0; d < D; d++) o[d] *= inv;
       cpu_vec_from_f32(a->out.dtype, o, qrow_ptr(&a->out, qs + it->q0 + r, it->g * G + hh), D);
     }
@@ -237,7 +252,7 @@ static void attn_merge(void *vctx, int64_t gi, int thread) {
           for (int64_t d = 0; d < D; d++) o[d] += w * pp[pi * D + d];
         }
       }
-      float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      float inv = lsum > 0.0f ? c->vscale / lsum : 0.0f;
       for (int64_t d = 0; d < D; d++) o[d] *= inv;
       cpu_vec_from_f32(c->a->out.dtype, o, qrow_ptr(&c->a->out, qs + it0->q0 + r, it0->g * G + hh),
                        D);
@@ -291,6 +306,11 @@ kiln_hal_error_t *cpu_attention(kiln_hal_stream_t *s, const kiln_hal_attention_a
   c.BS = a->k_cache.shape[2];
   c.MB = a->block_table.shape[1];
   c.QT = PAIRS_PER_ITEM / c.G > 1 ? PAIRS_PER_ITEM / c.G : 1;
+  c.fp8 = a->kv_format == KILN_HAL_KV_FP8_E4M3;
+  c.qscale = c.fp8 ? a->scale * a->k_scale : a->scale;
+  c.vscale = c.fp8 ? a->v_scale : 1.0f;
+  if (c.fp8)
+    for (int i = 0; i < 256; i++) c.lut[i] = kiln_hal_fp8_e4m3_to_f32((uint8_t)i);
   if ((e = check_metadata(&c, S, T, NB))) return e;
 
   /* Count items without splitting, and the key rows they would read. */

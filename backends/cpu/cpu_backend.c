@@ -154,7 +154,8 @@ static kiln_hal_error_t *be_device_info(int32_t index, kiln_hal_device_info_t *o
   for (int32_t f = KILN_HAL_QFMT_Q4_0; f < KILN_HAL_QFMT_COUNT; f++)
     info.caps |= KILN_HAL_CAP_QUANT(f);
   info.caps |= KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_INT4_G) | KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_INT8_G) |
-               KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3) | KILN_HAL_CAP_FP8_XQUANT;
+               KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3) | KILN_HAL_CAP_FP8_XQUANT |
+               KILN_HAL_CAP_KV_FP8;
   info.warp_size = 1;
   info.compute_units = threads;
   info.pci_bus_id = 0;

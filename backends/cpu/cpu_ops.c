@@ -419,19 +419,32 @@ kiln_hal_error_t *cpu_copy(kiln_hal_stream_t *s, const kiln_hal_copy_args_t *a, 
 typedef struct kvw_ctx {
   const kiln_hal_kv_write_args_t *a;
   int64_t NKV, D, BS, slots;
+  bool fp8;   /* kv_format = KILN_HAL_KV_FP8_E4M3 (ABI 1.7) */
+  float *tmp; /* FP8: a row of D f32 per thread */
 } kvw_ctx_t;
 
 static void kvw_rows(void *vctx, int64_t r0, int64_t r1, int thread) {
-  (void)thread;
   const kvw_ctx_t *c = vctx;
   const kiln_hal_kv_write_args_t *a = c->a;
   const int32_t *sm = cpu_tensor_ptr(&a->slot_mapping);
   size_t rowbytes = (size_t)c->D * kiln_hal_dtype_size(a->k.dtype);
+  float *row = c->fp8 ? c->tmp + (int64_t)thread * c->D : NULL;
   for (int64_t t = r0; t < r1; t++) {
     int64_t slot = sm[t * a->slot_mapping.stride[0]];
     if (slot < 0 || slot >= c->slots) continue;
     int64_t blk = slot / c->BS, off = slot % c->BS;
-    for (int64_t h = 0; h < c->NKV; h++) {
+    for (int64_t h = 0; c->fp8 && h < c->NKV; h++) { /* hal.h: f32 division, then the RNE cast */
+      for (int w = 0; w < 2; w++) {
+        const kiln_hal_tensor_t *src = w ? &a->v : &a->k, *dst = w ? &a->v_cache : &a->k_cache;
+        const float sc = w ? a->v_scale : a->k_scale;
+        cpu_vec_to_f32(src->dtype, elem_ptr(src, t * src->stride[0] + h * src->stride[1]), row,
+                       c->D);
+        uint8_t *q = (uint8_t *)elem_ptr(dst, blk * dst->stride[0] + h * dst->stride[1] +
+                                                  off * dst->stride[2]);
+        for (int64_t d = 0; d < c->D; d++) q[d] = kiln_hal_f32_to_fp8_e4m3(row[d] / sc);
+      }
+    }
+    for (int64_t h = 0; !c->fp8 && h < c->NKV; h++) {
       memcpy(elem_ptr(&a->k_cache, blk * a->k_cache.stride[0] + h * a->k_cache.stride[1] +
                                        off * a->k_cache.stride[2]),
              elem_ptr(&a->k, t * a->k.stride[0] + h * a->k.stride[1]), rowbytes);
@@ -450,7 +463,9 @@ kiln_hal_error_t *cpu_kv_write(kiln_hal_stream_t *s, const kiln_hal_kv_write_arg
   int64_t T = a->k.shape[0], NKV = a->k.shape[1], D = a->k.shape[2];
   int64_t NB = a->k_cache.shape[0], BS = a->k_cache.shape[2];
   if (dry_run || T == 0 || NKV == 0 || D == 0 || BS == 0) return NULL;
-  kvw_ctx_t c = {a, NKV, D, BS, NB * BS};
+  kvw_ctx_t c = {a, NKV, D, BS, NB * BS, a->kv_format == KILN_HAL_KV_FP8_E4M3, NULL};
+  if (c.fp8 && !(c.tmp = cpu_scratch(s, (size_t)(D * cpu_num_threads()) * sizeof(float))))
+    return oom("kv_write");
   cpu_parallel_rows(T, 2 * NKV * D, kvw_rows, &c);
   return NULL;
 }

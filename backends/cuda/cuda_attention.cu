@@ -15,14 +15,28 @@
  * accumulation. At the end the KW partial states of each row are merged through shared memory
  * and written once.
  * K/V are read through the block table; block ids outside [0, NB) and positions past the
- * table are skipped, so a bad table can never cause an out-of-bounds read. */
+ * table are skipped, so a bad table can never cause an out-of-bounds read.
+ * The FP8 KV cache (ABI 1.7, p->kv_fp8): every kernel reads the codes as their exact e4m3
+ * values (KV = uint8_t here, a compile-time parameter of the tensor-core kernels); k_scale was
+ * folded into p->scale by the host side and the outputs are multiplied by p->v_scale (1, exact,
+ * for a float cache). The f32 tiled kernel below takes float caches only. */
 #include "cuda_attention_args.cuh"
 #include "cuda_common.cuh"
 
 #define ATT_THREADS 256
 #define ATT_U 4
 
-template <int WARP, typename T, int E>
+/* A cache element as f32: the stored float, or an FP8 code's e4m3 value (exact). */
+template <typename KV>
+static __device__ __forceinline__ float att_kv_f32(KV x) {
+  return to_f32(x);
+}
+template <>
+__device__ __forceinline__ float att_kv_f32<uint8_t>(uint8_t x) {
+  return fp8_e4m3(x);
+}
+
+template <int WARP, typename T, typename KV, int E>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(cuda_attention_params_t p, int QT, int64_t ntiles, int seq_base) {
   constexpr int NW = ATT_THREADS / WARP;
@@ -68,8 +82,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     }
   }
 
-  const T *kc = (const T *)p.k_cache;
-  const T *vc = (const T *)p.v_cache;
+  const KV *kc = (const KV *)p.k_cache;
+  const KV *vc = (const KV *)p.v_cache;
   const int64_t BS = p.block_size;
   const int64_t head_off = kvh * BS * D;
   const int64_t blk_elems = (int64_t)p.num_kv_heads * BS * D;
@@ -97,7 +111,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int e = 0; e < E; e++) {
           const int64_t d = (int64_t)e * WARP + lane;
-          if (d < D) dot += qv[e] * to_f32(kc[base[u] + d]);
+          if (d < D) dot += qv[e] * att_kv_f32<KV>(kc[base[u] + d]);
         }
       }
       sc[u] = dot;
@@ -127,7 +141,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
       for (int e = 0; e < E; e++) {
         const int64_t d = (int64_t)e * WARP + lane;
-        if (d < D) acc[e] += pu * to_f32(vc[base[u] + d]);
+        if (d < D) acc[e] += pu * att_kv_f32<KV>(vc[base[u] + d]);
       }
     }
     m = mn;
@@ -156,7 +170,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
     for (int e = 0; e < E; e++) o[e] += sm_acc[src][e * WARP + lane] * f;
   }
-  const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f; /* no visible key: zeros */
+  const float inv = Ls > 0.0f ? p.v_scale / Ls : 0.0f; /* no visible key: zeros */
   T *orow = (T *)p.out.ptr + ((int64_t)qs + i) * p.out.stride[0] + h * p.out.stride[1];
 #pragma unroll
   for (int e = 0; e < E; e++) {
@@ -165,7 +179,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
   }
 }
 
-template <int WARP, typename T, int E>
+template <int WARP, typename T, typename KV, int E>
 static cudaError_t attention_launch(cudaStream_t st, const cuda_attention_params_t *p) {
   constexpr int NW = ATT_THREADS / WARP;
   int QT = 1;
@@ -176,20 +190,26 @@ static cudaError_t attention_launch(cudaStream_t st, const cuda_attention_params
   for (int base = 0; base < p->num_seqs; base += 65535) {
     const int n = p->num_seqs - base < 65535 ? p->num_seqs - base : 65535;
     dim3 grid((unsigned)(NH * ntiles), (unsigned)n, 1);
-    attention_kernel<WARP, T, E><<<grid, ATT_THREADS, 0, st>>>(*p, QT, ntiles, base);
+    attention_kernel<WARP, T, KV, E><<<grid, ATT_THREADS, 0, st>>>(*p, QT, ntiles, base);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
+template <int WARP, typename T, typename KV>
+static cudaError_t attention_dispatch_kv(cudaStream_t st, const cuda_attention_params_t *p) {
+  const int64_t D = p->q.shape[2];
+  if (D <= 2 * WARP) return attention_launch<WARP, T, KV, 2>(st, p);
+  if (D <= 4 * WARP) return attention_launch<WARP, T, KV, 4>(st, p);
+  if (D <= 8 * WARP) return attention_launch<WARP, T, KV, 8>(st, p);
+  return cudaErrorInvalidValue;
+}
+
 template <int WARP, typename T>
 static cudaError_t attention_dispatch_e(cudaStream_t st, const cuda_attention_params_t *p) {
-  const int64_t D = p->q.shape[2];
-  if (D <= 2 * WARP) return attention_launch<WARP, T, 2>(st, p);
-  if (D <= 4 * WARP) return attention_launch<WARP, T, 4>(st, p);
-  if (D <= 8 * WARP) return attention_launch<WARP, T, 8>(st, p);
-  return cudaErrorInvalidValue;
+  if (p->kv_fp8) return attention_dispatch_kv<WARP, T, uint8_t>(st, p);
+  return attention_dispatch_kv<WARP, T, T>(st, p);
 }
 
 /* ---- f32 prefill: a tiled CUDA-core kernel ---------------------------------------------------
@@ -424,7 +444,7 @@ static cudaError_t attention_f32_tiled_launch(cudaStream_t st, const cuda_attent
  * head dim 64, 80, 96 or 128; NULL: the kernel above. KILN_CUDA_ATT_F32=v0 turns it off (A/B
  * runs). */
 static att_mma_fn att_f32_for(const cuda_attention_params_t *p) {
-  if (p->q.dtype != KILN_HAL_F32 || p->max_query_len < 16) return NULL;
+  if (p->q.dtype != KILN_HAL_F32 || p->max_query_len < 16 || p->kv_fp8) return NULL;
   if (p->num_kv_heads < 1 || p->q.shape[1] % p->num_kv_heads != 0) return NULL;
   if (p->q.stride[2] != 1 || p->out.stride[2] != 1) return NULL;
   static int off = -1;

@@ -25,7 +25,14 @@
  * P V) and are masked per row (causal, sliding window, seq_len).
  * Splits are relative to each sequence's own visible tiles (split k of n takes the k-th
  * ceil(tiles / n) of them), so a launch sized for max_seq_len stays correct for any shorter
- * sequence: the splits past its tiles skip all work and record an empty state (m = -inf). */
+ * sequence: the splits past its tiles skip all work and record an empty state (m = -inf).
+ * FP8 caches (ABI 1.7; the kernel's KV8 parameter): a K/V row chunk of 8 codes is read with one
+ * 8-byte load into registers, decoded exactly to 8 values of T (att_fp8x8) and stored to the
+ * same shared tile the cp.async path fills, so the math is unchanged; k_scale is in
+ * p.scale (the host folded it) and the outputs are multiplied by p.v_scale. The loads are
+ * synchronous (no cp.async staging of the codes): the other warps and CTAs of the SM hide their
+ * latency. Only the 4-warp prefill shape is instantiated for KV8 (the 8-warp one is a speed
+ * variant), to keep the compile time of these files down. */
 #ifndef KILN_CUDA_ATTENTION_MMA_CUH
 #define KILN_CUDA_ATTENTION_MMA_CUH
 
@@ -113,6 +120,30 @@ __device__ __forceinline__ uint32_t att_pack<kiln_f16>(float x, float y) {
 }
 #endif /* KILN_ATT_EMU */
 
+/* f32 of the f16 whose bits are the low 16 of h (exact). */
+static __device__ __forceinline__ float att_h2f(uint32_t h) {
+  return __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
+}
+
+/* Eight E4M3FN codes (little endian in c) as eight T, exactly (every e4m3 value is an f16 and a
+ * bf16): the bits sign << 15 | (q & 0x7F) << 7 are the f16 worth e4m3(q) / 256 (exponent field
+ * e: 2^(e - 15) (1 + m/8); e = 0: the f16 subnormal (m/8) 2^-14), widened to f32 and times
+ * 256 (exact), then packed (exact). Integer steps on every architecture (sm_80 has no FP8
+ * conversion). NaN codes (0x7F, 0xFF) read as +-480: hal.h leaves such rows unspecified. */
+template <typename T>
+static __device__ __forceinline__ uint4 att_fp8x8(uint2 c) {
+  const uint32_t in[2] = {c.x, c.y};
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const uint32_t ev = ((in[i] << 7) & 0x3F803F80u) | ((in[i] << 8) & 0x80008000u); /* 0, 2 */
+    const uint32_t od = ((in[i] >> 1) & 0x3F803F80u) | (in[i] & 0x80008000u);        /* 1, 3 */
+    w[2 * i] = att_pack<T>(att_h2f(ev) * 256.0f, att_h2f(od) * 256.0f);
+    w[2 * i + 1] = att_pack<T>(att_h2f(ev >> 16) * 256.0f, att_h2f(od >> 16) * 256.0f);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* ---- configuration ------------------------------------------------------------------------- */
 
 /* WM x WN warps: WM row tiles of 16 rows, WN warps splitting each K/V tile of TK keys. */
@@ -168,7 +199,7 @@ static __device__ __forceinline__ long long att_key_offset(const att_mma_args_t 
          (long long)a.p.q.shape[2];
 }
 
-template <typename T, int D, int WM, int WN, int TK, int STAGES, bool DECODE>
+template <typename T, int D, int WM, int WN, int TK, int STAGES, bool DECODE, bool KV8>
 static __global__ void __launch_bounds__(WM *WN * 32)
     att_mma_kernel(att_mma_args_t a, int mtiles, int nsplit) {
   typedef att_cfg<T, D, WM, WN, TK, STAGES> C;
@@ -240,6 +271,8 @@ static __global__ void __launch_bounds__(WM *WN * 32)
 
   const T *kc = (const T *)p.k_cache;
   const T *vc = (const T *)p.v_cache;
+  const uint8_t *kc8 = (const uint8_t *)p.k_cache; /* KV8: codes, one byte per element */
+  const uint8_t *vc8 = (const uint8_t *)p.v_cache;
   const int32_t *bt = p.block_table + (long long)s * p.bt_stride;
 
   /* Prologue: offsets of the first STAGES tiles, then Q. Thread tid < TK looks up key tid of
@@ -291,8 +324,15 @@ static __global__ void __launch_bounds__(WM *WN * 32)
         const long long o = off[k];
         T *pk = dk + k * LD + ch * 8, *pv = dv + k * LD + ch * 8;
         if (o >= 0) {
-          att_cp_async16(pk, kc + o + ch * 8);
-          att_cp_async16(pv, vc + o + ch * 8);
+          if constexpr (KV8) {
+            const uint2 ck = __ldg((const uint2 *)(kc8 + o + ch * 8));
+            const uint2 cv = __ldg((const uint2 *)(vc8 + o + ch * 8));
+            *(uint4 *)pk = att_fp8x8<T>(ck);
+            *(uint4 *)pv = att_fp8x8<T>(cv);
+          } else {
+            att_cp_async16(pk, kc + o + ch * 8);
+            att_cp_async16(pv, vc + o + ch * 8);
+          }
         } else {
           *(uint4 *)pk = make_uint4(0, 0, 0, 0);
           *(uint4 *)pv = make_uint4(0, 0, 0, 0);
@@ -540,7 +580,7 @@ static __global__ void __launch_bounds__(WM *WN * 32)
       dst[1] = make_float4(o[4], o[5], o[6], o[7]);
       if (ch == 0) *(float2 *)(a.part_ml + at * 2) = make_float2(M, Ls);
     } else {
-      const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f; /* no visible key: zeros */
+      const float inv = Ls > 0.0f ? p.v_scale / Ls : 0.0f; /* no visible key: zeros */
       T *dst = (T *)p.out.ptr + t * p.out.stride[0] + h * p.out.stride[1] + ch * 8;
       if (a.o_vec) {
         uint4 v;
@@ -623,7 +663,7 @@ static __global__ void __launch_bounds__(128) att_combine_kernel(att_mma_args_t 
     if (d < D) s_o[warp][d] = o[e];
   }
   __syncthreads();
-  const float inv = Ls > 0.0f ? 1.0f / Ls : 0.0f; /* no visible key: zeros */
+  const float inv = Ls > 0.0f ? p.v_scale / Ls : 0.0f; /* no visible key: zeros */
   T *dst = (T *)p.out.ptr + t * p.out.stride[0] + h * p.out.stride[1];
   for (int d = tid; d < D; d += 128)
     dst[d] = from_f32<T>((s_o[0][d] + s_o[1][d] + s_o[2][d] + s_o[3][d]) * inv);
@@ -655,11 +695,11 @@ static cudaError_t att_launch_seqs(K kernel, cudaStream_t st, att_mma_args_t a, 
 }
 
 /* The prefill kernel with WM 16-row warps per CTA and STG stages of K/V tiles. */
-template <typename T, int D, int WM, int STG>
+template <typename T, int D, int WM, int STG, bool KV8>
 static cudaError_t att_prefill_run(cudaStream_t st, const att_mma_args_t &a) {
   typedef att_cfg<T, D, WM, 1, D <= 128 ? 64 : 32, STG> PC;
   if ((int64_t)PC::smem > a.p.smem_optin) return cudaErrorNotSupported;
-  auto kp = att_mma_kernel<T, D, WM, 1, PC::TK_, PC::STAGES_, false>;
+  auto kp = att_mma_kernel<T, D, WM, 1, PC::TK_, PC::STAGES_, false, KV8>;
   cudaError_t e = att_set_smem(kp, PC::smem);
   if (e != cudaSuccess) return e;
   const int NKV = a.p.num_kv_heads;
@@ -669,7 +709,7 @@ static cudaError_t att_prefill_run(cudaStream_t st, const att_mma_args_t &a) {
   return att_launch_seqs(kp, st, a, (int)(NKV * mtiles), PC::NT, PC::smem, (int)mtiles, 1);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool KV8>
 static cudaError_t att_mma_launch_t(cudaStream_t st, const cuda_attention_params_t *p) {
   typedef att_decode_cfg<T, D> DC;
   typedef att_prefill_cfg<T, D> PC;
@@ -678,11 +718,12 @@ static cudaError_t att_mma_launch_t(cudaStream_t st, const cuda_attention_params
   att_mma_args_t a;
   memset(&a, 0, sizeof(a));
   a.p = *p;
-  auto kd = att_mma_kernel<T, D, 1, DC::WN_, DC::TK_, DC::STAGES_, true>;
+  auto kd = att_mma_kernel<T, D, 1, DC::WN_, DC::TK_, DC::STAGES_, true, KV8>;
   cudaError_t e;
   if ((e = att_set_smem(kd, DC::smem)) != cudaSuccess) return e;
   /* Decode CTAs that fit on one SM at once: the split count aims at one full wave. Asked once
-   * per kernel (a heuristic only: the answer is the same on every device of one kind). */
+   * per kernel (a heuristic only: the answer is the same on every device of one kind; one cache
+   * per instantiation, KV8 included). */
   static int per_sm_cached = 0;
   int per_sm = per_sm_cached;
   if (per_sm < 1) {
@@ -714,9 +755,9 @@ static cudaError_t att_mma_launch_t(cudaStream_t st, const cuda_attention_params
       const char *v = getenv("KILN_CUDA_ATT_PREFILL");
       var = v ? atoi(v) : 0;
     }
-    if (var == 1) return att_prefill_run<T, D, 8, 2>(st, a);
-    if (var == 2) return att_prefill_run<T, D, 4, 3>(st, a);
-    if (var == 3) return att_prefill_run<T, D, 8, 3>(st, a);
+    if (var == 1) return att_prefill_run<T, D, 8, 2, KV8>(st, a);
+    if (var == 2) return att_prefill_run<T, D, 4, 3, KV8>(st, a);
+    if (var == 3) return att_prefill_run<T, D, 8, 3, KV8>(st, a);
 #endif
     /* 128-row CTAs (8 warps) when they still make two waves: each K/V tile then serves twice
      * the rows (H200, 2026-12-02: 2048-token prefill 137 -> 147 TFLOP/s, a 4,784-patch vision
@@ -726,23 +767,27 @@ static cudaError_t att_mma_launch_t(cudaStream_t st, const cuda_attention_params
     const long long G = a.group, nkv = p->num_kv_heads;
     const long long ctas128 =
         (long long)p->num_seqs * nkv * (((long long)p->max_query_len * G + 127) / 128);
-    if (ctas128 >= 2LL * p->sm_count) {
-      e = att_prefill_run<T, D, 8, PC::STAGES_>(st, a);
+    if (!KV8 && ctas128 >= 2LL * p->sm_count) {
+      e = att_prefill_run<T, D, 8, PC::STAGES_, false>(st, a);
       if (e != cudaErrorNotSupported) return e;
       (void)cudaGetLastError(); /* not enough shared memory for 128 rows: 64 */
     }
-    return att_prefill_run<T, D, 4, PC::STAGES_>(st, a);
+    return att_prefill_run<T, D, 4, PC::STAGES_, KV8>(st, a);
   }
   return cudaSuccess;
 }
 
 /* The head-dim launchers (cuda_attention_dNNN.cu) are instantiated with this. */
-#define KILN_ATT_MMA_LAUNCHER(DIM)                                                     \
-  extern "C" cudaError_t cuda_attention_mma_d##DIM(cudaStream_t st,                    \
-                                                   const cuda_attention_params_t *p) { \
-    if (p->q.dtype == KILN_HAL_BF16) return att_mma_launch_t<kiln_bf16, DIM>(st, p);   \
-    if (p->q.dtype == KILN_HAL_F16) return att_mma_launch_t<kiln_f16, DIM>(st, p);     \
-    return cudaErrorNotSupported;                                                      \
+#define KILN_ATT_MMA_LAUNCHER(DIM)                                                          \
+  extern "C" cudaError_t cuda_attention_mma_d##DIM(cudaStream_t st,                         \
+                                                   const cuda_attention_params_t *p) {      \
+    if (p->q.dtype == KILN_HAL_BF16)                                                        \
+      return p->kv_fp8 ? att_mma_launch_t<kiln_bf16, DIM, true>(st, p)                      \
+                       : att_mma_launch_t<kiln_bf16, DIM, false>(st, p);                    \
+    if (p->q.dtype == KILN_HAL_F16)                                                         \
+      return p->kv_fp8 ? att_mma_launch_t<kiln_f16, DIM, true>(st, p)                       \
+                       : att_mma_launch_t<kiln_f16, DIM, false>(st, p);                     \
+    return cudaErrorNotSupported;                                                           \
   }
 
 #endif /* !__HIP_PLATFORM_AMD__ */

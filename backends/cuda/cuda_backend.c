@@ -295,6 +295,9 @@ static kiln_hal_error_t *cuda_device_info(int32_t index, kiln_hal_device_info_t 
   if (cuda_nccl_available()) info.caps |= KILN_HAL_CAP_COLLECTIVES;
   info.caps |= quant_caps(); /* gemm_quant (cuda_qgemv.cu) */
   if (qfmt_supported(KILN_HAL_QFMT_FP8_E4M3)) info.caps |= KILN_HAL_CAP_FP8_XQUANT;
+  /* The FP8 KV cache (ABI 1.7): codes cast and decoded in integer steps, so every architecture
+   * (sm_80 and gfx targets without FP8 conversions included) takes it. */
+  info.caps |= KILN_HAL_CAP_KV_FP8;
   info.warp_size = p.warpSize;
   info.compute_units = p.multiProcessorCount;
   info.pci_bus_id =
@@ -934,9 +937,11 @@ static kiln_hal_error_t *cuda_kv_write(kiln_hal_stream_t *s, const kiln_hal_kv_w
   CHECK(kiln_hal_check_kv_write(&env, &a));
   int64_t T = a.k.shape[0], NKV = a.k.shape[1], D = a.k.shape[2];
   if (T == 0 || NKV == 0 || D == 0 || kiln_hal_tensor_numel(&a.k_cache) == 0) return NULL;
+  const bool fp8 = a.kv_format == KILN_HAL_KV_FP8_E4M3;
   return launch_result(
       cuda_launch_kv_write(s->stream, cuda_view(&a.k), cuda_view(&a.v), cuda_view(&a.k_cache),
-                           cuda_view(&a.v_cache), cuda_view(&a.slot_mapping)),
+                           cuda_view(&a.v_cache), cuda_view(&a.slot_mapping), fp8, a.k_scale,
+                           a.v_scale),
       op);
 }
 
@@ -977,7 +982,9 @@ static kiln_hal_error_t *cuda_attention(kiln_hal_stream_t *s,
   p.num_kv_heads = (int32_t)NKV;
   p.block_size = (int32_t)BS;
   p.max_blocks = (int32_t)a.block_table.shape[1];
-  p.scale = a.scale;
+  p.kv_fp8 = a.kv_format == KILN_HAL_KV_FP8_E4M3;
+  p.scale = p.kv_fp8 ? a.scale * a.k_scale : a.scale; /* k_scale folded into the scores */
+  p.v_scale = p.kv_fp8 ? a.v_scale : 1.0f;
   p.softcap = a.softcap;
   p.sliding_window = a.sliding_window;
   p.causal = a.causal;

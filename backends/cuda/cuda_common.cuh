@@ -81,6 +81,37 @@ static __device__ float block_max(float v, float *scratch) {
   return r;
 }
 
+/* ---- FP8 E4M3FN (kiln/hal_quant.h's definitions, bit for bit) ------------------------- */
+
+/* e4m3(q) as kiln/hal_quant.h defines it, NaN for 0x7F / 0xFF (q < 256). */
+static __device__ __forceinline__ float fp8_e4m3(uint32_t q) {
+  const uint32_t e = (q >> 3) & 15, m = q & 7;
+  if ((q & 0x7F) == 0x7F) return __int_as_float((int)((q & 0x80u) << 24 | 0x7fc00000u));
+  const float mag = e ? __int_as_float((int)((e + 120) << 23 | m << 20)) : (float)m * 0x1p-9f;
+  return q & 0x80 ? -mag : mag;
+}
+
+static __device__ __forceinline__ uint32_t f32_to_e4m3_code(float v) {
+  /* kiln_hal_f32_to_fp8_e4m3 (round to nearest even, saturating at 448), in integer steps, so
+   * that every architecture gives the same byte. */
+  uint32_t bits = __float_as_uint(v);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  bits &= 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) return 0x7Fu;
+  if (bits >= 0x43E00000u) return sign | 0x7Eu;
+  if (bits < 0x3C800000u) {
+    const float t = __uint_as_float(bits) * 512.0f;
+    int m = (int)t;
+    const float r = t - (float)m;
+    if (r > 0.5f || (r == 0.5f && (m & 1))) m++;
+    return sign | (uint32_t)m;
+  }
+  const uint32_t r = bits + 0x7FFFFu + ((bits >> 20) & 1u);
+  uint32_t code = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
+  if (code > 0x7Eu) code = 0x7Eu;
+  return sign | code;
+}
+
 /* ---- dispatch -------------------------------------------------------------------------- */
 
 /* Runs `body` with the storage type T_ for a float dtype; other dtypes return

@@ -55,9 +55,11 @@ cudaError_t cuda_launch_add(cudaStream_t st, cuda_view_t a, cuda_view_t b, cuda_
 /* dst = src for same-shaped views of up to 4 dims (float<->float converting, or equal ints). */
 cudaError_t cuda_launch_copy(cudaStream_t st, cuda_view_t src, cuda_view_t dst);
 
-/* Scatter k, v [T, NKV, D] into dense caches [NB, NKV, BS, D] at slots [T] I32. */
+/* Scatter k, v [T, NKV, D] into dense caches [NB, NKV, BS, D] at slots [T] I32; kv_fp8: the
+ * caches are U8 E4M3FN codes of x / k_scale (v_scale), hal.h's FP8 KV cache (ABI 1.7). */
 cudaError_t cuda_launch_kv_write(cudaStream_t st, cuda_view_t k, cuda_view_t v, cuda_view_t k_cache,
-                                 cuda_view_t v_cache, cuda_view_t slots);
+                                 cuda_view_t v_cache, cuda_view_t slots, int kv_fp8, float k_scale,
+                                 float v_scale);
 
 /* c[b, m, n] = (beta != 0 ? beta * c[b, m, n] : 0) + (bias ? bias[n] : 0) for c: [B, M, N]
  * (3-D view; c is never read when beta == 0). bias: NULL or [N] in c's dtype, contiguous. */
@@ -150,9 +152,13 @@ typedef struct cuda_attention_params {
   int64_t bt_stride, seq_lens_stride, qsl_stride;
   int32_t num_seqs, max_query_len, max_seq_len;
   int32_t num_blocks, num_kv_heads, block_size, max_blocks;
-  float scale, softcap;
+  float scale, softcap; /* FP8 cache: scale already multiplied by k_scale (hal.h allows it) */
   int32_t sliding_window;
   bool causal;
+  /* The FP8 KV cache (ABI 1.7): the caches hold E4M3FN codes, read as e4m3(code) in q's dtype
+   * (exact); every output is multiplied by v_scale (1 for a float cache: exact). */
+  bool kv_fp8;
+  float v_scale;
   /* the device and the stream's scratch (split-KV partial states; fixed address per stream) */
   int32_t sm_count;
   int64_t smem_optin;

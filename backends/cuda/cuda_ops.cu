@@ -358,12 +358,43 @@ static __global__ void kv_write_kernel(const T *k, int64_t ks0, int64_t ks1, con
   }
 }
 
+/* The FP8 cache (ABI 1.7): code = e4m3_rne_satfinite(f32(x) / scale), the division IEEE
+ * (__fdiv_rn, whatever the compiler flags), the cast in integer steps: the bytes of
+ * kiln_hal_f32_to_fp8_e4m3 on every architecture. */
+template <typename T>
+static __global__ void kv_write_fp8_kernel(const T *k, int64_t ks0, int64_t ks1, const T *v,
+                                           int64_t vs0, int64_t vs1, uint8_t *kc, uint8_t *vc,
+                                           const int32_t *slots, int64_t ss, int64_t NKV,
+                                           int64_t D, int64_t BS, int64_t num_slots,
+                                           float k_scale, float v_scale) {
+  const int64_t t = blockIdx.x;
+  const int32_t slot = slots[t * ss];
+  if (slot < 0 || slot >= num_slots) return;
+  const int64_t blk = slot / BS, off = slot % BS;
+  for (int64_t idx = threadIdx.x; idx < NKV * D; idx += blockDim.x) {
+    const int64_t h = idx / D, d = idx % D;
+    const int64_t dst = ((blk * NKV + h) * BS + off) * D + d;
+    kc[dst] = (uint8_t)f32_to_e4m3_code(__fdiv_rn(to_f32(k[t * ks0 + h * ks1 + d]), k_scale));
+    vc[dst] = (uint8_t)f32_to_e4m3_code(__fdiv_rn(to_f32(v[t * vs0 + h * vs1 + d]), v_scale));
+  }
+}
+
 extern "C" cudaError_t cuda_launch_kv_write(cudaStream_t st, cuda_view_t k, cuda_view_t v,
                                             cuda_view_t k_cache, cuda_view_t v_cache,
-                                            cuda_view_t slots) {
+                                            cuda_view_t slots, int kv_fp8, float k_scale,
+                                            float v_scale) {
   const int64_t T = k.shape[0], NKV = k.shape[1], D = k.shape[2];
   const int64_t NB = k_cache.shape[0], BS = k_cache.shape[2];
   if (T > INT32_MAX) return cudaErrorInvalidValue;
+  if (kv_fp8) {
+    KILN_FLOAT_DISPATCH(k.dtype, {
+      kv_write_fp8_kernel<T_><<<(unsigned)T, 128, 0, st>>>(
+          (const T_ *)k.ptr, k.stride[0], k.stride[1], (const T_ *)v.ptr, v.stride[0],
+          v.stride[1], (uint8_t *)k_cache.ptr, (uint8_t *)v_cache.ptr,
+          (const int32_t *)slots.ptr, slots.stride[0], NKV, D, BS, NB * BS, k_scale, v_scale);
+    });
+    return cudaGetLastError();
+  }
   KILN_FLOAT_DISPATCH(k.dtype, {
     kv_write_kernel<T_><<<(unsigned)T, 128, 0, st>>>(
         (const T_ *)k.ptr, k.stride[0], k.stride[1], (const T_ *)v.ptr, v.stride[0], v.stride[1],

@@ -91,14 +91,6 @@ static __device__ __forceinline__ void ld16(const uint8_t *p, uint32_t v[4]) {
   }
 }
 
-/* e4m3(q) as kiln/hal_quant.h defines it, NaN for 0x7F / 0xFF (q < 256). */
-static __device__ __forceinline__ float fp8_e4m3(uint32_t q) {
-  const uint32_t e = (q >> 3) & 15, m = q & 7;
-  if ((q & 0x7F) == 0x7F) return __int_as_float((int)((q & 0x80u) << 24 | 0x7fc00000u));
-  const float mag = e ? __int_as_float((int)((e + 120) << 23 | m << 20)) : (float)m * 0x1p-9f;
-  return q & 0x80 ? -mag : mag;
-}
-
 /* The group of column k of an FP8 row. */
 static __device__ __forceinline__ int fp8_group(const qgemm_w_t &q, int k) {
   return q.gshift >= 0 ? k >> q.gshift : k / q.group_size;

@@ -500,26 +500,7 @@ extern "C" cudaError_t cuda_launch_qgemm(cudaStream_t st, int warp, const cuda_q
  * scales[m]. Bit for bit kiln_hal_fp8_xquant_row (kiln/hal_quant.h). */
 #define XQ_THREADS 256
 
-static __device__ __forceinline__ uint32_t f32_to_e4m3_code(float v) {
-  /* kiln_hal_f32_to_fp8_e4m3 (round to nearest even, saturating at 448), in integer steps, so
-   * that every architecture gives the same byte. */
-  uint32_t bits = __float_as_uint(v);
-  const uint32_t sign = (bits >> 24) & 0x80u;
-  bits &= 0x7FFFFFFFu;
-  if (bits > 0x7F800000u) return 0x7Fu;
-  if (bits >= 0x43E00000u) return sign | 0x7Eu;
-  if (bits < 0x3C800000u) {
-    const float t = __uint_as_float(bits) * 512.0f;
-    int m = (int)t;
-    const float r = t - (float)m;
-    if (r > 0.5f || (r == 0.5f && (m & 1))) m++;
-    return sign | (uint32_t)m;
-  }
-  const uint32_t r = bits + 0x7FFFFu + ((bits >> 20) & 1u);
-  uint32_t code = (((r >> 23) - 120u) << 3) | ((r >> 20) & 7u);
-  if (code > 0x7Eu) code = 0x7Eu;
-  return sign | code;
-}
+/* f32_to_e4m3_code: cuda_common.cuh. */
 
 template <typename T>
 static __global__ void __launch_bounds__(XQ_THREADS)

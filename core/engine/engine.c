@@ -2469,6 +2469,9 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       !strcmp(kiln_config_get_string(cfg, "model", "fp8_activations"), "dynamic")
           ? KILN_FP8_ACT_DYNAMIC
           : KILN_FP8_ACT_NONE;
+  mo.kv_dtype = !strcmp(kiln_config_get_string(cfg, "cache", "dtype"), "fp8_e4m3")
+                    ? KILN_KV_DTYPE_FP8_E4M3
+                    : KILN_KV_DTYPE_AUTO;
   mo.max_tokens = e->max_tokens;
   mo.max_seqs = e->max_seqs;
   mo.max_logits = e->max_logits;
@@ -2609,7 +2612,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       e->has_preproc = true;
     }
   }
-  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens (%.1f MiB)", (long long)nb, e->bs,
+  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens, %lld tokens in %s (%.1f MiB)",
+           (long long)nb, e->bs, (long long)nb * e->bs, kiln_model_kv_dtype_name(e->model),
            (double)nb * (double)block_bytes / 1048576.0);
   return kiln_runner_model_init(&e->runner, e->model, e->kvc, be, e->dev, e->stream, e->max_logits);
 }
@@ -2694,6 +2698,15 @@ static kiln_status_t warmup_one(kiln_engine_t *e, const int32_t *ids, int32_t n,
   if (failed) return kiln_status_make(KILN_ERR_INTERNAL, "warm-up request of %d tokens: %s", n, why);
   *ran = done;
   return NULL;
+}
+
+/* The KV cache's configuration in the metrics (block size, [cache] dtype, bytes per token). */
+static void engine_kv_metrics(kiln_engine_t *e) {
+  e->metrics.kv_block_size = e->bs;
+  e->metrics.kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : NULL;
+  e->metrics.kv_bytes_per_token =
+      e->model && e->bs > 0 ? (int64_t)(kiln_model_kv_block_bytes(e->model, e->bs) / (uint64_t)e->bs)
+                            : 0;
 }
 
 static kiln_status_t engine_warmup(kiln_engine_t *e, const kiln_config_t *cfg) {
@@ -2785,6 +2798,7 @@ static kiln_status_t engine_warmup(kiln_engine_t *e, const kiln_config_t *cfg) {
   pthread_mutex_lock(&e->mu);
   kiln_metrics_init(&e->metrics);
   e->metrics.kv_blocks_total = nb;
+  engine_kv_metrics(e);
   e->metrics.warmup_requests = (uint64_t)ran_n;
   e->metrics.warmup_seconds = now_s() - t0;
   pthread_mutex_unlock(&e->mu);
@@ -2893,6 +2907,7 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   if (!st) st = alloc_scratch(e);
   if (!st) {
     e->metrics.kv_blocks_total = kiln_kv_num_blocks(e->kv);
+    engine_kv_metrics(e);
     if (!e->manual && !su->runner.forward) st = engine_warmup(e, cfg);
   }
   if (!st) {
@@ -3037,6 +3052,7 @@ void kiln_engine_get_info(const kiln_engine_t *e, kiln_engine_info_t *out) {
   out->max_num_seqs = e->max_seqs;
   out->max_num_batched_tokens = e->max_tokens;
   out->has_tokenizer = e->tok != NULL;
+  out->kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : "";
 }
 
 kiln_status_t kiln_engine_tokenize(const kiln_engine_t *e, const char *text, size_t len,

@@ -211,6 +211,17 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
   gauge(&p, "kv_cache_num_blocks", "KV-cache blocks in the pool.", (double)m->kv_blocks_total);
   gauge(&p, "kv_cache_used_blocks", "KV-cache blocks referenced by a sequence.",
         (double)m->kv_blocks_used);
+  if (m->kv_block_size > 0) { /* set by an engine (0 in a hand-made struct) */
+    gauge(&p, "kv_cache_capacity_tokens", "Tokens the KV-cache pool holds (blocks x block size).",
+          (double)(m->kv_blocks_total * m->kv_block_size));
+    gauge(&p, "kv_cache_bytes_per_token", "Bytes of KV cache one token takes over all layers.",
+          (double)m->kv_bytes_per_token);
+    family(&p, "cache_config_info", "gauge", "The KV cache's configuration, in the labels.");
+    sample_start(&p, "cache_config_info");
+    kiln_strbuf_printf(&p.buf, ",block_size=\"%lld\",cache_dtype=\"", (long long)m->kv_block_size);
+    put_label_value(&p.buf, m->kv_cache_dtype ? m->kv_cache_dtype : "");
+    kiln_strbuf_append_str(&p.buf, "\"} 1\n");
+  }
 
   counter(&p, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
           m->prefix_cache_queries);

@@ -162,6 +162,26 @@ static double ref_e4m3(uint8_t q) {
   return q & 0x80 ? -v : v;
 }
 
+double ops_ref_fp8_kv_value(uint8_t code, float scale) {
+  if ((code & 0x7F) == 0x7F) return NAN;
+  return (double)scale * ref_e4m3(code); /* exact: a 24-bit by 4-bit product */
+}
+
+uint8_t ops_ref_fp8_kv_code(double x, float scale) {
+  const float y = (float)x / scale; /* x is an f32 value (any float dtype widens exactly) */
+  if (isnan(y)) return 0x7F;
+  const uint8_t sign = signbit(y) ? 0x80 : 0;
+  const double ay = fabs((double)y);
+  if (ay >= 448.0) return (uint8_t)(sign | 0x7E);
+  int best = 0;
+  double bd = INFINITY;
+  for (int q = 0; q <= 0x7E; q++) { /* every finite non-negative code, ascending */
+    const double d = fabs(ref_e4m3((uint8_t)q) - ay);
+    if (d < bd || (d == bd && (q & 1) == 0)) bd = d, best = q;
+  }
+  return (uint8_t)(sign | best);
+}
+
 void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, double *s_out) {
   for (int64_t m = 0; m < M; m++) {
     double a = 0.0;

@@ -57,6 +57,13 @@ void ops_ref_gemm_qgroup(int64_t M, int64_t N, int64_t K, const double *x, int32
  * found by search over the codes. xq_out[M * K] gets the values, s_out[M] the scales. */
 void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, double *s_out);
 
+/* The FP8 KV cache (hal.h, ABI 1.7), from its definition: the code kv_write stores for the
+ * value x (an f32 value) with scale s: f32(x / s) rounded to the nearest E4M3FN value (ties to
+ * the even code, saturating at +-448, NaN to 0x7F), found by search over the codes; and the
+ * value attention reads for a code: s * e4m3(code) (exact in double; NaN for a NaN code). */
+uint8_t ops_ref_fp8_kv_code(double x, float scale);
+double ops_ref_fp8_kv_value(uint8_t code, float scale);
+
 /* out[T,H] = table[ids[t], :], or zeros for an id outside [0, V). */
 void ops_ref_embedding(int64_t V, int64_t H, const double *table, int64_t T, const int32_t *ids,
                        double *out);

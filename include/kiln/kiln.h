@@ -296,6 +296,9 @@ typedef struct kiln_engine_info {
   int32_t max_num_seqs;
   int32_t max_num_batched_tokens;
   bool has_tokenizer;
+  /* The KV cache's storage ([cache] dtype): "bf16", "f16", "f32" (the model's dtype) or
+   * "fp8_e4m3"; num_blocks * block_size tokens fit in it. */
+  const char *kv_cache_dtype;
 } kiln_engine_info_t;
 
 /* Borrowed strings, valid until kiln_engine_destroy. */
@@ -398,6 +401,13 @@ typedef struct kiln_metrics {
    * (none of them counted above), and the seconds they took */
   uint64_t warmup_requests;
   double warmup_seconds;
+  /* the KV cache's configuration (0 / NULL in a program built before they existed): tokens
+   * per block, its storage ([cache] dtype: "bf16", "f16", "f32" or "fp8_e4m3", a static
+   * string) and the bytes one token takes in it over all layers (K and V); the pool holds
+   * kv_blocks_total * kv_block_size tokens */
+  int64_t kv_block_size;
+  const char *kv_cache_dtype;
+  int64_t kv_bytes_per_token;
 } kiln_metrics_t;
 
 /* Copies the metrics into out, whose size is size bytes (sizeof(kiln_metrics_t) of the header

@@ -251,8 +251,11 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     const uint64_t kc_off = (uint64_t)layer * 2 * kv->cache_bytes,
                    vc_off = kc_off + kv->cache_bytes;
     const int64_t cache_shape[4] = {NB, NKV, BS, D};
-    kiln_hal_tensor_t kc = kiln_hal_tensor_make(kv->buf, kc_off, dt, 4, cache_shape);
-    kiln_hal_tensor_t vc = kiln_hal_tensor_make(kv->buf, vc_off, dt, 4, cache_shape);
+    kiln_hal_tensor_t kc = kiln_hal_tensor_make(kv->buf, kc_off, m->kv_dtype, 4, cache_shape);
+    kiln_hal_tensor_t vc = kiln_hal_tensor_make(kv->buf, vc_off, m->kv_dtype, 4, cache_shape);
+    const bool kv8 = m->kv_format == KILN_HAL_KV_FP8_E4M3; /* [cache] dtype = fp8_e4m3 */
+    const float k_scale = kv8 ? m->kv_scales[2 * layer] : 0.0f;
+    const float v_scale = kv8 ? m->kv_scales[2 * layer + 1] : 0.0f;
 
     kiln_hal_kv_write_args_t kw;
     memset(&kw, 0, sizeof(kw));
@@ -262,6 +265,9 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     kw.k_cache = kc;
     kw.v_cache = vc;
     kw.slot_mapping = meta1(m, m->m_slots, T);
+    kw.kv_format = m->kv_format;
+    kw.k_scale = k_scale;
+    kw.v_scale = v_scale;
     HAL(m->be->kv_write(m->stream, &kw), "kv_write");
 
     kiln_hal_attention_args_t aa;
@@ -280,6 +286,9 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     aa.scale = (float)(1.0 / sqrt((double)D));
     aa.causal = true;
     aa.sliding_window = L->window;
+    aa.kv_format = m->kv_format;
+    aa.k_scale = k_scale;
+    aa.v_scale = v_scale;
     HAL(m->be->attention(m->stream, &aa), "attention");
 
     if ((st = linear(m, attn2, L->o_w, L->o_fmt, &L->o_q, QD, H, x, model_vec(m, L->o_b, H), layer,

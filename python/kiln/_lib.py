@@ -146,6 +146,7 @@ class EngineInfoC(ctypes.Structure):
         ("max_num_seqs", ctypes.c_int32),
         ("max_num_batched_tokens", ctypes.c_int32),
         ("has_tokenizer", ctypes.c_bool),
+        ("kv_cache_dtype", ctypes.c_char_p),
     ]
 
 

@@ -30,6 +30,11 @@ def _option_value(name, v):
                     (name, type(v).__name__))
 
 
+# Plain names that several sections have but that mean one of them: dtype= was [model] dtype
+# before [cache] dtype existed (write cache_dtype= for the KV cache's).
+_PREFERRED = {"dtype": "model"}
+
+
 def _resolve_options(options):
     """Maps LLM(**engine_options) names onto "section.key" (docs in LLM.__init__)."""
     keys = _lib.config_keys()
@@ -45,6 +50,8 @@ def _resolve_options(options):
             sec, key = name.split("__", 1)
             if key in sections.get(sec, ()):
                 target = sec + "." + key
+        elif name in _PREFERRED and _PREFERRED[name] in by_key.get(name, ()):
+            target = _PREFERRED[name] + "." + name  # dtype= is [model] dtype; cache_dtype=
         elif name in by_key:
             if len(by_key[name]) > 1:
                 raise TypeError(
@@ -407,6 +414,7 @@ class LLM:
             "max_num_seqs": info.max_num_seqs,
             "max_num_batched_tokens": info.max_num_batched_tokens,
             "has_tokenizer": info.has_tokenizer,
+            "kv_cache_dtype": dec(info.kv_cache_dtype),
             "max_images": _lib_.kiln_engine_max_images(eng),
         }
 

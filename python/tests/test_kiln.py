@@ -428,11 +428,19 @@ class KilnTest(unittest.TestCase):
         with self.assertRaises(kiln.InvalidArgumentError):
             self.llm.generate({"prompt_token_ids": []})
 
+    def test_fp8_kv_cache(self):
+        with kiln.LLM(None, cache_dtype="fp8_e4m3", num_blocks=64, backend="cpu",
+                      threads=1) as llm:
+            self.assertEqual(llm.info["kv_cache_dtype"], "fp8_e4m3")
+            out = llm.generate("Once upon a time", SamplingParams(max_tokens=8, temperature=0))
+            self.assertTrue(1 <= len(out[0].outputs[0].token_ids) <= 8)
+
     def test_engine_options(self):
         with kiln.LLM(None, max_model_len=256, num_blocks=64, enable_prefix_caching=False,
                       backend_name="cpu", backend__threads=1, seed=3) as llm:
             self.assertEqual(llm.info["max_model_len"], 256)
             self.assertEqual(llm.info["num_blocks"], 64)
+            self.assertEqual(llm.info["kv_cache_dtype"], "bf16")  # kiln-tiny's dtype
             self.assertEqual(llm.info["backend"], "cpu")
             self.assertTrue(llm.info["model_path"].endswith("kiln-tiny"))
             with self.assertRaises(kiln.InvalidArgumentError) as e:
@@ -454,6 +462,9 @@ class KilnTest(unittest.TestCase):
         with self.assertRaises(kiln.InvalidArgumentError) as e:
             kiln.LLM(dtype="float8", **OPTS)
         self.assertIn("model.dtype", str(e.exception))
+        with self.assertRaises(kiln.InvalidArgumentError) as e:  # [cache] dtype
+            kiln.LLM(cache_dtype="fp8", **OPTS)
+        self.assertIn("cache.dtype", str(e.exception))
         with self.assertRaises(kiln.KilnError) as e:
             kiln.LLM("/nonexistent/model-dir", **OPTS)
         self.assertIn("/nonexistent/model-dir", str(e.exception))

@@ -44,6 +44,12 @@
  *   the activations, W8A8) and its capability bit KILN_HAL_CAP_FP8_XQUANT (optional: the host
  *   sets x_quant only for a device with the bit; an older plugin reads args of the 1.5 size
  *   and never sees the field).
+ *   1.7 appended the FP8 KV cache: kiln_hal_kv_write_args_t and kiln_hal_attention_args_t
+ *   gained kv_format, k_scale and v_scale (kiln_hal_kv_format_t; KILN_HAL_KV_FP8_E4M3: U8
+ *   caches of E4M3FN codes with per-layer static scales), and the capability bit
+ *   KILN_HAL_CAP_KV_FP8 (optional: a 1.6 caller's smaller args read as kv_format = 0, the float
+ *   cache of 1.0; the host asks for FP8 only on a device with the bit, and an older plugin
+ *   refuses the U8 caches with INVALID_ARGUMENT).
  *
  * LIFETIME (one process, any number of registries)
  *   A process may hold several plugin registries at once (each engine has one; `kiln info` and
@@ -110,7 +116,7 @@ extern "C" {
 #endif
 
 #define KILN_HAL_ABI_MAJOR 1
-#define KILN_HAL_ABI_MINOR 6
+#define KILN_HAL_ABI_MINOR 7
 
 /* The one exported symbol and its type. */
 #define KILN_HAL_ENTRY_SYMBOL "kiln_backend_query"
@@ -495,8 +501,33 @@ typedef struct kiln_hal_add_args {
 } kiln_hal_add_args_t;
 
 /* The paged KV cache. Each layer has a K cache and a V cache of shape [NB, NKV, BS, D]
- * (block-major, then head, then position in block), dense, in the model's float dtype.
+ * (block-major, then head, then position in block), dense, in the model's float dtype
+ * (kv_format = KILN_HAL_KV_FLOAT) or, from ABI 1.7, as FP8 codes (KILN_HAL_KV_FP8_E4M3, below).
  * Token slot s = block_id * BS + position_in_block.
+ *
+ * The FP8 KV cache (ABI 1.7; kv_write and attention take the same kv_format and scales for one
+ * layer's caches; only on a device with KILN_HAL_CAP_KV_FP8, else KILN_HAL_ERR_UNSUPPORTED):
+ *   k_cache, v_cache  U8 [NB, NKV, BS, D], dense: byte c is an OCP FP8 E4M3FN code, decoded as
+ *                     kiln_hal_fp8_e4m3_to_f32 (kiln/hal_quant.h; hal.h's FP8 weights define it).
+ *   k_scale, v_scale  the static per-tensor scales of this layer's K and V caches (one float
+ *                     each, for every head, block and position: per-layer, per-k/v), finite and
+ *                     > 0 (else INVALID_ARGUMENT). They come from the host: a checkpoint's
+ *                     calibrated k_scale / v_scale, or 1.0 (docs/engine.md).
+ *   kv_write          code = kiln_hal_f32_to_fp8_e4m3(f32(k[t, h, d]) / k_scale): one f32
+ *                     division of the value widened to f32, then round to nearest even to
+ *                     E4M3FN, saturating at +-448 (|x| >= 448 and infinities give +-448); NaN
+ *                     gives the NaN code 0x7F. Likewise v with v_scale. k and v are any one
+ *                     float dtype (the model's); the bytes written are the same on every backend.
+ *   attention         key j's value is K_j[d] = k_scale * e4m3(code) and V_j[d] = v_scale *
+ *                     e4m3(code) (real numbers); the op is the float op below on these values,
+ *                     with q and out of one float dtype. A backend may fold the scales (score =
+ *                     (scale * k_scale) * dot(q, e4m3(k codes)), out = v_scale * sum_j p_j
+ *                     e4m3(v codes)) and may hold e4m3 values in q's dtype (exact for f16, bf16
+ *                     and f32); the result then differs from the float op on K, V by rounding
+ *                     only. A NaN code leaves the rows that see it unspecified.
+ * The FP8 cache's own error (against the unquantized k, v) is that of the cast: a relative
+ * 2^-4 at most for |x| / scale in [2^-6, 448], an absolute 2^-10 * scale below (subnormals),
+ * and saturation above 448 * scale; see docs/engine.md.
  *
  * kv_write scatters new keys/values into the cache:
  *   k, v: [T, NKV, D]   k_cache, v_cache: [NB, NKV, BS, D]   slot_mapping: [T] I32
@@ -504,9 +535,20 @@ typedef struct kiln_hal_add_args {
  * the pool are skipped too (never an out-of-bounds write). k/v dtype must equal the cache's.
  * Two rows naming the same slot in one call leave either row's values there (the host never
  * does this). */
+typedef enum kiln_hal_kv_format {
+  KILN_HAL_KV_FLOAT = 0,    /* caches in the float dtype of k / q (1.0's cache); scales ignored */
+  KILN_HAL_KV_FP8_E4M3 = 1, /* U8 caches of E4M3FN codes, k_scale / v_scale (1.7) */
+} kiln_hal_kv_format_t;
+
+/* The device takes kv_format = KILN_HAL_KV_FP8_E4M3 in kv_write and attention (1.7). */
+#define KILN_HAL_CAP_KV_FP8 ((uint64_t)1 << 8)
+
 typedef struct kiln_hal_kv_write_args {
   uint32_t struct_size;
   kiln_hal_tensor_t k, v, k_cache, v_cache, slot_mapping;
+  /* ---- 1.7 ---- */
+  int32_t kv_format; /* kiln_hal_kv_format_t; 0 in a 1.6 caller's smaller struct */
+  float k_scale, v_scale; /* FP8 only: finite, > 0 */
 } kiln_hal_kv_write_args_t;
 
 /* Paged attention for a flattened batch that mixes prefill chunks and decodes.
@@ -523,7 +565,9 @@ typedef struct kiln_hal_kv_write_args {
  * Query head h reads KV head h / (NH / NKV) (GQA; MQA when NKV == 1).
  *     score = scale * dot(q, k_j);  if softcap > 0: score = softcap * tanh(score / softcap)
  *     out = sum_j softmax(score)_j * v_j
- * q, out, k_cache and v_cache have one float dtype. query_start_loc[0] == 0 and it is
+ * q, out, k_cache and v_cache have one float dtype (kv_format = KILN_HAL_KV_FLOAT), or q and
+ * out one float dtype and the caches U8 FP8 codes (KILN_HAL_KV_FP8_E4M3, with k_scale and
+ * v_scale as kv_write's, above). query_start_loc[0] == 0 and it is
  * non-decreasing. A query row with no visible key gets zeros. Rows at or beyond qsl[S] are not
  * written.
  * Metadata that breaks these rules (a block id outside [0, NB), q_len > seq_lens[s], a
@@ -542,6 +586,9 @@ typedef struct kiln_hal_attention_args {
   bool causal;
   int32_t sliding_window; /* 0 = unlimited */
   float softcap;          /* 0 = off */
+  /* ---- 1.7 ---- */
+  int32_t kv_format; /* kiln_hal_kv_format_t; 0 in a 1.6 caller's smaller struct */
+  float k_scale, v_scale; /* FP8 only: finite, > 0 (kv_write's for these caches) */
 } kiln_hal_attention_args_t;
 
 /* ----- sampling support. logits are [S, V] F32 rows (a row stride is allowed). Logits may be
@@ -890,6 +937,13 @@ KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_backend_t) == 400, "backend table 1.5 cha
 /* 1.6: W8A8 FP8 */
 KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_gemm_quant_args_t, x_quant) == 584,
                        "gemm_quant args 1.6 changed");
+/* 1.7: the FP8 KV cache */
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_kv_write_args_t, kv_format) == 448,
+                       "kv_write args 1.7 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_kv_write_args_t) == 464, "kv_write args 1.7 changed");
+KILN_HAL_STATIC_ASSERT(offsetof(kiln_hal_attention_args_t, kv_format) == 652,
+                       "attention args 1.7 changed");
+KILN_HAL_STATIC_ASSERT(sizeof(kiln_hal_attention_args_t) == 664, "attention args 1.7 changed");
 #endif
 
 #ifdef __cplusplus

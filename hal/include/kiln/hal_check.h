@@ -476,15 +476,35 @@ static inline kiln_hal_error_t *kiln_hal_check_copy(const kiln_hal_check_env_t *
   return NULL;
 }
 
+/* The 1.7 members shared by kv_write and attention: kv_format and, for FP8, the scales. Also
+ * gives the dtype mask the caches must have (the float dtype dt_float, or U8 for FP8). */
+static inline kiln_hal_error_t *kiln_hal_check_kv_format(const char *op, int32_t kv_format,
+                                                         float k_scale, float v_scale,
+                                                         uint32_t dt_float, uint32_t *cache_dt) {
+  if (kv_format == KILN_HAL_KV_FLOAT) {
+    *cache_dt = dt_float;
+    return NULL;
+  }
+  if (kv_format != KILN_HAL_KV_FP8_E4M3)
+    return kiln_hal_check_fail("%s: kv_format = %d is not one of float (0) and fp8_e4m3 (1)", op,
+                               (int)kv_format);
+  if (!(k_scale > 0.0f && k_scale <= FLT_MAX) || !(v_scale > 0.0f && v_scale <= FLT_MAX))
+    return kiln_hal_check_fail("%s: FP8 KV cache scales k_scale = %g, v_scale = %g, want finite "
+                               "values > 0",
+                               op, (double)k_scale, (double)v_scale);
+  *cache_dt = KILN_HAL_DT(KILN_HAL_U8);
+  return NULL;
+}
+
 static inline kiln_hal_error_t *kiln_hal_check_kv_write(const kiln_hal_check_env_t *env,
                                                         const kiln_hal_kv_write_args_t *a) {
   const char *op = "kv_write";
   kiln_hal_error_t *e;
-  if ((e = kiln_hal_check_tensor(env, op, "k_cache", &a->k_cache, KILN_HAL_DT_FLOAT, 4, true)))
-    return e;
-  uint32_t dt = KILN_HAL_DT(a->k_cache.dtype);
-  if ((e = kiln_hal_check_tensor(env, op, "v_cache", &a->v_cache, dt, 4, true)) ||
-      (e = kiln_hal_check_tensor(env, op, "k", &a->k, dt, 3, true)) ||
+  if ((e = kiln_hal_check_tensor(env, op, "k", &a->k, KILN_HAL_DT_FLOAT, 3, true))) return e;
+  uint32_t dt = KILN_HAL_DT(a->k.dtype), cdt = dt;
+  if ((e = kiln_hal_check_kv_format(op, a->kv_format, a->k_scale, a->v_scale, dt, &cdt)) ||
+      (e = kiln_hal_check_tensor(env, op, "k_cache", &a->k_cache, cdt, 4, true)) ||
+      (e = kiln_hal_check_tensor(env, op, "v_cache", &a->v_cache, cdt, 4, true)) ||
       (e = kiln_hal_check_tensor(env, op, "v", &a->v, dt, 3, true)) ||
       (e = kiln_hal_check_tensor(env, op, "slot_mapping", &a->slot_mapping,
                                  KILN_HAL_DT(KILN_HAL_I32), 1, true)) ||
@@ -510,10 +530,11 @@ static inline kiln_hal_error_t *kiln_hal_check_attention(const kiln_hal_check_en
   const uint32_t i32 = KILN_HAL_DT(KILN_HAL_I32);
   kiln_hal_error_t *e;
   if ((e = kiln_hal_check_tensor(env, op, "q", &a->q, KILN_HAL_DT_FLOAT, 3, true))) return e;
-  uint32_t dt = KILN_HAL_DT(a->q.dtype);
-  if ((e = kiln_hal_check_tensor(env, op, "out", &a->out, dt, 3, true)) ||
-      (e = kiln_hal_check_tensor(env, op, "k_cache", &a->k_cache, dt, 4, true)) ||
-      (e = kiln_hal_check_tensor(env, op, "v_cache", &a->v_cache, dt, 4, true)) ||
+  uint32_t dt = KILN_HAL_DT(a->q.dtype), cdt = dt;
+  if ((e = kiln_hal_check_kv_format(op, a->kv_format, a->k_scale, a->v_scale, dt, &cdt)) ||
+      (e = kiln_hal_check_tensor(env, op, "out", &a->out, dt, 3, true)) ||
+      (e = kiln_hal_check_tensor(env, op, "k_cache", &a->k_cache, cdt, 4, true)) ||
+      (e = kiln_hal_check_tensor(env, op, "v_cache", &a->v_cache, cdt, 4, true)) ||
       (e = kiln_hal_check_tensor(env, op, "block_table", &a->block_table, i32, 2, true)) ||
       (e = kiln_hal_check_tensor(env, op, "seq_lens", &a->seq_lens, i32, 1, true)) ||
       (e = kiln_hal_check_tensor(env, op, "query_start_loc", &a->query_start_loc, i32, 1, true)) ||
