@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
+#include <stdatomic.h>
 /* cmocka after the standard headers */
 #include <cmocka.h>
 #include <dirent.h>
@@ -789,6 +791,109 @@ static void test_masks_qwen3(void **state) {
   kiln_tokenizer_free(tok);
 }
 
+
+/* kiln_guide_precompute changes no mask: every corpus schema walked with the same token choices
+ * over two indexes of the Qwen3 vocabulary (separate caches), one precomputed on a second thread
+ * while the walk runs (the walk waits for contexts in progress), the other not. */
+typedef struct pc_arg {
+  kiln_guide_t *g;
+  int32_t states;
+  kiln_status_t st;
+} pc_arg_t;
+static void *pc_thread(void *p) {
+  pc_arg_t *a = p;
+  a->st = kiln_guide_precompute(a->g, slow_host() ? 16 : 96, 0, NULL, &a->states);
+  return NULL;
+}
+
+static void test_precompute_corpus(void **state) {
+  (void)state;
+  const char *cache = getenv("KILN_TOKENIZER_CACHE");
+  char dir[1024];
+  snprintf(dir, sizeof(dir), "%s/qwen3", cache ? cache : "");
+  kiln_tokenizer_t *tok = NULL;
+  kiln_status_t st = kiln_tokenizer_load(dir, &tok);
+  if (st)
+    fail_msg("the Qwen3 tokenizer (%s): %s (the fetch_tokenizers fixture fetches it)", dir,
+             kiln_status_message(st));
+  const int32_t V = (int32_t)kiln_tokenizer_vocab_size(tok);
+  kiln_guide_vocab_t *va = NULL, *vb = NULL;
+  assert_null(kiln_guide_vocab_create(tok, V, &va));
+  assert_null(kiln_guide_vocab_create(tok, V, &vb));
+  const size_t W = (size_t)kiln_guide_mask_words(va);
+  uint32_t *ma = malloc(W * 4), *mb = malloc(W * 4);
+  assert_non_null(ma);
+  assert_non_null(mb);
+  const char *src = getenv("KILN_SOURCE_DIR");
+  snprintf(dir, sizeof(dir), "%s/tests/data/schemas", src ? src : "..");
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0, steps_total = 0, states_total = 0;
+  const int max_schemas = slow_host() ? 6 : 1000, steps = slow_host() ? 6 : 40;
+  uint64_t rng = 7;
+  for (struct dirent *de; (de = readdir(d)) && n < max_schemas;) {
+    size_t l = strlen(de->d_name);
+    if (l < 6 || strcmp(de->d_name + l - 5, ".json")) continue;
+    char path[2048];
+    snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[65536];
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    kiln_guide_t *ga = NULL, *gb = NULL;
+    kiln_status_t sa = kiln_guide_compile(va, KILN_GUIDE_JSON_SCHEMA, buf, len, &ga);
+    if (sa) { /* the corpus test covers the schemas that do not compile */
+      kiln_status_free(sa);
+      continue;
+    }
+    assert_null(kiln_guide_compile(vb, KILN_GUIDE_JSON_SCHEMA, buf, len, &gb));
+    n++;
+    pc_arg_t arg = {.g = gb};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pc_thread, &arg), 0);
+    kiln_guide_matcher_t *a = NULL, *b = NULL;
+    assert_null(kiln_guide_matcher_create(ga, &a));
+    assert_null(kiln_guide_matcher_create(gb, &b));
+    for (int s = 0; s < steps; s++) {
+      assert_null(kiln_guide_matcher_fill_mask(a, ma));
+      assert_null(kiln_guide_matcher_fill_mask(b, mb));
+      if (memcmp(ma, mb, W * 4)) fail_msg("%s: step %d: the masks differ", de->d_name, s);
+      int32_t cnt = 0;
+      for (size_t w = 0; w < W; w++) cnt += __builtin_popcount(ma[w]);
+      if (!cnt) break;
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      int32_t k = (int32_t)((rng >> 33) % (uint64_t)cnt), id = -1;
+      for (size_t w = 0; w < W && id < 0; w++)
+        for (uint32_t bits = ma[w]; bits; bits &= bits - 1)
+          if (k-- == 0) {
+            id = (int32_t)(w * 32) + __builtin_ctz(bits);
+            break;
+          }
+      assert_true(kiln_guide_matcher_accept_token(a, id));
+      assert_true(kiln_guide_matcher_accept_token(b, id));
+      steps_total++;
+    }
+    pthread_join(th, NULL);
+    assert_null(arg.st);
+    states_total += arg.states;
+    kiln_guide_matcher_free(a);
+    kiln_guide_matcher_free(b);
+    kiln_guide_release(ga);
+    kiln_guide_release(gb);
+  }
+  closedir(d);
+  assert_true(n > 0);
+  printf("test_guide: precompute: %d schemas, %d steps, same masks (%d states precomputed)\n", n,
+         steps_total, states_total);
+  free(ma);
+  free(mb);
+  kiln_guide_vocab_free(va);
+  kiln_guide_vocab_free(vb);
+  kiln_tokenizer_free(tok);
+}
+
 /* ---- the engine -------------------------------------------------------------------------- */
 
 typedef struct run_out {
@@ -966,6 +1071,7 @@ int main(void) {
       cmocka_unit_test(test_masks_synthetic),
       cmocka_unit_test(test_caches),
       cmocka_unit_test(test_masks_qwen3),
+      cmocka_unit_test(test_precompute_corpus),
       cmocka_unit_test(test_engine_guided),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

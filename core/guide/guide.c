@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* guide.c - the pushdown automaton over a byte grammar, the vocabulary index, token
  * classification and masks (see guide.h for the design).
  *
@@ -19,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -284,6 +286,10 @@ struct kiln_guide_vocab {
   kiln_guide_t *g_head; /* compiled constraints, most recently used first */
   int32_t ng;
   kiln_guide_stats_t stats;
+  /* classifications in progress (keys), under mu; cv wakes the threads waiting for one */
+  uint64_t (*pend)[2];
+  int32_t npend, pendcap;
+  pthread_cond_t cv;
 };
 
 typedef struct chain_ent {
@@ -423,6 +429,7 @@ static kiln_status_t vocab_finish(kiln_guide_vocab_t *v) {
     v->n_maxlen[i] = mx;
   }
   pthread_mutex_init(&v->mu, NULL);
+  pthread_cond_init(&v->cv, NULL);
   return NULL;
 }
 
@@ -539,7 +546,11 @@ void kiln_guide_vocab_free(kiln_guide_vocab_t *v) {
     cls_free(c);
   }
   free(v->cht);
-  if (v->n_maxlen && v->lenmask) pthread_mutex_destroy(&v->mu);
+  if (v->n_maxlen && v->lenmask) {
+    pthread_mutex_destroy(&v->mu);
+    pthread_cond_destroy(&v->cv);
+  }
+  free(v->pend);
   free(v->off);
   free(v->bytes);
   free(v->ok);
@@ -1052,6 +1063,39 @@ static void chain_hash(const kiln_grammar_t *g, const int32_t *pos, int32_t L, b
   out[1] = d.high64;
 }
 
+/* Classifications in progress (under v->mu). */
+static bool pend_has(const kiln_guide_vocab_t *v, const uint64_t h[2]) {
+  for (int32_t i = 0; i < v->npend; i++)
+    if (v->pend[i][0] == h[0] && v->pend[i][1] == h[1]) return true;
+  return false;
+}
+static bool pend_add(kiln_guide_vocab_t *v, const uint64_t h[2]) {
+  if (v->npend == v->pendcap) {
+    int32_t nc = v->pendcap ? v->pendcap * 2 : 8;
+    uint64_t(*np)[2] = realloc(v->pend, (size_t)nc * sizeof(*np));
+    if (!np) return false;
+    v->pend = np;
+    v->pendcap = nc;
+  }
+  v->pend[v->npend][0] = h[0];
+  v->pend[v->npend][1] = h[1];
+  v->npend++;
+  return true;
+}
+/* Takes the lock. */
+static void pend_done(kiln_guide_vocab_t *v, const uint64_t h[2]) {
+  pthread_mutex_lock(&v->mu);
+  for (int32_t i = 0; i < v->npend; i++)
+    if (v->pend[i][0] == h[0] && v->pend[i][1] == h[1]) {
+      v->pend[i][0] = v->pend[v->npend - 1][0];
+      v->pend[i][1] = v->pend[v->npend - 1][1];
+      v->npend--;
+      break;
+    }
+  pthread_cond_broadcast(&v->cv);
+  pthread_mutex_unlock(&v->mu);
+}
+
 /* The classification of a chain for constraint gd: from its own map, the vocabulary's cache,
  * or computed now. NULL when out of memory. */
 static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endroot) {
@@ -1078,13 +1122,25 @@ static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endr
   uint64_t h[2];
   chain_hash(g, pos, L, endroot, canon, canon + g->num_rules, h);
   free(canon);
+  /* found, or being classified by another thread (wait for it: a context is classified once),
+   * or ours to classify (marked in progress until done) */
   pthread_mutex_lock(&v->mu);
-  cls_t *c = cls_find(v, h);
-  if (c) {
-    c->refs++;
-    lru_unlink(v, c);
-    lru_front(v, c);
-    v->stats.class_hits++;
+  cls_t *c;
+  bool own = false;
+  for (;;) {
+    c = cls_find(v, h);
+    if (c) {
+      c->refs++;
+      lru_unlink(v, c);
+      lru_front(v, c);
+      v->stats.class_hits++;
+      break;
+    }
+    if (!pend_has(v, h)) {
+      own = pend_add(v, h); /* out of memory: classified unmarked (at worst twice) */
+      break;
+    }
+    pthread_cond_wait(&v->cv, &v->mu);
   }
   pthread_mutex_unlock(&v->mu);
   /* A chain through a link of a bounded repetition x{m,n} (opt_k ::= x opt_{k-1} | "") is
@@ -1121,7 +1177,10 @@ static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endr
     memcpy(bpos, pos, (size_t)L * sizeof(int32_t));
     bpos[at] = sub;
     cls_t *b = get_cls(gd, bpos, L, endroot);
-    if (!b) return NULL;
+    if (!b) {
+      if (own) pend_done(v, h);
+      return NULL;
+    }
     base = b;
     if (cut >= v->max_len) { /* no token can tell them apart: base itself */
       pthread_mutex_lock(&v->mu);
@@ -1134,7 +1193,10 @@ static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endr
   }
   if (!c) {
     cls_t *nc = classify(v, g, pos, L, endroot, base, cut);
-    if (!nc) return NULL;
+    if (!nc) {
+      if (own) pend_done(v, h);
+      return NULL;
+    }
     nc->key[0] = h[0];
     nc->key[1] = h[1];
     pthread_mutex_lock(&v->mu);
@@ -1150,8 +1212,9 @@ static cls_t *get_cls(kiln_guide_t *gd, const int32_t *pos, int32_t L, bool endr
       cls_free(nc);
     }
     pthread_mutex_unlock(&v->mu);
-    if (!c) return NULL;
   }
+  if (own) pend_done(v, h);
+  if (!c) return NULL;
   /* into the constraint's own map (it holds the reference) */
   pthread_mutex_lock(&gd->mu);
   cls_t *res = c;
@@ -1568,3 +1631,99 @@ kiln_status_t kiln_guide_matcher_fill_mask(kiln_guide_matcher_t *m, uint32_t *ma
 }
 
 bool kiln_guide_matcher_compact(kiln_guide_matcher_t *m) { return compact(m); }
+
+/* ============================================================================================
+ * Precomputation: the contexts of a constraint's first steps, classified ahead
+ * ==========================================================================================*/
+
+static double mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+kiln_status_t kiln_guide_precompute(kiln_guide_t *gd, int32_t max_states, int64_t budget_us,
+                                    const atomic_bool *stop, int32_t *states_out) {
+  if (states_out) *states_out = 0;
+  if (!gd->v) return NULL;
+  const double t0 = mono_us();
+  kiln_guide_matcher_t *m = NULL;
+  kiln_status_t st = kiln_guide_matcher_create(gd, &m);
+  if (st) return st;
+  /* the states, by byte distance from the start (their leaves, sorted), and a set of their
+   * hashes (a collision only skips a state: the cache stays exact) */
+  int32_t *leaves = NULL, *off = NULL, nst = 0, nl = 0, lcap = 0, ocap = 0;
+  uint64_t *hs = NULL;
+  int32_t hcap = 1;
+  while (hcap < 2 * (max_states > 0 ? max_states : 1)) hcap *= 2;
+  hs = calloc((size_t)hcap, sizeof(uint64_t));
+  bool oom = !hs;
+  pstate_t cur = {0}, nx = {0};
+#define PC_ADD(stp)                                                                            \
+  do {                                                                                         \
+    pstate_t *s_ = (stp);                                                                      \
+    if (s_->n > 1) qsort(s_->leaf, (size_t)s_->n, sizeof(int32_t), cmp_i32);                   \
+    uint64_t h_ = XXH3_64bits(s_->leaf, (size_t)s_->n * sizeof(int32_t)) | 1;                  \
+    uint32_t j_ = (uint32_t)h_ & (uint32_t)(hcap - 1);                                         \
+    while (hs[j_] && hs[j_] != h_) j_ = (j_ + 1) & (uint32_t)(hcap - 1);                       \
+    if (hs[j_] || nst >= max_states) break;                                                    \
+    if (nl + s_->n > lcap) {                                                                   \
+      int32_t nc_ = (lcap + s_->n) * 2 + 64;                                                   \
+      int32_t *nv_ = realloc(leaves, (size_t)nc_ * sizeof(int32_t));                           \
+      if (!nv_) { oom = true; break; }                                                         \
+      leaves = nv_;                                                                            \
+      lcap = nc_;                                                                              \
+    }                                                                                          \
+    if (nst + 2 > ocap) {                                                                      \
+      int32_t nc_ = ocap * 2 + 64;                                                             \
+      int32_t *nv_ = realloc(off, (size_t)nc_ * sizeof(int32_t));                              \
+      if (!nv_) { oom = true; break; }                                                         \
+      off = nv_;                                                                               \
+      ocap = nc_;                                                                              \
+    }                                                                                          \
+    hs[j_] = h_;                                                                               \
+    if (!nst) off[0] = 0;                                                                      \
+    memcpy(leaves + nl, s_->leaf, (size_t)s_->n * sizeof(int32_t));                            \
+    nl += s_->n;                                                                               \
+    off[++nst] = nl;                                                                           \
+  } while (0)
+  if (!oom && max_states > 0) PC_ADD(&m->st);
+  int32_t done = 0;
+  for (; !oom && done < nst; done++) {
+    if ((stop && atomic_load(stop)) || (budget_us > 0 && mono_us() - t0 > (double)budget_us)) break;
+    /* this state's contexts, as fill_mask meets them */
+    for (int32_t li = off[done]; li < off[done + 1]; li++) {
+      int32_t pos[CHAIN_K], L = 0, c = leaves[li];
+      while (L < CHAIN_K && c >= 0) {
+        pos[L++] = m->s.n[c].pos;
+        c = m->s.n[c].parent;
+      }
+      if (!get_cls(gd, pos, L, c == SENT_ROOT)) {
+        oom = true;
+        break;
+      }
+    }
+    /* its successors by one byte */
+    st_clear(&cur);
+    for (int32_t li = off[done]; li < off[done + 1]; li++) st_push(&cur, leaves[li]);
+    if (cur.oom) oom = true;
+    for (unsigned b = 0; !oom && b < 256 && nst < max_states; b++) {
+      advance(gd->g, &m->s, &cur, b, &nx);
+      if (nx.oom || m->s.oom) {
+        oom = true;
+        break;
+      }
+      if (nx.n) PC_ADD(&nx);
+    }
+  }
+#undef PC_ADD
+  st_free(&cur);
+  st_free(&nx);
+  free(leaves);
+  free(off);
+  free(hs);
+  kiln_guide_matcher_free(m);
+  if (states_out) *states_out = done;
+  if (oom) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "guide: out of memory precomputing");
+  return NULL;
+}

@@ -29,6 +29,7 @@
 #ifndef KILN_CORE_GUIDE_GUIDE_H
 #define KILN_CORE_GUIDE_GUIDE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -104,5 +105,16 @@ bool kiln_guide_matcher_accept_bytes(kiln_guide_matcher_t *m, const void *bytes,
  * the nodes the current position reaches (tests). False when out of memory (unchanged). */
 int32_t kiln_guide_matcher_nodes(const kiln_guide_matcher_t *m);
 bool kiln_guide_matcher_compact(kiln_guide_matcher_t *m);
+
+/* Classifies ahead the contexts of gd's first steps, so that fill_mask finds them cached: the
+ * matcher states reachable from the start, nearest first (a breadth-first walk over bytes,
+ * every state a token boundary may fall on), each state's contexts as fill_mask would meet
+ * them, until max_states states, budget_us microseconds (<= 0: no limit) or *stop (may be
+ * NULL). Meant for a worker thread while the request's prompt is prefilled: a matcher that
+ * needs a context being classified here waits for it (no context is classified twice), and
+ * the masks are the same with or without it. *states_out (may be NULL): the states done.
+ * Errors: out of memory. */
+kiln_status_t kiln_guide_precompute(kiln_guide_t *gd, int32_t max_states, int64_t budget_us,
+                                    const atomic_bool *stop, int32_t *states_out);
 
 #endif /* KILN_CORE_GUIDE_GUIDE_H */
