@@ -77,8 +77,8 @@ typedef struct config_row {
   }
 
 static const char *const config_sections[] = {
-    "model", "hub", "engine", "cache", "scheduler", "speculative", "backend", "server", "graph",
-    "log",   NULL};
+    "model", "hub",    "engine",   "cache", "scheduler", "speculative",
+    "backend", "server", "parallel", "graph", "log",      NULL};
 
 static const char *const config_dtypes[] = {"auto", "float32", "float16", "bfloat16", NULL};
 static const char *const config_quantizations[] = {"none", "fp8", NULL};
@@ -249,6 +249,11 @@ static const config_row_t config_rows[] = {
     ROW_ENUM("server", "tool_parser", "auto", config_tool_parsers,
              "Tool-call format of chat replies: auto = the chat template's (hermes, llama3_json "
              "or mistral); none = tool calls are not parsed"),
+
+    ROW_INT("parallel", "tensor_parallel_size", "1", 1, 64,
+            "Ranks a model is split over by tensor parallelism (heads and MLP columns; "
+            "docs/parallel.md); 1 = none. The model layer runs it; the engine does not start "
+            "ranks yet, so serving refuses values above 1"),
 
     ROW_BOOL("graph", "enabled", "true",
              "Capture decode steps as device graphs (e.g. CUDA graphs) and replay them"),

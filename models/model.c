@@ -344,6 +344,121 @@ static kiln_status_t model_kv_scales(kiln_model_t *m, plan_t *p, const char *pre
     m->kv_scales[2 * l + kv] = v;
     m->kv_scales_found++;
   }
+
+/* ---- tensor parallelism: this rank's shard of a layer (docs/parallel.md) ----------------- */
+
+/* Schedules rows [r0, r0 + nr) and columns [c0, c0 + nc) of the float tensor name, whose shape
+ * must be [rows, cols] (cols 0: 1-D [rows], sliced as one row: r0 must be 0 and nr 1, the
+ * slice is columns [c0, c0 + nc) of it), at dst. */
+static kiln_status_t plan_slice(plan_t *p, const char *name, int64_t rows, int64_t cols,
+                                int64_t r0, int64_t nr, int64_t c0, int64_t nc, uint64_t dst) {
+  const kiln_weight_t *w = kiln_weights_find(p->src, name);
+  if (!w) return plan_missing(p, name);
+  if (w->type != KILN_WTYPE_F32 && w->type != KILN_WTYPE_F16 && w->type != KILN_WTYPE_BF16)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "%s: tensor %s has dtype %s: tensor parallelism loads F32, F16 or "
+                            "BF16 weights only for now",
+                            w->file, name, kiln_wtype_name(w->type));
+  const int64_t shape[2] = {rows, cols};
+  kiln_status_t st = kiln_weight_expect_shape(w, cols > 0 ? 2 : 1, shape);
+  if (!st) st = plan_push(p, w, dst);
+  if (st) return st;
+  model_upload_t *u = &p->ups[p->n - 1];
+  u->sl_r0 = r0;
+  u->sl_rows = nr;
+  u->sl_c0 = c0;
+  u->sl_ncols = nc;
+  u->sl_cols = cols > 0 ? cols : rows;
+  return NULL;
+}
+
+static void qlinear_none(int32_t *fmt, model_qlinear_t *q) {
+  *fmt = KILN_HAL_QFMT_NONE;
+  memset(q, 0, sizeof(*q));
+  q->scales = q->zeros = q->g_idx = MODEL_NO_TENSOR;
+}
+
+/* Layer l of rank m->tp_rank: q/k/v and gate/up column-parallel (this rank's rows: its query
+ * heads, its KV heads or the one it shares, its slice of the intermediate size), o_proj and
+ * down_proj row-parallel (the matching columns), their biases on rank 0 only (the all_reduce
+ * adds them once), norms replicated. The layout is the single-device one at the local sizes
+ * (m->cfg), so llama.c runs unchanged between the two all_reduce. */
+static kiln_status_t plan_layer_tp(kiln_model_t *m, plan_t *p, const char *pre, int64_t l) {
+  const kiln_model_config_t *F = &m->full, *c = &m->cfg;
+  const int64_t H = F->hidden_size, D = F->head_dim, r = m->tp_rank;
+  const int64_t QD = F->num_heads * D, KD = F->num_kv_heads * D, I = F->intermediate_size;
+  const int64_t QDl = c->num_heads * D, KDl = c->num_kv_heads * D, Il = c->intermediate_size;
+  const int64_t q0 = r * QDl, k0 = m->tp_kv0 * D, i0 = r * Il;
+  const uint64_t es = p->es;
+  model_layer_t *L = &m->layers[l];
+  kiln_status_t st;
+  char nm[3][160];
+#define NAME(i, fmt) snprintf(nm[i], sizeof(nm[i]), "%s.layers.%lld." fmt, pre, (long long)l)
+  NAME(0, "input_layernorm.weight");
+  if ((st = model_plan_one(p, nm[0], H, 0, &L->in_norm))) return st;
+  NAME(0, "post_attention_layernorm.weight");
+  if ((st = model_plan_one(p, nm[0], H, 0, &L->post_norm))) return st;
+  qlinear_none(&L->qkv_fmt, &L->qkv_q);
+  qlinear_none(&L->o_fmt, &L->o_q);
+  qlinear_none(&L->gu_fmt, &L->gu_q);
+  qlinear_none(&L->down_fmt, &L->down_q);
+  L->qkv_mixed = false;
+  L->qkv_w = model_plan_reserve(p, (QDl + 2 * KDl) * H);
+  NAME(0, "self_attn.q_proj.weight");
+  NAME(1, "self_attn.k_proj.weight");
+  NAME(2, "self_attn.v_proj.weight");
+  if ((st = plan_slice(p, nm[0], QD, H, q0, QDl, 0, H, L->qkv_w)) ||
+      (st = plan_slice(p, nm[1], KD, H, k0, KDl, 0, H, L->qkv_w + (uint64_t)(QDl * H) * es)) ||
+      (st = plan_slice(p, nm[2], KD, H, k0, KDl, 0, H,
+                       L->qkv_w + (uint64_t)((QDl + KDl) * H) * es)))
+    return st;
+  NAME(0, "self_attn.q_proj.bias");
+  NAME(1, "self_attn.k_proj.bias");
+  NAME(2, "self_attn.v_proj.bias");
+  L->qkv_b = MODEL_NO_TENSOR;
+  if (c->qkv_bias || model_plan_has(p, nm[0])) {
+    L->qkv_b = model_plan_reserve(p, QDl + 2 * KDl);
+    if ((st = plan_slice(p, nm[0], QD, 0, 0, 1, q0, QDl, L->qkv_b)) ||
+        (st = plan_slice(p, nm[1], KD, 0, 0, 1, k0, KDl, L->qkv_b + (uint64_t)QDl * es)) ||
+        (st = plan_slice(p, nm[2], KD, 0, 0, 1, k0, KDl, L->qkv_b + (uint64_t)(QDl + KDl) * es)))
+      return st;
+  }
+  L->q_norm = L->k_norm = MODEL_NO_TENSOR;
+  if (c->qk_norm) {
+    NAME(0, "self_attn.q_norm.weight");
+    if ((st = model_plan_one(p, nm[0], D, 0, &L->q_norm))) return st;
+    NAME(0, "self_attn.k_norm.weight");
+    if ((st = model_plan_one(p, nm[0], D, 0, &L->k_norm))) return st;
+  }
+  NAME(0, "self_attn.o_proj.weight");
+  L->o_w = model_plan_reserve(p, H * QDl);
+  if ((st = plan_slice(p, nm[0], H, QD, 0, H, q0, QDl, L->o_w))) return st;
+  L->o_b = L->gu_b = L->down_b = MODEL_NO_TENSOR;
+  if (c->o_bias && r == 0) {
+    NAME(0, "self_attn.o_proj.bias");
+    if ((st = model_plan_one(p, nm[0], H, 0, &L->o_b))) return st;
+  }
+  NAME(0, "mlp.gate_proj.weight");
+  NAME(1, "mlp.up_proj.weight");
+  L->gu_w = model_plan_reserve(p, 2 * Il * H);
+  if ((st = plan_slice(p, nm[0], I, H, i0, Il, 0, H, L->gu_w)) ||
+      (st = plan_slice(p, nm[1], I, H, i0, Il, 0, H, L->gu_w + (uint64_t)(Il * H) * es)))
+    return st;
+  if (c->mlp_bias) {
+    NAME(0, "mlp.gate_proj.bias");
+    NAME(1, "mlp.up_proj.bias");
+    L->gu_b = model_plan_reserve(p, 2 * Il);
+    if ((st = plan_slice(p, nm[0], I, 0, 0, 1, i0, Il, L->gu_b)) ||
+        (st = plan_slice(p, nm[1], I, 0, 0, 1, i0, Il, L->gu_b + (uint64_t)Il * es)))
+      return st;
+    NAME(0, "mlp.down_proj.bias");
+    if (r == 0 && (st = model_plan_one(p, nm[0], H, 0, &L->down_b))) return st;
+  }
+  NAME(0, "mlp.down_proj.weight");
+  L->down_w = model_plan_reserve(p, H * Il);
+  if ((st = plan_slice(p, nm[0], H, I, 0, H, i0, Il, L->down_w))) return st;
+#undef NAME
+  L->window = c->layer_sliding[l] ? c->sliding_window : 0;
   return NULL;
 }
 
@@ -388,6 +503,10 @@ static kiln_status_t model_plan(kiln_model_t *m, plan_t *p) {
     return st;
   }
   for (int64_t l = 0; l < c->num_layers; l++) {
+    if (m->tp_size > 1) {
+      if ((st = plan_layer_tp(m, p, pre, l))) return st;
+      continue;
+    }
     model_layer_t *L = &m->layers[l];
 #define NAME(i, fmt) snprintf(nm[i], sizeof(nm[i]), "%s.layers.%lld." fmt, pre, (long long)l)
     NAME(0, "input_layernorm.weight");
@@ -499,6 +618,24 @@ static kiln_status_t model_upload(kiln_model_t *m, const plan_t *p) {
         memcpy(stage, tmp + done, (size_t)n);
         st = hal_st(m->be->copy_h2d(m->stream, m->weights, p->ups[i].dst + done, stage, n),
                     "uploading weights");
+        if (!st) st = hal_st(m->be->stream_sync(m->stream), "uploading weights");
+      }
+      if (!direct) free(tmp);
+      continue;
+    }
+    if (p->ups[i].sl_rows > 0) { /* a tensor-parallel shard: row by row */
+      const model_upload_t *u = &p->ups[i];
+      const uint64_t nb = (uint64_t)(u->sl_rows * u->sl_ncols) * m->es;
+      uint8_t *tmp = direct ? direct + u->dst : malloc((size_t)nb);
+      if (!tmp) {
+        st = kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of host memory slicing weights");
+        break;
+      }
+      for (int64_t j = 0; j < u->sl_rows && !st; j++)
+        st = kiln_weight_convert(w, (u->sl_r0 + j) * u->sl_cols + u->sl_c0, u->sl_ncols, m->dtype,
+                                 tmp + (uint64_t)(j * u->sl_ncols) * m->es);
+      if (!direct && !st) {
+        st = hal_st(m->be->copy_h2d(m->stream, m->weights, u->dst, tmp, nb), "uploading weights");
         if (!st) st = hal_st(m->be->stream_sync(m->stream), "uploading weights");
       }
       if (!direct) free(tmp);
@@ -621,6 +758,79 @@ static kiln_status_t graph_sizes_init(kiln_model_t *m, const kiln_model_options_
   return NULL;
 }
 
+/* Tensor parallelism: checks the options and the config, keeps the checkpoint's config in
+ * m->full and divides m->cfg's heads and intermediate size over the ranks. Errors name the
+ * config values. */
+static kiln_status_t tp_setup(kiln_model_t *m, const char *path) {
+  const int32_t N = m->opt.tp_size;
+  m->full = m->cfg;
+  m->tp_size = 1;
+  m->tp_rank = 0;
+  m->tp_kv0 = 0;
+  if (N == 0 || N == 1) return NULL;
+  kiln_model_config_t *c = &m->cfg;
+  if (N < 0 || N > KILN_HAL_COMM_MAX_RANKS)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "[parallel] tensor_parallel_size = %d: must be 1..%d", (int)N,
+                            KILN_HAL_COMM_MAX_RANKS);
+  if (m->opt.tp_rank < 0 || m->opt.tp_rank >= N)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "tensor parallelism: rank %d is not in 0..%d", (int)m->opt.tp_rank,
+                            (int)N - 1);
+  if (!m->opt.tp_comm || !KILN_HAL_HAS(m->be, all_reduce) || !m->be->all_reduce)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "tensor_parallel_size = %d needs a communicator and a backend with "
+                            "collectives (backend %s%s)",
+                            (int)N, m->be->name, m->opt.tp_comm ? " has no all_reduce" : "");
+  if (is_gguf(path))
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "tensor_parallel_size = %d: GGUF files are not sharded yet (%s); use a "
+                            "safetensors checkpoint or tensor_parallel_size = 1",
+                            (int)N, path);
+  if (c->vision.present)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "tensor_parallel_size = %d: %s has a vision tower, which is not "
+                            "sharded yet; use tensor_parallel_size = 1",
+                            (int)N, c->architecture);
+  if (c->quant.method != KILN_QUANT_NONE)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "tensor_parallel_size = %d: quantized weights (%s, or [model] "
+                            "quantization = fp8) are not sharded yet; use a float checkpoint",
+                            (int)N, path);
+  if (c->num_heads % N)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "tensor_parallel_size = %d does not divide num_attention_heads = %lld "
+                            "of %s",
+                            (int)N, (long long)c->num_heads, path);
+  if (c->num_kv_heads % N && N % c->num_kv_heads)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "tensor_parallel_size = %d and num_key_value_heads = %lld of %s: one "
+                            "must divide the other (KV heads are split, or replicated when fewer)",
+                            (int)N, (long long)c->num_kv_heads, path);
+  if (c->intermediate_size % N)
+    return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                            "tensor_parallel_size = %d does not divide intermediate_size = %lld "
+                            "of %s",
+                            (int)N, (long long)c->intermediate_size, path);
+  m->tp_size = N;
+  m->tp_rank = m->opt.tp_rank;
+  c->num_heads /= N;
+  c->intermediate_size /= N;
+  if (c->num_kv_heads >= N) {
+    c->num_kv_heads /= N;
+    m->tp_kv0 = m->tp_rank * c->num_kv_heads;
+  } else { /* replicated: ranks r*K/N .. share KV head r / (N / K) */
+    m->tp_kv0 = m->tp_rank / (N / m->full.num_kv_heads);
+    c->num_kv_heads = 1;
+  }
+  if (m->opt.graphs && m->tp_rank == 0)
+    kiln_log(KILN_LOG_INFO, "graphs: off under tensor parallelism (tensor_parallel_size = %d): "
+                            "decode runs eagerly (docs/parallel.md)",
+             (int)N);
+  m->opt.graphs = false;
+  return NULL;
+}
+
 kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backend,
                               kiln_hal_device_t *device, kiln_hal_stream_t *stream,
                               const kiln_model_options_t *options, kiln_model_t **out_model) {
@@ -703,6 +913,7 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
                           (int)options->quantization, (int)KILN_QUANT_FP8);
     goto fail;
   }
+  if ((st = tp_setup(m, path))) goto fail;
   const kiln_model_config_t *c = &m->cfg;
 
   /* The serving dtype and whether the device computes in it. */
@@ -928,7 +1139,7 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
    * zeros, never uninitialised bytes. */
   memset(m->meta_host, 0, (size_t)mo * 4);
 
-  if (options->graphs) {
+  if (m->opt.graphs) {
     bool members = KILN_HAL_HAS(backend, graph_destroy) && backend->graph_begin &&
                    backend->graph_end && backend->graph_replay && backend->graph_destroy;
     if (!(di.caps & KILN_HAL_CAP_GRAPHS) || !members)

@@ -83,6 +83,16 @@ typedef struct kiln_model_options {
    * deduplicated. NULL/0 = 1, 2, 4, then multiples of 8 up to 256. */
   const int64_t *capture_sizes;
   int32_t num_capture_sizes;
+  /* Tensor parallelism ([parallel] tensor_parallel_size; docs/parallel.md). tp_size 0 or 1:
+   * none. Else this model is rank tp_rank of tp_size: it loads only its shard (column-parallel
+   * q/k/v and gate/up, row-parallel o_proj and down_proj, KV heads split or replicated when
+   * num_kv_heads < tp_size; embedding, norms and lm_head replicated), its KV cache holds only
+   * its KV heads, and each forward issues two all_reduce per layer on tp_comm (a communicator
+   * of tp_size ranks on this model's device, borrowed: it must outlive the model). Every rank
+   * must run the same forwards in the same order; each ends with the full logits. Graphs are
+   * off under TP (see docs/parallel.md). Only the llama-family decoder, float safetensors. */
+  int32_t tp_size, tp_rank;
+  kiln_hal_comm_t *tp_comm;
 } kiln_model_options_t;
 
 /* Loads path: a directory holding config.json and safetensors (single or sharded), or a

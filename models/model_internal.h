@@ -49,7 +49,12 @@ typedef struct model_layer {
 } model_layer_t;
 
 struct kiln_model {
-  kiln_model_config_t cfg;
+  /* cfg: this rank's view under tensor parallelism (num_heads, num_kv_heads and
+   * intermediate_size divided over the ranks: what the forward, the activations and the KV
+   * cache use); full: the checkpoint's config as it is (== cfg without TP). */
+  kiln_model_config_t cfg, full;
+  int32_t tp_size, tp_rank; /* 1, 0 without TP */
+  int64_t tp_kv0;           /* first KV head of this rank (replicated: the one it shares) */
   kiln_model_options_t opt;
   bool fp8_xquant; /* [model] fp8_activations = dynamic: FP8 gemm_quant calls set x_quant */
   const kiln_hal_backend_t *be;
@@ -142,6 +147,9 @@ typedef struct model_upload {
   bool raw;     /* copy the tensor's bytes as they are (a quantized weight kept quantized) */
   const model_qpart_t *q; /* non-NULL: bytes generated from this GPTQ / AWQ Linear (w unused) */
   int32_t q_what;         /* model_qwhat_t */
+  /* Tensor parallelism: sl_rows > 0 uploads only rows [sl_r0, sl_r0 + sl_rows) and columns
+   * [sl_c0, sl_c0 + sl_ncols) of the 2-D (or 1-D: sl_cols 1) tensor of sl_cols columns. */
+  int64_t sl_r0, sl_rows, sl_c0, sl_ncols, sl_cols;
 } model_upload_t;
 
 typedef struct model_plan {

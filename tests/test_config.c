@@ -136,6 +136,7 @@ static const expected_key_t all_keys[] = {
     {"server", "shutdown_timeout", "30"},
     {"server", "request_timeout", "600"},
     {"server", "max_body_bytes", "33554432"},
+    {"parallel", "tensor_parallel_size", "1"},
     {"graph", "enabled", "true"},
     {"graph", "capture_sizes",
      "1,2,4,8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,136,144,152,160,168,176,184,192,"
@@ -404,7 +405,7 @@ static void test_unknown_section(void **state) {
   EXPECT_INVALID(
       load(cfg, "[modle]\npath = x\n"), "t.ini:1: ", "unknown section [modle]",
       "did you mean [model]?",
-      "model, hub, engine, cache, scheduler, speculative, backend, server, graph, log, plugin.<name>");
+      "model, hub, engine, cache, scheduler, speculative, backend, server, parallel, graph, log, plugin.<name>");
   EXPECT_INVALID(load(cfg, "[network]\nport = 1\n"), "unknown section [network]",
                  "valid sections: model");
   EXPECT_INVALID(load(cfg, "[Model]\npath = x\n"), "unknown section [Model]",

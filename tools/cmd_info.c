@@ -254,5 +254,8 @@ int kiln_cmd_info(kiln_cli_t *cli) {
     return 1;
   }
   printf("\nbackend = %s -> %s (%s)\n", want, chosen->name, chosen->path);
+  printf("tensor_parallel_size = %lld%s\n",
+         (long long)kiln_config_get_int(cli->config, "parallel", "tensor_parallel_size"),
+         KILN_HAL_HAS(&chosen->table, comm_create) && chosen->table.comm_create ? "" : " (this backend has no collectives: only 1 runs)");
   return 0;
 }

@@ -2456,6 +2456,13 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   if (!(e->device_name = strdup(info.name)))
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   e->host_memory = (info.caps & KILN_HAL_CAP_HOST_MEMORY) != 0;
+  const int64_t tp = kiln_config_get_int(cfg, "parallel", "tensor_parallel_size");
+  if (tp > 1)
+    return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                            "[parallel] tensor_parallel_size = %lld: the engine does not start "
+                            "ranks yet (the model layer shards and runs them: docs/parallel.md, "
+                            "\"Engine\"); use tensor_parallel_size = 1",
+                            (long long)tp);
   kiln_model_options_t mo = {0};
   mo.dtype = dtype_of(kiln_config_get_string(cfg, "model", "dtype"));
   mo.quantization = strcmp(kiln_config_get_string(cfg, "model", "quantization"), "fp8") == 0

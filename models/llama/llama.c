@@ -16,6 +16,11 @@
  *
  * then logits = lm_head(rmsnorm(resid += x)) for the requested rows only (gathered first).
  *
+ * Tensor parallelism (model.c's tp_setup, docs/parallel.md): every size here is this rank's
+ * (m->cfg: its heads, KV heads and intermediate slice); o_proj and down_proj produce partial
+ * sums that one all_reduce each completes, so x is whole again before each rmsnorm. The
+ * embedding, norms and lm_head are replicated: every rank ends with the full logits.
+ *
  * Only HAL ops, with every size taken from the model_pass_t and every index from m->meta, so
  * that the same call records a decode graph (models/model.c) as well as it runs eagerly.
  */
@@ -106,6 +111,21 @@ static kiln_status_t linear(kiln_model_t *m, kiln_hal_tensor_t x, uint64_t off, 
     g.w.row_stride = K / kiln_hal_qfmt_block_elems(fmt) * kiln_hal_qfmt_block_bytes(fmt);
   }
   HAL(m->be->gemm_quant(m->stream, &g), what);
+  return NULL;
+}
+
+/* Tensor parallelism: x [T, H] = the sum of every rank's partial x, in place (after the
+ * row-parallel o_proj and down_proj; rank 0's partial holds the bias). */
+static kiln_status_t tp_reduce(kiln_model_t *m, kiln_hal_tensor_t x, int64_t layer,
+                               const char *what) {
+  if (m->tp_size <= 1) return NULL;
+  kiln_hal_coll_args_t a;
+  memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.comm = m->opt.tp_comm;
+  a.src = x;
+  a.dst = x;
+  HAL(m->be->all_reduce(m->stream, &a), what);
   return NULL;
 }
 
@@ -293,6 +313,7 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
 
     if ((st = linear(m, attn2, L->o_w, L->o_fmt, &L->o_q, QD, H, x, model_vec(m, L->o_b, H), layer,
                      "o_proj")) ||
+        (st = tp_reduce(m, x, layer, "o_proj all_reduce")) ||
         (st = rmsnorm(m, x, resid, model_vec(m, L->post_norm, H), h, layer,
                       "post_attention_layernorm")) ||
         (st = linear(m, h, L->gu_w, L->gu_fmt, &L->gu_q, H, 2 * I, gu, model_vec(m, L->gu_b, 2 * I),
@@ -306,7 +327,8 @@ kiln_status_t llama_forward(kiln_model_t *m, kiln_kv_cache_t *kv, const model_pa
     sm.act = c->hidden_act;
     HAL(m->be->silu_mul(m->stream, &sm), "act_mul");
     if ((st = linear(m, mlp, L->down_w, L->down_fmt, &L->down_q, I, H, x,
-                     model_vec(m, L->down_b, H), layer, "down_proj")))
+                     model_vec(m, L->down_b, H), layer, "down_proj")) ||
+        (st = tp_reduce(m, x, layer, "down_proj all_reduce")))
       return st;
   }
 
