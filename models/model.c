@@ -344,6 +344,8 @@ static kiln_status_t model_kv_scales(kiln_model_t *m, plan_t *p, const char *pre
     m->kv_scales[2 * l + kv] = v;
     m->kv_scales_found++;
   }
+  return NULL;
+}
 
 /* ---- tensor parallelism: this rank's shard of a layer (docs/parallel.md) ----------------- */
 
