@@ -1075,7 +1075,14 @@ typedef struct gen_batch {
   int last_decile;
   double t0, last_draw;
   const char *input_name;
+  kiln_engine_t *held; /* the engine whose intake this burst holds, or NULL */
 } gen_batch_t;
+
+/* Ends the hold on the engine's intake, if any (before waiting: held requests do not run). */
+static void gen_release(gen_batch_t *b) {
+  if (b->held) kiln_engine_hold_intake(b->held, false);
+  b->held = NULL;
+}
 
 static void gen_on_output(void *user, const kiln_output_t *o) {
   gen_job_t *j = user;
@@ -1242,6 +1249,7 @@ static kiln_status_t gen_submit(gen_batch_t *b, kiln_engine_t *eng, gen_line_t *
       j->req = req; /* released once done: the callback tells when */
       return NULL;
     }
+    if (kiln_status_code(st) == KILN_ERR_UNAVAILABLE) gen_release(b);
     pthread_mutex_lock(&b->mu);
     b->in_flight--;
     bool busy = b->in_flight > 0;
@@ -1306,7 +1314,10 @@ static int gen_batch(kiln_cli_t *cli, const gen_args_t *a) {
   int64_t line_no = 0, index = 0;
   bool eof = false;
   while (!st) {
-    /* Read and submit while the window has room. */
+    /* Read and submit while the window has room; the burst is admitted at once (the intake
+     * is held until it ends), so the batches do not depend on how fast lines are read. */
+    kiln_engine_hold_intake(eng, true);
+    b.held = eng;
     for (;;) {
       pthread_mutex_lock(&b.mu);
       bool room = b.in_flight < a->window && b.pending < 4 * a->window;
@@ -1360,6 +1371,7 @@ static int gen_batch(kiln_cli_t *cli, const gen_args_t *a) {
         pthread_mutex_unlock(&b.mu);
       }
     }
+    gen_release(&b);
     kiln_status_t ws = gen_flush(&b, info.has_tokenizer, out);
     if (ws && !wst)
       wst = ws;

@@ -223,6 +223,7 @@ struct kiln_engine {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   kiln_request_t *in_head, *in_tail;
+  int32_t intake_holds; /* kiln_engine_hold_intake: while > 0, in_head waits for the release */
   bool stop;
   pthread_t thread;
   bool thread_started;
@@ -2203,10 +2204,19 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   return NULL;
 }
 
+void kiln_engine_hold_intake(kiln_engine_t *e, bool hold) {
+  pthread_mutex_lock(&e->mu);
+  if (hold)
+    e->intake_holds++;
+  else if (e->intake_holds > 0 && --e->intake_holds == 0)
+    pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
 kiln_status_t kiln_engine_step(kiln_engine_t *e, bool *idle) {
   pthread_mutex_lock(&e->mu);
-  kiln_request_t *in = e->in_head;
-  e->in_head = e->in_tail = NULL;
+  kiln_request_t *in = e->intake_holds ? NULL : e->in_head;
+  if (in) e->in_head = e->in_tail = NULL;
   pthread_mutex_unlock(&e->mu);
   intake(e, in);
   kiln_status_t st = run_step(e, idle);
@@ -2218,10 +2228,12 @@ static void *engine_main(void *arg) {
   kiln_engine_t *e = arg;
   for (;;) {
     pthread_mutex_lock(&e->mu);
-    while (!e->stop && !e->in_head && !e->act_head) pthread_cond_wait(&e->cv, &e->mu);
+    /* Held intake (kiln_engine_hold_intake) leaves new requests queued; shutdown takes them. */
+    while (!e->stop && (!e->in_head || e->intake_holds) && !e->act_head)
+      pthread_cond_wait(&e->cv, &e->mu);
     bool stop = e->stop;
-    kiln_request_t *in = e->in_head;
-    e->in_head = e->in_tail = NULL;
+    kiln_request_t *in = e->intake_holds && !stop ? NULL : e->in_head;
+    if (in) e->in_head = e->in_tail = NULL;
     pthread_mutex_unlock(&e->mu);
     intake(e, in);
     if (stop) break;

@@ -252,6 +252,15 @@ typedef struct kiln_request_desc {
 kiln_status_t kiln_engine_submit(kiln_engine_t *eng, const kiln_request_desc_t *desc,
                                  kiln_request_t **out_request);
 
+/* Holds (true) or releases (false) the engine's intake of newly submitted requests; holds
+ * count, so pair them. While held, submitted requests are validated and queued but not
+ * scheduled; the requests already running go on. A batch submitted between a hold and its
+ * release is therefore admitted into one scheduler step, as if it had arrived at once: an
+ * offline batch then gets the same batches, and so the same numbers and samples, whatever the
+ * timing of the submitting thread (kiln generate --input and Python's LLM.generate do this).
+ * Shutdown takes held requests too. A release without a hold does nothing. */
+void kiln_engine_hold_intake(kiln_engine_t *eng, bool hold);
+
 /* Takes the next event of a request without a callback: waits up to timeout_ms
  * (-1 = forever, 0 = do not wait). *out is NULL on timeout. The event is owned by the caller
  * (kiln_output_free). After the event with request_finished, *out stays NULL. */

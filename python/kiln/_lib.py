@@ -188,6 +188,7 @@ _FUNCS = [
     ("kiln_engine_max_images", ctypes.c_int32, [ctypes.c_void_p]),
     ("kiln_engine_submit", _status_t,
      [ctypes.c_void_p, ctypes.POINTER(RequestDescC), ctypes.POINTER(ctypes.c_void_p)]),
+    ("kiln_engine_hold_intake", None, [ctypes.c_void_p, ctypes.c_bool]),
     ("kiln_request_poll", _status_t,
      [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.POINTER(OutputC))]),
     ("kiln_output_free", None, [ctypes.POINTER(OutputC)]),

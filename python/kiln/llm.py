@@ -562,17 +562,23 @@ class LLM:
         nxt = 0
         try:
             while nxt < n or inflight:
-                while nxt < n and len(inflight) < _MAX_IN_FLIGHT:
-                    text, ids, images = prepared[nxt]
-                    try:
-                        r = _Request(self, self._new_id(), text, ids, params[nxt], prio[nxt],
-                                     images)
-                    except _errors.UnavailableError:
-                        if not inflight:
-                            raise
-                        break  # the queue is full: wait for one to finish, then try again
-                    inflight.append((nxt, r))
-                    nxt += 1
+                # What is submitted in one go is admitted in one scheduler step (the intake is
+                # held meanwhile): the batches, and so the samples, do not depend on timing.
+                _lib_.kiln_engine_hold_intake(self._eng, True)
+                try:
+                    while nxt < n and len(inflight) < _MAX_IN_FLIGHT:
+                        text, ids, images = prepared[nxt]
+                        try:
+                            r = _Request(self, self._new_id(), text, ids, params[nxt],
+                                         prio[nxt], images)
+                        except _errors.UnavailableError:
+                            if not inflight:
+                                raise
+                            break  # the queue is full: wait for one to finish, then try again
+                        inflight.append((nxt, r))
+                        nxt += 1
+                finally:
+                    _lib_.kiln_engine_hold_intake(self._eng, False)
                 i, r = inflight[0]
                 ev = r.poll(_POLL_SLICE_MS)
                 while ev is not None:
