@@ -133,8 +133,9 @@ static const config_row_t config_rows[] = {
     ROW_ENUM("model", "fp8_weights", "auto", config_fp8_weights,
              "FP8 Linear weights (FP8 checkpoints, quantization = fp8): keep = stored and "
              "multiplied in FP8 where the backend can (half of bf16's bytes); widen = "
-             "dequantized to the serving dtype at load; auto = keep on the CPU backend, widen on "
-             "GPUs (no tensor-core FP8 GEMM yet: kept FP8 prefills at CUDA-core speed)"),
+             "dequantized to the serving dtype at load; auto = keep on the CPU backend and with "
+             "fp8_activations = dynamic (FP8 tensor-core GEMM), else widen on GPUs (weight-only "
+             "FP8 prefills at CUDA-core speed)"),
     ROW_ENUM("model", "fp8_activations", "none", config_fp8_activations,
              "Activations of FP8 Linears kept in FP8: none = used as they are (weight-only, "
              "W8A16); dynamic = each token's row quantized to FP8 e4m3 with its own scale (W8A8: "

@@ -541,6 +541,155 @@ static void bench_qgemm(void) {
   printf("\n");
 }
 
+/* ---- fp8: the FP8 GEMV on whole models' decode shapes ----------------------------------------
+ * `--only fp8`: every Linear of Qwen2-7B and Llama-3-8B at M = 1 and 8 (q/k/v fused, o_proj,
+ * gate/up fused, down_proj; the lm_head at M = 1), per-channel FP8 (f32 scales) against bf16
+ * gemm on the same shape and x in the same run, weights rotated past L2. Then the weights'
+ * share of one decode step: layers x (the four GEMVs) + the lm_head (kept bf16, as checkpoints
+ * list it in `ignore`), with the bytes streamed, so that bytes / time is the GEMVs' effective
+ * bandwidth against the card's copy rate (quote one measured outside: this program's copy
+ * ceiling is not the device's on CUDA). Fills repeat a 1 MiB random block: fast (a 7B's
+ * weights in well under a second) and the values do not change the timing. */
+
+#define FP8B_CHUNK ((uint64_t)1 << 20)
+
+static void fill_repeat(kiln_hal_buffer_t *b, uint64_t n, int fp8) {
+  uint8_t *host = malloc(FP8B_CHUNK);
+  if (!host) die("malloc", NULL);
+  uint64_t r = fp8 ? 0x9E3779B97F4A7C15ull : 0x2545F4914F6CDD1Dull;
+  for (uint64_t i = 0; i < FP8B_CHUNK; i++) {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    host[i] = (uint8_t)(r >> 32);
+    if (fp8 && (host[i] & 0x7F) == 0x7F) host[i] ^= 1; /* no NaN codes */
+    /* bf16: keep the exponent small and finite (bytes at odd offsets are the high ones) */
+    if (!fp8 && (i & 1)) host[i] = (uint8_t)((host[i] & 0x80) | 0x3C | (host[i] & 0x01));
+  }
+  for (uint64_t off = 0; off < n; off += FP8B_CHUNK) {
+    const uint64_t m = n - off < FP8B_CHUNK ? n - off : FP8B_CHUNK;
+    check(be->copy_h2d(stream, b, off, host, m), "copy_h2d");
+  }
+  check(be->stream_sync(stream), "stream_sync");
+  free(host);
+}
+
+typedef struct fp8b_shape {
+  const char *name;
+  int64_t K, N;
+} fp8b_shape_t;
+
+/* Times bf16 and FP8 (per-channel) at M on one shape; returns both, prints a line. */
+static void fp8b_one(const fp8b_shape_t *sh, int64_t M, double *t_bf16, double *t_fp8,
+                     double *fp8_bytes) {
+  const int64_t K = sh->K, N = sh->N;
+  const uint64_t wbytes = (uint64_t)(N * K) * 2;
+  const uint64_t codes = (uint64_t)(N * K), s_off = (codes + 255) / 256 * 256;
+  const uint64_t qbytes = s_off + (uint64_t)N * 4;
+  const int nw = rotate_copies(wbytes), nq = rotate_copies(qbytes);
+  kiln_hal_buffer_t *wb[QB_MAX_COPIES], *qb[QB_MAX_COPIES];
+  for (int i = 0; i < nw; i++) wb[i] = alloc_buf(wbytes);
+  for (int i = 0; i < nq; i++) qb[i] = alloc_buf(qbytes);
+  fill_repeat(wb[0], wbytes, 0);
+  replicate(wb, nw, wbytes);
+  fill_repeat(qb[0], codes, 1);
+  float *sc = malloc((size_t)N * sizeof(float));
+  if (!sc) die("malloc", NULL);
+  for (int64_t i = 0; i < N; i++) sc[i] = 1.0f / 4096;
+  check(be->copy_h2d(stream, qb[0], s_off, sc, (uint64_t)N * 4), "copy_h2d");
+  check(be->stream_sync(stream), "stream_sync");
+  free(sc);
+  replicate(qb, nq, qbytes);
+  kiln_hal_buffer_t *x = alloc_buf((uint64_t)(M * K) * 2), *y = alloc_buf((uint64_t)(M * N) * 2);
+  fill_random(x, KILN_HAL_BF16, M * K, 1.0f);
+  int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
+  kiln_hal_gemm_args_t g[QB_MAX_COPIES];
+  for (int i = 0; i < nw; i++) {
+    memset(&g[i], 0, sizeof(g[i]));
+    g[i].struct_size = sizeof(g[i]);
+    g[i].a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
+    g[i].b = kiln_hal_tensor_make(wb[i], 0, KILN_HAL_BF16, 2, bs);
+    g[i].b.stride[0] = 1;
+    g[i].b.stride[1] = K;
+    g[i].c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
+    g[i].alpha = 1.0f;
+  }
+  kiln_hal_gemm_quant_args_t q[QB_MAX_COPIES];
+  for (int i = 0; i < nq; i++) {
+    memset(&q[i], 0, sizeof(q[i]));
+    q[i].struct_size = sizeof(q[i]);
+    q[i].x = g[0].a;
+    q[i].y = g[0].c;
+    q[i].w.buffer = qb[i];
+    q[i].w.format = KILN_HAL_QFMT_FP8_E4M3;
+    q[i].w.group_size = (int32_t)K;
+    q[i].w.n = N;
+    q[i].w.k = K;
+    q[i].w.row_stride = K;
+    const int64_t ss[2] = {N, 1};
+    q[i].w.scales = kiln_hal_tensor_make(qb[i], s_off, KILN_HAL_F32, 2, ss);
+  }
+  rot_ctx_t rg = {g, NULL, nw, 0, 1}, rq = {NULL, q, nq, 0, 1};
+  const timing_t tb = time_rot(&rg), tq = time_rot(&rq);
+  printf("%-10s M=%-2lld K=%-5lld N=%-6lld  bf16 %8.2f us %7.0f GB/s   fp8 %8.2f us %7.0f GB/s"
+         "  (x%.2f of bf16's time)\n",
+         sh->name, (long long)M, (long long)K, (long long)N, tb.median * 1e6,
+         (double)wbytes / tb.median * 1e-9, tq.median * 1e6, (double)qbytes / tq.median * 1e-9,
+         tq.median / tb.median);
+  *t_bf16 = tb.median;
+  *t_fp8 = tq.median;
+  *fp8_bytes = (double)qbytes;
+  for (int i = 0; i < nw; i++) be->buffer_free(wb[i]);
+  for (int i = 0; i < nq; i++) be->buffer_free(qb[i]);
+  be->buffer_free(x);
+  be->buffer_free(y);
+}
+
+static void bench_fp8_decode(void) {
+  kiln_hal_device_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  check(be->device_info(0, &info), "device_info");
+  if (!be->gemm_quant || !(info.caps & KILN_HAL_CAP_QUANT(KILN_HAL_QFMT_FP8_E4M3))) {
+    printf("fp8: the plugin has no FP8 gemm_quant\n\n");
+    return;
+  }
+  static const struct {
+    const char *model;
+    int layers;
+    fp8b_shape_t lin[4], head;
+  } models[] = {
+      {"qwen2-7b", 28,
+       {{"qkv", 3584, 4608}, {"o_proj", 3584, 3584}, {"gate_up", 3584, 37888},
+        {"down", 18944, 3584}},
+       {"lm_head", 3584, 152064}},
+      {"llama-3-8b", 32,
+       {{"qkv", 4096, 6144}, {"o_proj", 4096, 4096}, {"gate_up", 4096, 28672},
+        {"down", 14336, 4096}},
+       {"lm_head", 4096, 128256}},
+  };
+  const char *ks = getenv("KILN_CUDA_FP8_GEMV");
+  printf("fp8 GEMV (per-channel e4m3, f32 scales; x, y bf16)%s%s\n", ks ? ", KILN_CUDA_FP8_GEMV=" : "",
+         ks ? ks : "");
+  for (size_t mi = 0; mi < sizeof(models) / sizeof(models[0]); mi++) {
+    double lay_b = 0, lay_q = 0, lay_bytes = 0, head_b = 0, head_q = 0, head_bytes = 0, tb, tq, by;
+    for (int64_t M = 1; M <= 8; M += 7)
+      for (int l = 0; l < 4; l++) {
+        fp8b_one(&models[mi].lin[l], M, &tb, &tq, &by);
+        if (M == 1) lay_b += tb, lay_q += tq, lay_bytes += by;
+      }
+    fp8b_one(&models[mi].head, 1, &head_b, &head_q, &head_bytes);
+    const int L = models[mi].layers;
+    const double bf16_bytes = 2.0 * (double)models[mi].head.K * (double)models[mi].head.N;
+    const double t_fp8 = L * lay_q + head_b, bytes_fp8 = L * lay_bytes + bf16_bytes;
+    printf("%s decode step, GEMVs only (%d layers + bf16 lm_head): bf16 %.3f ms, FP8 %.3f ms "
+           "(%.2f GB streamed: %.0f GB/s); with an FP8 lm_head %.3f ms (%.0f GB/s)\n\n",
+           models[mi].model, L, (L * lay_b + head_b) * 1e3, t_fp8 * 1e3, bytes_fp8 * 1e-9,
+           bytes_fp8 / t_fp8 * 1e-9, (L * lay_q + head_q) * 1e3,
+           (L * lay_bytes + head_bytes) / (L * lay_q + head_q) * 1e-9);
+  }
+}
+
 /* ---- attention: the serving shapes ------------------------------------------------------------
  * Decode (one query row per sequence) is judged by the KV bytes it must read, against the byte
  * ceiling; prefill (causal, the whole prompt at once) by its flops, against the plugin's own
@@ -849,7 +998,7 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only "
-              "gemm|qgemm|attn|norm|vision]\n",
+              "gemm|qgemm|fp8|attn|norm|vision]\n",
               argv[0]);
       return 2;
     }
@@ -857,7 +1006,7 @@ int main(int argc, char **argv) {
   if (!path) {
     fprintf(stderr,
             "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only "
-            "gemm|qgemm|attn|norm|vision]\n",
+            "gemm|qgemm|fp8|attn|norm|vision]\n",
             argv[0]);
     return 2;
   }
@@ -896,6 +1045,7 @@ int main(int argc, char **argv) {
   if (!no_ceilings) measure_ceilings();
   if (!only || !strcmp(only, "gemm")) bench_gemm();
   if (!only || !strcmp(only, "qgemm")) bench_qgemm();
+  if (only && !strcmp(only, "fp8")) bench_fp8_decode(); /* not in the default set: see above */
   if (!only || !strcmp(only, "attn")) bench_attention();
   if (!only || !strcmp(only, "norm")) bench_rmsnorm();
   if (!only || !strcmp(only, "norm")) bench_layernorm();
