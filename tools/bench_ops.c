@@ -1,7 +1,7 @@
 /* bench_ops.c - times a backend plugin's main ops against measured machine ceilings.
  *
  * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only
- * gemm|qgemm|attn|norm|vision]
+ * gemm|qgemm|fp8|attn|norm|vision] (fp8: only when named)
  *                      [--no-ceilings]
  *
  * Standalone: it dlopens the plugin and calls kiln_backend_query() like any host would, and

@@ -592,6 +592,19 @@ static bool qgemm_tiled_forced(void) {
   return v == 2;
 }
 
+/* KILN_CUDA_FP8_GEMV=split|nosplit, read once: the FP8 GEMV's K split forced on or off (for
+ * the benchmarks and the conformance suite, which run both), else chosen per shape. */
+static int32_t fp8_gemv_ks_forced(void) {
+  static atomic_int state; /* 0 = not read yet, else 1 + the value */
+  int v = atomic_load_explicit(&state, memory_order_relaxed);
+  if (v == 0) {
+    const char *m = getenv("KILN_CUDA_FP8_GEMV");
+    v = 1 + (!m ? 0 : strcmp(m, "nosplit") == 0 ? 1 : strcmp(m, "split") == 0 ? 2 : 0);
+    atomic_store_explicit(&state, v, memory_order_relaxed);
+  }
+  return v - 1;
+}
+
 /* ---- gemm_quant's g_idx check ---------------------------------------------------------- *
  * hal.h: a g_idx entry outside [0, G) is INVALID_ARGUMENT. The entries live in device memory,
  * so checking them costs a copy to the host and a synchronisation: gemm_quant does it the
@@ -802,6 +815,7 @@ static kiln_hal_error_t *cuda_gemm_quant(kiln_hal_stream_t *s,
     p.G = (int32_t)a.w.scales.shape[1];
   }
   p.force_tiled = qgemm_tiled_forced();
+  p.fp8_ks = fp8_gemv_ks_forced();
   if (a.x_quant == KILN_HAL_XQUANT_FP8_TOKEN) return gemm_quant_xq(s, &a, &p);
   return launch_result(cuda_launch_qgemm(s->stream, s->device->warp_size, &p), op);
 }

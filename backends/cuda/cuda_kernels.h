@@ -110,6 +110,7 @@ typedef struct cuda_qgemm_params {
   int64_t lds, ldz;
   int32_t group_size, G;
   bool force_tiled;
+  int32_t fp8_ks; /* FP8 GEMV: 0 = its own choice, 1 = no K split, 2 = split K over the block */
   const float *xscale; /* FP8 x_quant: x holds the codes' values (f16), row m times xscale[m] */
 } cuda_qgemm_params_t;
 

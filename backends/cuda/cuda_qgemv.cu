@@ -2,7 +2,9 @@
  * GGUF block format (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), a group format (INT4_G, INT8_G) or
  * FP8_E4M3 (1.5), never widened in memory: every kernel decodes the weights in registers from
  * the quantized bytes. FP8 at M <= 8 has its own GEMV, qgemv_fp8_kernel (16 codes a load, any
- * K); its decode (fp8_deq in cuda_qdeq.cuh) gives e4m3(q) * s rounded once, as hal.h.
+ * K, K split over a block's warps for narrow layers); its decode (fp8_deq in cuda_qdeq.cuh)
+ * gives e4m3(q) * s rounded once, as hal.h, or with per-channel scales the codes' exact values
+ * and the row's sum times s.
  *
  * Dequantization. qdeq8() gives the 8 consecutive weights k .. k + 7 (k % 8 == 0) of row n as
  * exactly the f32 values kiln/hal_quant.h defines (hal.h's contract): Q4_0/Q8_0 (q - 8) * d
@@ -186,17 +188,27 @@ static __device__ __forceinline__ void qx16(const T *x, int k, float f[16]) {
 }
 
 /* qgemv_kernel's shape with FP8's 1-byte codes: lane l owns pieces of 16 weights (one 16-byte
- * load per row at ALN 16), pieces l, l + WARP, ...; all UNROLL * NPW code loads (and their
- * scales) are issued before any decode. Any K: the K % 16 tail is one weight per lane. Grid as
- * qgemv_kernel; x and ldx 16-byte aligned. */
-template <int WARP, int MT, int NPW, int UNROLL, int ALN, typename T>
+ * load per row at ALN 16); all UNROLL * NPW code loads (and their scales) are issued before any
+ * decode. Any K: the K % 16 tail is one weight per lane.
+ * KS: the warps of a block that share its NPW rows and split K between them (1, or all the
+ * block's warps): warp ks of a row group takes pieces ks * WARP + lane, then every WARP * KS;
+ * the KS partial sums meet in shared memory, added in warp order (deterministic), so narrow
+ * layers (a few thousand rows: q/k/v, o_proj, down_proj) still put KS times the warps, and the
+ * loads, in flight. Per-channel scales (G == 1): the products are taken on the codes' exact
+ * values and the row's sum times s once at the end (one multiply per row, not per weight;
+ * hal.h's freedom is the f32 accumulation, and e4m3(q) * x summed then scaled differs from the
+ * sum of (e4m3(q) * s) * x by roundings of the same size as a change of order). Grid: one block
+ * per NPW * (warps / KS) rows; x and ldx 16-byte aligned. */
+template <int WARP, int MT, int NPW, int UNROLL, int KS, int ALN, typename T>
 static __global__ void __launch_bounds__(QGEMV_THREADS)
     qgemv_fp8_kernel(const T *__restrict__ x, int64_t ldx, qgemm_w_t q, void *__restrict__ y,
                      int64_t ldy, int32_t dty, const void *__restrict__ bias, int M, int N,
                      int K) {
-  const int lane = threadIdx.x % WARP;
-  const int64_t n0 = ((int64_t)blockIdx.x * (QGEMV_THREADS / WARP) + threadIdx.x / WARP) * NPW;
-  if (n0 >= N) return; /* warp-uniform; no barrier in the kernel */
+  constexpr int WPB = QGEMV_THREADS / WARP;
+  static_assert(KS == 1 || KS == WPB, "KS: 1 or every warp of the block");
+  const int lane = threadIdx.x % WARP, wi = threadIdx.x / WARP, ks = wi % KS;
+  const int64_t n0 = ((int64_t)blockIdx.x * (WPB / KS) + wi / KS) * NPW;
+  if (KS == 1 && n0 >= N) return; /* warp-uniform; with KS > 1 every warp reaches the barrier */
 
   const uint8_t *wr[NPW];
   const float *sr[NPW];
@@ -209,6 +221,7 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
   const T *xr[MT];
 #pragma unroll
   for (int m = 0; m < MT; m++) xr[m] = x + (int64_t)(m < M ? m : M - 1) * ldx;
+  const bool fold = q.G == 1; /* one scale per row, applied to the sum */
 
   float acc[MT][NPW];
 #pragma unroll
@@ -217,22 +230,27 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
     for (int j = 0; j < NPW; j++) acc[m][j] = 0.0f;
 
   const int K16 = K / 16;
-  for (int base = lane; base < K16; base += WARP * UNROLL) {
+  for (int base = ks * WARP + lane; base < K16; base += WARP * KS * UNROLL) {
     uint32_t c[UNROLL][NPW][4];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
-      const int p = base + u * WARP;
+      const int p = base + u * WARP * KS;
       const int pk = (p < K16 ? p : K16 - 1) * 16; /* past the end: re-load the last piece */
 #pragma unroll
       for (int j = 0; j < NPW; j++) ld16<ALN>(wr[j] + pk, c[u][j]);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
-      const int p = base + u * WARP;
+      const int p = base + u * WARP * KS;
       if (p < K16) {
         float wf[NPW][16];
 #pragma unroll
-        for (int j = 0; j < NPW; j++) fp8_deq_piece<16>(q, sr[j], p * 16, c[u][j], wf[j]);
+        for (int j = 0; j < NPW; j++) {
+          if (fold)
+            fp8_deq<16>(c[u][j], 1.0f, wf[j]); /* the codes' values, exact */
+          else
+            fp8_deq_piece<16>(q, sr[j], p * 16, c[u][j], wf[j]);
+        }
 #pragma unroll
         for (int m = 0; m < MT; m++) {
           float xf[16];
@@ -245,11 +263,13 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
       }
     }
   }
-  const int kt = K16 * 16 + lane; /* the tail: K % 16 < WARP weights, one per lane */
-  if (kt < K) {
+  const int kt = K16 * 16 + lane; /* the tail: K % 16 < WARP weights, one per lane of split 0 */
+  if (ks == 0 && kt < K) {
     float wt[NPW];
 #pragma unroll
-    for (int j = 0; j < NPW; j++) wt[j] = fp8_e4m3(qb(wr[j] + kt)) * __ldg(sr[j] + fp8_group(q, kt));
+    for (int j = 0; j < NPW; j++)
+      wt[j] = fold ? fp8_e4m3(qb(wr[j] + kt))
+                   : fp8_e4m3(qb(wr[j] + kt)) * __ldg(sr[j] + fp8_group(q, kt));
 #pragma unroll
     for (int m = 0; m < MT; m++) {
       const float xv = to_f32(xr[m][kt]);
@@ -263,6 +283,26 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
 #pragma unroll
     for (int j = 0; j < NPW; j++) acc[m][j] = warp_sum<WARP>(acc[m][j]);
 
+  if constexpr (KS > 1) {
+    __shared__ float part[WPB][MT][NPW];
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NPW; j++) part[wi][m][j] = acc[m][j];
+    __syncthreads();
+    if (ks != 0 || n0 >= N) return;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int j = 0; j < NPW; j++) {
+        float v = part[wi][m][j];
+#pragma unroll
+        for (int t = 1; t < KS; t++) v += part[wi + t][m][j];
+        acc[m][j] = v;
+      }
+  }
+
   if (lane == 0) {
 #pragma unroll
     for (int m = 0; m < MT; m++) {
@@ -271,7 +311,8 @@ static __global__ void __launch_bounds__(QGEMV_THREADS)
       for (int j = 0; j < NPW; j++) {
         const int64_t n = n0 + j;
         if (n >= N) break;
-        qstore(y, dty, (int64_t)m * ldy + n, bias, n, q.xsc ? acc[m][j] * q.xsc[m] : acc[m][j]);
+        float v = fold ? acc[m][j] * __ldg(sr[j]) : acc[m][j];
+        qstore(y, dty, (int64_t)m * ldy + n, bias, n, q.xsc ? v * q.xsc[m] : v);
       }
     }
   }
@@ -395,18 +436,41 @@ static cudaError_t qgemv_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
   return cudaGetLastError();
 }
 
-/* FP8: MT 1 keeps 8 code loads in flight per lane (2 rows x 4 pieces), MT 2 four, MT 4 and 8
- * four rows x 1 piece (their registers go to the products). */
-template <int WARP, int MT, int ALN, typename T>
-static cudaError_t qgemv_fp8_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
-  constexpr int NPW = MT <= 2 ? 2 : 4;
-  constexpr int UNROLL = MT == 1 ? 4 : MT == 2 ? 2 : 1;
-  constexpr int rows_per_block = NPW * (QGEMV_THREADS / WARP);
+/* FP8. Wide layers (at least CUDA_FP8_GEMV_SPLIT_WARPS row groups of warps): KS 1, MT 1 with
+ * NPW 4 rows x UNROLL 2 pieces (8 code loads in flight per lane, x widened once for 4 rows),
+ * MT 2 two rows x two pieces, MT 4 and 8 four rows x one piece. Narrower ones split K over the
+ * block's warps (KS = warps per block, 2 rows per group at MT <= 2, 4 above) when K gives every
+ * split at least a piece per lane, and at MT > 2 only for K of 4 pieces per lane and split
+ * (their 32 accumulators per lane leave no registers for more rows in flight, so a split only
+ * pays where K is long). Measured on an H200 (kiln-bench-ops --only fp8, both ways forced; M = 1
+ * of Qwen2-7B): q/k/v 10.8 -> 10.3 us, o_proj 10.0 -> 8.8, down_proj (K 18944) 39.4 -> 25.3 with
+ * the split; gate_up (N 37888) 45.0 against 48.9 and the lm_head 146 against 178 without it.
+ * At M = 8 the split won only for down_proj (77.8 -> 66.4 us) and lost elsewhere (gate_up
+ * 106 -> 176). p->fp8_ks (KILN_CUDA_FP8_GEMV=split|nosplit, for benchmarks and tests) forces
+ * either. */
+#define CUDA_FP8_GEMV_SPLIT_WARPS 8192
+template <int WARP, int MT, int NPW, int UNROLL, int KS, int ALN, typename T>
+static cudaError_t qgemv_fp8_go(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  constexpr int rows_per_block = NPW * (QGEMV_THREADS / WARP / KS);
   const int64_t blocks = ((int64_t)p->N + rows_per_block - 1) / rows_per_block;
-  qgemv_fp8_kernel<WARP, MT, NPW, UNROLL, ALN, T><<<(unsigned)blocks, QGEMV_THREADS, 0, st>>>(
+  qgemv_fp8_kernel<WARP, MT, NPW, UNROLL, KS, ALN, T><<<(unsigned)blocks, QGEMV_THREADS, 0, st>>>(
       (const T *)p->x, p->ldx, qgemm_w_of(p), p->y, p->ldy, p->dtype_y, p->bias, p->M, p->N,
       p->K);
   return cudaGetLastError();
+}
+
+template <int WARP, int MT, int ALN, typename T>
+static cudaError_t qgemv_fp8_launch(cudaStream_t st, const cuda_qgemm_params_t *p) {
+  constexpr int WPB = QGEMV_THREADS / WARP;
+  constexpr int NPW = MT == 1 ? 4 : MT == 2 ? 2 : 4;
+  constexpr int UNROLL = MT <= 2 ? 2 : 1;
+  constexpr int SNPW = MT <= 2 ? 2 : 4; /* the split variant's rows per row group */
+  bool split = ((int64_t)p->N + NPW - 1) / NPW < CUDA_FP8_GEMV_SPLIT_WARPS &&
+               p->K / 16 >= (MT <= 2 ? 1 : 4) * WPB * WARP;
+  if (p->fp8_ks == 1) split = false;
+  if (p->fp8_ks > 1) split = true;
+  if (split) return qgemv_fp8_go<WARP, MT, SNPW, UNROLL, WPB, ALN, T>(st, p);
+  return qgemv_fp8_go<WARP, MT, NPW, UNROLL, 1, ALN, T>(st, p);
 }
 
 template <int FMT>
