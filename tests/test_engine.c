@@ -266,6 +266,29 @@ static void test_intake_hold(void **state) {
   kiln_request_release(r);
 }
 
+/* kiln_engine_get_info: the macro fills the whole struct; the function of that name (what a
+ * program built before kv_cache_dtype existed calls) and a short size write nothing past
+ * their layout. */
+static void test_info_sizes(void **state) {
+  (void)state;
+  kiln_engine_t *e = make_engine(NULL, 0);
+  kiln_engine_info_t i;
+  kiln_engine_get_info(e, &i);
+  assert_non_null(i.kv_cache_dtype);
+  assert_true(i.kv_cache_dtype[0] != 0);
+  assert_true(i.num_blocks > 0 && i.vocab_size > 0);
+  const size_t old = offsetof(kiln_engine_info_t, kv_cache_dtype);
+  unsigned char buf[sizeof(kiln_engine_info_t) + 16];
+  memset(buf, 0xAB, sizeof(buf));
+  (kiln_engine_get_info)(e, (kiln_engine_info_t *)(void *)buf);
+  for (size_t k = old; k < sizeof(buf); k++) assert_int_equal(buf[k], 0xAB);
+  assert_int_equal(((kiln_engine_info_t *)(void *)buf)->num_blocks, i.num_blocks);
+  memset(buf, 0xAB, sizeof(buf));
+  kiln_engine_get_info_sized(e, (kiln_engine_info_t *)(void *)buf, 8);
+  for (size_t k = 8; k < sizeof(buf); k++) assert_int_equal(buf[k], 0xAB);
+  kiln_engine_destroy(e);
+}
+
 /* [engine] warmup: the dummy requests leave no trace. The same jobs (seeded and unseeded
  * sampling: an unseeded request's seed derives from its number) give the same tokens, the
  * metrics count only them, no warm-up prefix is cached; a pool too small for the larger
@@ -894,6 +917,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batching_is_invisible),
       cmocka_unit_test(test_intake_hold),
+      cmocka_unit_test(test_info_sizes),
       cmocka_unit_test(test_prefix_cache),
       cmocka_unit_test(test_warmup),
       cmocka_unit_test(test_n_sequences),

@@ -3058,20 +3058,27 @@ kiln_model_t *kiln_engine_model(kiln_engine_t *e) { return e->model; }
 
 int32_t kiln_engine_max_images(const kiln_engine_t *e) { return e->has_vision ? e->max_images : 0; }
 
-void kiln_engine_get_info(const kiln_engine_t *e, kiln_engine_info_t *out) {
-  memset(out, 0, sizeof(*out));
-  out->model_path = e->model_path ? e->model_path : "";
-  out->model_name = e->model_name ? e->model_name : "";
-  out->backend = e->backend_name ? e->backend_name : "";
-  out->device = e->device_name ? e->device_name : "";
-  out->vocab_size = e->vocab;
-  out->max_model_len = e->max_len;
-  out->block_size = e->bs;
-  out->num_blocks = e->kv ? kiln_kv_num_blocks(e->kv) : 0;
-  out->max_num_seqs = e->max_seqs;
-  out->max_num_batched_tokens = e->max_tokens;
-  out->has_tokenizer = e->tok != NULL;
-  out->kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : "";
+void kiln_engine_get_info_sized(const kiln_engine_t *e, kiln_engine_info_t *out, size_t size) {
+  kiln_engine_info_t i;
+  memset(&i, 0, sizeof(i));
+  i.model_path = e->model_path ? e->model_path : "";
+  i.model_name = e->model_name ? e->model_name : "";
+  i.backend = e->backend_name ? e->backend_name : "";
+  i.device = e->device_name ? e->device_name : "";
+  i.vocab_size = e->vocab;
+  i.max_model_len = e->max_len;
+  i.block_size = e->bs;
+  i.num_blocks = e->kv ? kiln_kv_num_blocks(e->kv) : 0;
+  i.max_num_seqs = e->max_seqs;
+  i.max_num_batched_tokens = e->max_tokens;
+  i.has_tokenizer = e->tok != NULL;
+  i.kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : "";
+  memcpy(out, &i, size < sizeof(i) ? size : sizeof(i));
+}
+
+/* The entry point of programs built before kiln_engine_info_t grew kv_cache_dtype. */
+void(kiln_engine_get_info)(const kiln_engine_t *e, kiln_engine_info_t *out) {
+  kiln_engine_get_info_sized(e, out, offsetof(kiln_engine_info_t, kv_cache_dtype));
 }
 
 kiln_status_t kiln_engine_tokenize(const kiln_engine_t *e, const char *text, size_t len,

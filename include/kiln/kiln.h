@@ -310,8 +310,14 @@ typedef struct kiln_engine_info {
   const char *kv_cache_dtype;
 } kiln_engine_info_t;
 
-/* Borrowed strings, valid until kiln_engine_destroy. */
-void kiln_engine_get_info(const kiln_engine_t *eng, kiln_engine_info_t *out);
+/* Borrowed strings, valid until kiln_engine_destroy. Copies the info into out, whose size is
+ * size bytes (sizeof(kiln_engine_info_t) of the header the caller was built with): members
+ * appended later are not written past it, as for the metrics. The macro passes the size; a
+ * program built before it existed calls the function of that name, which fills the members
+ * up to has_tokenizer (the layout it was built with). */
+void kiln_engine_get_info_sized(const kiln_engine_t *eng, kiln_engine_info_t *out, size_t size);
+void(kiln_engine_get_info)(const kiln_engine_t *eng, kiln_engine_info_t *out);
+#define kiln_engine_get_info(eng, out) kiln_engine_get_info_sized((eng), (out), sizeof(*(out)))
 
 /* The most images a request may carry: [model] max_images_per_prompt for a model with a
  * vision tower, 0 for a text-only model. */

@@ -404,7 +404,7 @@ class LLM:
             ctypes.cast(arr, _lib.c_char_p_p), len(ov), ctypes.byref(eng)))
         self._eng = eng
         info = _lib.EngineInfoC()
-        _lib_.kiln_engine_get_info(eng, ctypes.byref(info))
+        _lib_.kiln_engine_get_info_sized(eng, ctypes.byref(info), ctypes.sizeof(info))
         dec = lambda b: b.decode("utf-8", "replace") if b else None  # noqa: E731
         self.info = {
             "model_path": dec(info.model_path), "model_name": dec(info.model_name),
