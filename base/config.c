@@ -175,6 +175,11 @@ static const config_row_t config_rows[] = {
              "decode, an image on vision-language models) so that the first real request does "
              "not pay for kernel loading and GEMM algorithm choice: auto = on for GPUs, off on "
              "the CPU backend; on; off"),
+    ROW_INT("engine", "guide_precompute_ms", "200", 0, 60000,
+            "Constrained decoding: milliseconds a background thread may spend classifying a "
+            "newly compiled constraint's first contexts while its request's prompt is "
+            "prefilled (at most 4096 matcher states; the masks are the same without it); 0 = "
+            "off"),
 
     ROW_ENUM("cache", "block_size", "16", config_block_sizes, "Tokens per KV-cache block"),
     ROW_ENUM("cache", "dtype", "auto", config_kv_dtypes,

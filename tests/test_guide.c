@@ -1059,7 +1059,105 @@ static void test_engine_guided(void **state) {
   kiln_guide_release(g);
 }
 
-int main(void) {
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The metrics once at least jobs precomputations ended (at most 20 s: the budget is 200 ms). */
+static kiln_metrics_t precompute_metrics(kiln_engine_t *e, uint64_t jobs) {
+  kiln_metrics_t mt;
+  const double t0 = now_s();
+  for (;;) {
+    kiln_engine_get_metrics_sized(e, &mt, sizeof(mt));
+    if (mt.guide_precompute_jobs >= jobs || now_s() - t0 > 20) return mt;
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* [engine] guide_precompute_ms: the same tokens with the constraints' first contexts
+ * classified ahead on the engine's precompute thread or not; a schema that comes again (a
+ * cached compile, the same object) is precomputed once; destroy right after submit stops the
+ * thread without waiting for its budget. */
+static void test_engine_precompute(void **state) {
+  (void)state;
+  const char *schema_a =
+      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":10},"
+      "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"maxItems\":3},"
+      "\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":50}},\"required\":[\"name\",\"n\"]}";
+  const char *schema_b =
+      "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+      "\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]{5}$\"},\"ok\":{\"type\":\"boolean\"}},"
+      "\"required\":[\"city\",\"zip\",\"ok\"],\"additionalProperties\":false}";
+  const char *specs[3] = {schema_a, schema_a, schema_b};
+  const char *prompt = "The record of the day is";
+  kiln_sampling_params_t p;
+  kiln_sampling_params_init(&p);
+  p.n = 2;
+  p.max_tokens = 80;
+  p.temperature = 0.9f;
+  p.has_seed = true;
+  p.seed = 5;
+  p.guide = KILN_GUIDE_JSON_SCHEMA;
+  run_out_t *o = calloc(6, sizeof(run_out_t)); /* [off, on][request] */
+  assert_non_null(o);
+  const char *opt[2] = {"engine.guide_precompute_ms=0", "engine.guide_precompute_ms=200"};
+  for (int on = 0; on < 2; on++) {
+    kiln_engine_t *e = engine(opt[on], NULL);
+    for (int k = 0; k < 3; k++) {
+      p.guide_spec = specs[k];
+      run_req(e, prompt, &p, &o[on * 3 + k]);
+    }
+    kiln_metrics_t mt = precompute_metrics(e, on ? 2 : 0);
+    printf("test_guide: engine precompute %s: %llu jobs, %llu states\n", opt[on],
+           (unsigned long long)mt.guide_precompute_jobs,
+           (unsigned long long)mt.guide_precompute_states);
+    assert_int_equal(mt.guide_precompute_jobs, on ? 2 : 0); /* schema_a once */
+    if (on)
+      assert_true(mt.guide_precompute_states > 0);
+    else
+      assert_int_equal(mt.guide_precompute_states, 0);
+    kiln_engine_destroy(e);
+  }
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < 2; i++) {
+      assert_true(o[k].ntok[i] > 0);
+      assert_string_equal(o[k].text[i], o[3 + k].text[i]);
+      assert_int_equal(o[k].ntok[i], o[3 + k].ntok[i]);
+      assert_int_equal(o[k].finish[i], o[3 + k].finish[i]);
+    }
+  for (int i = 0; i < 2; i++) assert_string_equal(o[0].text[i], o[1].text[i]); /* same seed */
+  printf("test_guide: engine precompute: same tokens on and off: %s | %s\n", o[0].text[0],
+         o[2].text[0]);
+  free(o);
+  /* destroy right after submit: queued and running precomputations end, their constraints
+   * released (valgrind / ASan see the rest) */
+  kiln_engine_t *e = engine("engine.guide_precompute_ms=60000", NULL);
+  const char *more[3] = {schema_a, schema_b,
+                         "{\"type\":\"array\",\"items\":{\"type\":\"number\"}}"};
+  for (int k = 0; k < 3; k++) {
+    kiln_request_desc_t d;
+    memset(&d, 0, sizeof(d));
+    d.struct_size = sizeof(d);
+    d.prompt = prompt;
+    d.params = &p;
+    p.guide_spec = more[k];
+    kiln_request_t *r = NULL;
+    kiln_status_t st = kiln_engine_submit(e, &d, &r);
+    if (st) fail_msg("submit: %s", kiln_status_message(st));
+    kiln_request_release(r);
+  }
+  const double t0 = now_s();
+  kiln_engine_destroy(e);
+  const double dt = now_s() - t0;
+  printf("test_guide: engine destroyed %.1f ms after 3 guided submits\n", dt * 1e3);
+  assert_true(dt < 10); /* the budget is 60 s; the stop flag ends it at the next state */
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) cmocka_set_test_filter(argv[1]); /* e.g. test_guide 'test_engine*' */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gbnf),
       cmocka_unit_test(test_gbnf_errors),
@@ -1073,6 +1171,7 @@ int main(void) {
       cmocka_unit_test(test_masks_qwen3),
       cmocka_unit_test(test_precompute_corpus),
       cmocka_unit_test(test_engine_guided),
+      cmocka_unit_test(test_engine_precompute),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

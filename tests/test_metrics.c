@@ -408,6 +408,8 @@ static void test_prometheus(void **state) {
   m.spec_draft_seconds = 1.5;
   m.warmup_requests = 6;
   m.warmup_seconds = 0.5;
+  m.guide_precompute_jobs = 3;
+  m.guide_precompute_states = 777;
   for (int i = 0; i < 100; i++) {
     kiln_histogram_observe(&m.time_to_first_token, 0.003 * i);
     kiln_histogram_observe(&m.inter_token_latency, 0.0007 * i);
@@ -447,6 +449,8 @@ static void test_prometheus(void **state) {
       {"kiln:spec_decode_mean_acceptance_length", "gauge"},
       {"kiln:warmup_requests", "gauge"},
       {"kiln:warmup_seconds", "gauge"},
+      {"kiln:guide_precompute_jobs_total", "counter"},
+      {"kiln:guide_precompute_states_total", "counter"},
       {"kiln:time_to_first_token_seconds", "histogram"},
       {"kiln:inter_token_latency_seconds", "histogram"},
       {"kiln:e2e_request_latency_seconds", "histogram"},
@@ -474,6 +478,8 @@ static void test_prometheus(void **state) {
   assert_true(VALUE("prompt_tokens_total", "") == 12345);
   assert_true(VALUE("warmup_requests", "") == 6);
   assert_true(VALUE("warmup_seconds", "") == 0.5);
+  assert_true(VALUE("guide_precompute_jobs_total", "") == 3);
+  assert_true(VALUE("guide_precompute_states_total", "") == 777);
   assert_true(VALUE("generation_tokens_total", "") == 678);
   assert_true(VALUE("prefix_cache_queries_total", "") == 1000);
   assert_true(VALUE("prefix_cache_hits_total", "") == 300);

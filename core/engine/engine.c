@@ -179,6 +179,10 @@ struct kiln_engine {
   uint32_t *gmask; /* [max_seqs, mask words] */
   struct guide_pool *gpool;
   struct guide_job *gjobs;    /* [max_seqs] this step's */
+  /* the thread that classifies a newly compiled constraint's first contexts while its prompt
+   * is prefilled ([engine] guide_precompute_ms; 0 = none), made with gpool */
+  struct guide_pre *gpre;
+  int32_t guide_pre_ms;
   const uint32_t **item_mask; /* [max_seqs] the mask of step item s, or NULL */
   /* the engine proper */
   kiln_runner_t runner;
@@ -413,6 +417,113 @@ static void guide_pool_wait(guide_pool_t *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
+/* ---- constrained decoding: a constraint's first contexts classified ahead ------------------ */
+
+/* At most this many matcher states per constraint (as kiln-bench-guide's KILN_BENCH_PRECOMPUTE,
+ * docs/perf.md); the time budget is [engine] guide_precompute_ms. */
+#define GUIDE_PRE_STATES 4096
+
+typedef struct guide_pre_job {
+  kiln_guide_t *g; /* the job's own reference: the request may end first */
+  struct guide_pre_job *next;
+} guide_pre_job_t;
+
+/* One thread taking constraints from a FIFO: kiln_guide_precompute over each, until the budget
+ * or the stop flag (set at engine destroy, which then joins it). Its errors (out of memory)
+ * are logged and dropped: the masks are the same without it. */
+typedef struct guide_pre {
+  pthread_t thr;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  guide_pre_job_t *head, *tail;
+  atomic_bool stop;
+  int64_t budget_us;
+  kiln_engine_t *e; /* its metrics, under e->mu */
+} guide_pre_t;
+
+static void *guide_pre_main(void *arg) {
+  guide_pre_t *p = arg;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (!atomic_load(&p->stop) && !p->head) pthread_cond_wait(&p->cv, &p->mu);
+    if (atomic_load(&p->stop)) break;
+    guide_pre_job_t *j = p->head;
+    p->head = j->next;
+    if (!p->head) p->tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    int32_t states = 0;
+    kiln_status_t st =
+        kiln_guide_precompute(j->g, GUIDE_PRE_STATES, p->budget_us, &p->stop, &states);
+    if (st) {
+      kiln_log(KILN_LOG_WARN, "guide precompute: %s (ignored)", kiln_status_message(st));
+      kiln_status_free(st);
+    }
+    kiln_guide_release(j->g);
+    free(j);
+    pthread_mutex_lock(&p->e->mu);
+    p->e->metrics.guide_precompute_jobs++;
+    p->e->metrics.guide_precompute_states += (uint64_t)states;
+    pthread_mutex_unlock(&p->e->mu);
+    pthread_mutex_lock(&p->mu);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+static guide_pre_t *guide_pre_create(kiln_engine_t *e) {
+  guide_pre_t *p = calloc(1, sizeof(*p));
+  if (!p) return NULL;
+  p->e = e;
+  p->budget_us = (int64_t)e->guide_pre_ms * 1000;
+  atomic_init(&p->stop, false);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  if (pthread_create(&p->thr, NULL, guide_pre_main, p) != 0) {
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+/* Stops the thread (a running precomputation ends at its next state) and drops the queue. */
+static void guide_pre_free(guide_pre_t *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  atomic_store(&p->stop, true);
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  pthread_join(p->thr, NULL);
+  while (p->head) {
+    guide_pre_job_t *j = p->head;
+    p->head = j->next;
+    kiln_guide_release(j->g);
+    free(j);
+  }
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  free(p);
+}
+
+/* Queues g for precomputation unless it was queued (or done) before: a compile served from the
+ * vocabulary's cache returns the same object. Out of memory: skipped. */
+static void guide_pre_submit(guide_pre_t *p, kiln_guide_t *g) {
+  if (!p || !kiln_guide_claim_precompute(g)) return;
+  guide_pre_job_t *j = malloc(sizeof(*j));
+  if (!j) return;
+  j->g = kiln_guide_retain(g);
+  j->next = NULL;
+  pthread_mutex_lock(&p->mu);
+  if (p->tail)
+    p->tail->next = j;
+  else
+    p->head = j;
+  p->tail = j;
+  pthread_cond_signal(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* The vocabulary index and the mask workers, made at the first guided request. */
 static kiln_status_t guide_setup(kiln_engine_t *e) {
   pthread_mutex_lock(&e->gmu);
@@ -431,6 +542,10 @@ static kiln_status_t guide_setup(kiln_engine_t *e) {
       free(im);
       kiln_guide_vocab_free(v);
     } else if (!st) {
+      if (e->guide_pre_ms > 0 && !(e->gpre = guide_pre_create(e)))
+        kiln_log(KILN_LOG_WARN,
+                 "guide precompute: no thread (constraints are classified as their masks need "
+                 "them)");
       e->gjobs = jobs;
       e->item_mask = im;
       e->gmask = m;
@@ -1374,6 +1489,9 @@ kiln_status_t kiln_engine_submit(kiln_engine_t *e, const kiln_request_desc_t *d,
       ((st = guide_setup(e)) ||
        (st = kiln_guide_compile(e->gvocab, p->guide, p->guide_spec, p->guide_spec_len, &guide))))
     goto rejected;
+  /* its first contexts, classified while the prompt is tokenized and prefilled (e->gpre was
+   * set, if at all, under gmu in guide_setup above) */
+  if (guide) guide_pre_submit(e->gpre, guide);
   kiln_tokens_t ids = KILN_TOKENS_INIT;
   if (d->prompt) {
     if (!e->tok) {
@@ -2845,6 +2963,7 @@ kiln_status_t kiln_engine_create_setup(const kiln_engine_setup_t *su, kiln_engin
   e->max_seqs = (int32_t)kiln_config_get_int(cfg, "engine", "max_num_seqs");
   e->max_tokens = (int32_t)kiln_config_get_int(cfg, "engine", "max_num_batched_tokens");
   e->seed = (uint64_t)kiln_config_get_int(cfg, "engine", "seed");
+  e->guide_pre_ms = (int32_t)kiln_config_get_int(cfg, "engine", "guide_precompute_ms");
   e->chunked = kiln_config_get_bool(cfg, "scheduler", "enable_chunked_prefill");
   e->max_queued = (int32_t)kiln_config_get_int(cfg, "server", "max_queued_requests");
   kiln_status_t st = NULL;
@@ -2986,6 +3105,7 @@ void kiln_engine_destroy(kiln_engine_t *e) {
     intake(e, in);
     while (e->act_head) req_end(e, e->act_head, KILN_FINISH_ABORT, NULL);
   }
+  guide_pre_free(e->gpre); /* its queued jobs release their constraints */
   guide_pool_free(e->gpool);
   kiln_guide_vocab_free(e->gvocab); /* every request ended above, releasing its constraint */
   free(e->gmask);

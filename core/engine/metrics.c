@@ -269,6 +269,13 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
         (double)m->warmup_requests);
   gauge(&p, "warmup_seconds", "Seconds the start-up warm-up took.", m->warmup_seconds);
 
+  counter(&p, "guide_precompute_jobs_total",
+          "Compiled constraints whose first contexts were classified ahead of their first step "
+          "([engine] guide_precompute_ms).",
+          m->guide_precompute_jobs);
+  counter(&p, "guide_precompute_states_total", "Matcher states those precomputations covered.",
+          m->guide_precompute_states);
+
   histogram(&p, "time_to_first_token_seconds", "Time to first token in seconds.",
             &m->time_to_first_token);
   histogram(&p, "inter_token_latency_seconds", "Time between successive output tokens in seconds.",

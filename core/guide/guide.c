@@ -307,6 +307,7 @@ struct kiln_guide {
   int32_t cm_n, cm_cap;
   struct kiln_guide *prev, *next; /* in the vocabulary's cache */
   bool cached;
+  atomic_bool pc_claimed; /* kiln_guide_claim_precompute */
 };
 
 static const kiln_guide_vocab_t *sort_v; /* qsort has no context argument; guarded by sort_mu */
@@ -1278,6 +1279,11 @@ static void guide_free(kiln_guide_t *gd) {
   free(gd);
 }
 
+kiln_guide_t *kiln_guide_retain(kiln_guide_t *gd) {
+  atomic_fetch_add(&gd->refs, 1);
+  return gd;
+}
+
 void kiln_guide_release(kiln_guide_t *gd) {
   if (gd && atomic_fetch_sub(&gd->refs, 1) == 1) guide_free(gd);
 }
@@ -1338,6 +1344,7 @@ kiln_status_t kiln_guide_compile(kiln_guide_vocab_t *v, kiln_guide_kind_t kind, 
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "guide: out of memory");
   }
   atomic_init(&gd->refs, 1);
+  atomic_init(&gd->pc_claimed, false);
   gd->g = gr;
   gd->v = v;
   gd->key[0] = h.low64;
@@ -1726,4 +1733,8 @@ kiln_status_t kiln_guide_precompute(kiln_guide_t *gd, int32_t max_states, int64_
   if (states_out) *states_out = done;
   if (oom) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "guide: out of memory precomputing");
   return NULL;
+}
+
+bool kiln_guide_claim_precompute(kiln_guide_t *gd) {
+  return !atomic_exchange(&gd->pc_claimed, true);
 }

@@ -64,6 +64,9 @@ const uint8_t *kiln_guide_vocab_token(const kiln_guide_vocab_t *v, int32_t id, s
  * Errors: KILN_ERR_INVALID_ARGUMENT naming the kind's field and the reason. */
 kiln_status_t kiln_guide_compile(kiln_guide_vocab_t *v, kiln_guide_kind_t kind, const char *spec,
                                  size_t len, kiln_guide_t **out);
+/* One more reference to g (a worker that may outlive the request); kiln_guide_release drops
+ * it. Returns g. */
+kiln_guide_t *kiln_guide_retain(kiln_guide_t *g);
 void kiln_guide_release(kiln_guide_t *g);
 const kiln_grammar_t *kiln_guide_grammar(const kiln_guide_t *g);
 
@@ -116,5 +119,10 @@ bool kiln_guide_matcher_compact(kiln_guide_matcher_t *m);
  * Errors: out of memory. */
 kiln_status_t kiln_guide_precompute(kiln_guide_t *gd, int32_t max_states, int64_t budget_us,
                                     const atomic_bool *stop, int32_t *states_out);
+/* True the first time only (atomically), for one compiled constraint: the caller is the one to
+ * precompute it. A compile served from the vocabulary's cache returns the same object, so a
+ * schema that comes again is not precomputed again (a constraint evicted from the cache and
+ * compiled anew is a new object). */
+bool kiln_guide_claim_precompute(kiln_guide_t *g);
 
 #endif /* KILN_CORE_GUIDE_GUIDE_H */

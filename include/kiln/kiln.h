@@ -423,6 +423,11 @@ typedef struct kiln_metrics {
   int64_t kv_block_size;
   const char *kv_cache_dtype;
   int64_t kv_bytes_per_token;
+  /* constrained decoding ([engine] guide_precompute_ms), since start: compiled constraints
+   * whose first contexts were classified ahead (each once: a cached compile is the same
+   * constraint), and the matcher states those runs covered */
+  uint64_t guide_precompute_jobs;
+  uint64_t guide_precompute_states;
 } kiln_metrics_t;
 
 /* Copies the metrics into out, whose size is size bytes (sizeof(kiln_metrics_t) of the header
