@@ -43,6 +43,7 @@
 #include "kiln/kiln.h"
 #include "models/model.h"
 #include "test_backend.h"
+#include "test_model_util.h"
 
 #define KV_TOL 0.1
 #define KV_AGREE 0.75
@@ -55,30 +56,9 @@ static kiln_hal_stream_t *g_stream;
 static char g_src[1024]; /* the source tree */
 static char g_dir[256];  /* temporary fixtures */
 
-static void check_st(kiln_status_t st) {
-  if (st) fail_msg("%s", kiln_status_message(st));
-}
-
-static void expect_err(kiln_status_t st, const char *frag1, const char *frag2) {
-  if (!st) fail_msg("no error (wanted one mentioning %s)", frag1);
-  const char *msg = kiln_status_message(st);
-  if (!strstr(msg, frag1) || (frag2 && !strstr(msg, frag2)))
-    fail_msg("got: %s\n  want: ...%s...%s", msg, frag1, frag2 ? frag2 : "");
-  kiln_status_free(st);
-}
-
 static int setup(void **state) {
   (void)state;
-  kiln_hal_registry_options_t o = {0};
-  kiln_status_t st = kiln_hal_registry_create(&o, &g_reg);
-  if (!st) st = kiln_hal_registry_open(g_reg, test_backend_name(), &g_plugin);
-  if (st) {
-    fprintf(stderr, "%s\n", kiln_status_message(st));
-    kiln_status_free(st);
-    return -1;
-  }
-  const kiln_hal_backend_t *be = &g_plugin->table;
-  if (be->device_open(0, &g_dev) || be->stream_create(g_dev, &g_stream)) return -1;
+  if (test_open_backend(&g_reg, &g_plugin, &g_dev, &g_stream)) return -1;
   const char *src = getenv("KILN_SOURCE_DIR");
   snprintf(g_src, sizeof(g_src), "%s", src ? src : "..");
   snprintf(g_dir, sizeof(g_dir), "/tmp/kiln_kv8_XXXXXX");

@@ -41,6 +41,7 @@
 #include "models/model.h"
 #include "models/model_internal.h"
 #include "test_backend.h"
+#include "test_model_util.h"
 
 #define SELF_TOL 2e-5
 
@@ -50,18 +51,6 @@ static kiln_hal_device_t *g_dev;
 static kiln_hal_stream_t *g_stream;
 static char g_dir[512]; /* the generated fixtures */
 static bool g_keeps;    /* the device runs gemm_quant on int4_g and int8_g */
-
-static void check_st(kiln_status_t st) {
-  if (st) fail_msg("%s", kiln_status_message(st));
-}
-
-static void expect_err(kiln_status_t st, const char *frag1, const char *frag2) {
-  if (!st) fail_msg("no error (wanted one mentioning %s)", frag1);
-  const char *msg = kiln_status_message(st);
-  if (!strstr(msg, frag1) || (frag2 && !strstr(msg, frag2)))
-    fail_msg("got: %s\n  want: ...%s...%s", msg, frag1, frag2 ? frag2 : "");
-  kiln_status_free(st);
-}
 
 /* ---- 1. hand-made words ------------------------------------------------------------------- */
 
@@ -312,20 +301,10 @@ static void test_bad_tensors(void **state) {
 
 /* ---- 2. end to end ------------------------------------------------------------------------ */
 
-
-
 static int setup(void **state) {
   (void)state;
-  kiln_hal_registry_options_t o = {0};
-  kiln_status_t st = kiln_hal_registry_create(&o, &g_reg);
-  if (!st) st = kiln_hal_registry_open(g_reg, test_backend_name(), &g_plugin);
-  if (st) {
-    fprintf(stderr, "%s\n", kiln_status_message(st));
-    kiln_status_free(st);
-    return -1;
-  }
+  if (test_open_backend(&g_reg, &g_plugin, &g_dev, &g_stream)) return -1;
   const kiln_hal_backend_t *be = &g_plugin->table;
-  if (be->device_open(0, &g_dev) || be->stream_create(g_dev, &g_stream)) return -1;
   kiln_hal_device_info_t di;
   memset(&di, 0, sizeof(di));
   di.struct_size = sizeof(di);

@@ -360,6 +360,44 @@ static timing_t time_rot(rot_ctx_t *c) {
   return t;
 }
 
+/* n bf16 Linear gemms y[M, N] = x[M, K] @ W^T, W [N, K] in wb[i] (rotated copies). */
+static void bf16_linear_args(kiln_hal_gemm_args_t *g, int n, kiln_hal_buffer_t *x,
+                             kiln_hal_buffer_t **wb, kiln_hal_buffer_t *y, int64_t M, int64_t K,
+                             int64_t N) {
+  int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
+  for (int i = 0; i < n; i++) {
+    memset(&g[i], 0, sizeof(g[i]));
+    g[i].struct_size = sizeof(g[i]);
+    g[i].a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
+    g[i].b = kiln_hal_tensor_make(wb[i], 0, KILN_HAL_BF16, 2, bs);
+    g[i].b.stride[0] = 1;
+    g[i].b.stride[1] = K;
+    g[i].c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
+    g[i].alpha = 1.0f;
+  }
+}
+
+/* n FP8_E4M3 gemm_quant calls with g's x and y: codes [N, K] at the start of qb[i], f32 scales
+ * [N, ceil(K / gs)] at s_off. */
+static void fp8_linear_args(kiln_hal_gemm_quant_args_t *q, int n, const kiln_hal_gemm_args_t *g,
+                            kiln_hal_buffer_t **qb, uint64_t s_off, int64_t K, int64_t N,
+                            int64_t gs) {
+  const int64_t ss[2] = {N, (K + gs - 1) / gs};
+  for (int i = 0; i < n; i++) {
+    memset(&q[i], 0, sizeof(q[i]));
+    q[i].struct_size = sizeof(q[i]);
+    q[i].x = g->a;
+    q[i].y = g->c;
+    q[i].w.buffer = qb[i];
+    q[i].w.format = KILN_HAL_QFMT_FP8_E4M3;
+    q[i].w.group_size = (int32_t)gs;
+    q[i].w.n = N;
+    q[i].w.k = K;
+    q[i].w.row_stride = K;
+    q[i].w.scales = kiln_hal_tensor_make(qb[i], s_off, KILN_HAL_F32, 2, ss);
+  }
+}
+
 /* FP8_E4M3 against the bf16 gemm g (same x, y): codes, then its f32 scales [N, G] in one
  * buffer, rotated past L2 like the other formats; gs = K (per-channel) or a block size. */
 static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64_t K, int64_t gs,
@@ -387,20 +425,7 @@ static void bench_fp8(const kiln_hal_gemm_args_t *g, int64_t M, int64_t N, int64
   check(be->stream_sync(stream), "stream_sync");
   replicate(qb, nq, qbytes);
   kiln_hal_gemm_quant_args_t q[QB_MAX_COPIES];
-  for (int i = 0; i < nq; i++) {
-    memset(&q[i], 0, sizeof(q[i]));
-    q[i].struct_size = sizeof(q[i]);
-    q[i].x = g->a;
-    q[i].y = g->c;
-    q[i].w.buffer = qb[i];
-    q[i].w.format = KILN_HAL_QFMT_FP8_E4M3;
-    q[i].w.group_size = (int32_t)gs;
-    q[i].w.n = N;
-    q[i].w.k = K;
-    q[i].w.row_stride = K;
-    const int64_t ss[2] = {N, G};
-    q[i].w.scales = kiln_hal_tensor_make(qb[i], s_off, KILN_HAL_F32, 2, ss);
-  }
+  fp8_linear_args(q, nq, g, qb, s_off, K, N, gs);
   rot_ctx_t rq = {NULL, q, nq, 0, 1};
   timing_t tq = time_rot(&rq);
   char name[96];
@@ -457,18 +482,8 @@ static void bench_qgemm(void) {
     for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++) {
       const int64_t M = Ms[mi];
       if (M > maxM || (M > 8 && N > 100000)) continue;
-      int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
       kiln_hal_gemm_args_t g[QB_MAX_COPIES];
-      for (int i = 0; i < nw; i++) {
-        memset(&g[i], 0, sizeof(g[i]));
-        g[i].struct_size = sizeof(g[i]);
-        g[i].a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
-        g[i].b = kiln_hal_tensor_make(wb[i], 0, KILN_HAL_BF16, 2, bs);
-        g[i].b.stride[0] = 1;
-        g[i].b.stride[1] = K;
-        g[i].c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
-        g[i].alpha = 1.0f;
-      }
+      bf16_linear_args(g, nw, x, wb, y, M, K, N);
       rot_ctx_t rg = {g, NULL, nw, 0, 1};
       timing_t tb = time_rot(&rg);
       char name[96];
@@ -602,33 +617,10 @@ static void fp8b_one(const fp8b_shape_t *sh, int64_t M, double *t_bf16, double *
   replicate(qb, nq, qbytes);
   kiln_hal_buffer_t *x = alloc_buf((uint64_t)(M * K) * 2), *y = alloc_buf((uint64_t)(M * N) * 2);
   fill_random(x, KILN_HAL_BF16, M * K, 1.0f);
-  int64_t as[2] = {M, K}, bs[2] = {K, N}, cs[2] = {M, N};
   kiln_hal_gemm_args_t g[QB_MAX_COPIES];
-  for (int i = 0; i < nw; i++) {
-    memset(&g[i], 0, sizeof(g[i]));
-    g[i].struct_size = sizeof(g[i]);
-    g[i].a = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, as);
-    g[i].b = kiln_hal_tensor_make(wb[i], 0, KILN_HAL_BF16, 2, bs);
-    g[i].b.stride[0] = 1;
-    g[i].b.stride[1] = K;
-    g[i].c = kiln_hal_tensor_make(y, 0, KILN_HAL_BF16, 2, cs);
-    g[i].alpha = 1.0f;
-  }
+  bf16_linear_args(g, nw, x, wb, y, M, K, N);
   kiln_hal_gemm_quant_args_t q[QB_MAX_COPIES];
-  for (int i = 0; i < nq; i++) {
-    memset(&q[i], 0, sizeof(q[i]));
-    q[i].struct_size = sizeof(q[i]);
-    q[i].x = g[0].a;
-    q[i].y = g[0].c;
-    q[i].w.buffer = qb[i];
-    q[i].w.format = KILN_HAL_QFMT_FP8_E4M3;
-    q[i].w.group_size = (int32_t)K;
-    q[i].w.n = N;
-    q[i].w.k = K;
-    q[i].w.row_stride = K;
-    const int64_t ss[2] = {N, 1};
-    q[i].w.scales = kiln_hal_tensor_make(qb[i], s_off, KILN_HAL_F32, 2, ss);
-  }
+  fp8_linear_args(q, nq, &g[0], qb, s_off, K, N, K);
   rot_ctx_t rg = {g, NULL, nw, 0, 1}, rq = {NULL, q, nq, 0, 1};
   const timing_t tb = time_rot(&rg), tq = time_rot(&rq);
   printf("%-10s M=%-2lld K=%-5lld N=%-6lld  bf16 %8.2f us %7.0f GB/s   fp8 %8.2f us %7.0f GB/s"
