@@ -684,6 +684,23 @@ static kiln_status_t alloc_buf(kiln_model_t *m, uint64_t size, uint32_t flags, c
   return kiln_status_annotate(kiln_hal_status_from_error(e, what), "allocating %s for %s", b, what);
 }
 
+/* m->quant_desc for a GGUF file: the quantized types of its 2-D weights, with counts. */
+static void gguf_quant_describe(kiln_model_t *m, const kiln_weights_t *src) {
+  int64_t count[KILN_WTYPE_COUNT] = {0};
+  for (int64_t i = 0; i < kiln_weights_count(src); i++) {
+    const kiln_weight_t *w = kiln_weights_at(src, i);
+    if (w->ndim == 2 && w->type >= 0 && w->type < KILN_WTYPE_COUNT) count[w->type]++;
+  }
+  size_t n = 0;
+  for (int t = 0; t < KILN_WTYPE_COUNT; t++) {
+    if (!count[t] || t == KILN_WTYPE_F32 || t == KILN_WTYPE_F16 || t == KILN_WTYPE_BF16) continue;
+    int k = snprintf(m->quant_desc + n, sizeof(m->quant_desc) - n, "%s%s x %lld",
+                     n ? ", " : "gguf: ", kiln_wtype_name(t), (long long)count[t]);
+    if (k < 0 || (size_t)k >= sizeof(m->quant_desc) - n) break;
+    n += (size_t)k;
+  }
+}
+
 static bool is_gguf(const char *path) {
   struct stat sb;
   if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return false;
@@ -1057,6 +1074,20 @@ kiln_status_t kiln_model_load(const char *path, const kiln_hal_backend_t *backen
     if (plan.q_widened)
       kiln_log(KILN_LOG_INFO, "quantization %s: %lld Linear weights dequantized to %s at load (%s)",
                qdesc, (long long)plan.q_widened, kiln_hal_dtype_name(m->dtype), plan.q_widen_why);
+    char kept[64] = "", widened[64] = "";
+    if (plan.q_kept)
+      snprintf(kept, sizeof(kept), "; %lld Linears kept in %s", (long long)plan.q_kept,
+               kiln_hal_qfmt_name(qf));
+    if (plan.q_widened)
+      snprintf(widened, sizeof(widened), "; %lld dequantized to %s at load",
+               (long long)plan.q_widened, kiln_hal_dtype_name(m->dtype));
+    const bool xq = m->fp8_xquant && plan.q_kept && qf == KILN_HAL_QFMT_FP8_E4M3;
+    char *act = xq ? strrchr(qdesc, ',') : NULL; /* the describe's activation clause */
+    if (act) *act = 0;
+    snprintf(m->quant_desc, sizeof(m->quant_desc), "%s%s%s%s", qdesc,
+             xq ? ", activations FP8 per token (dynamic, W8A8)" : "", kept, widened);
+  } else if (is_gguf(path)) {
+    gguf_quant_describe(m, src);
   }
   if ((st = alloc_buf(m, plan.size, 0, "the weights", &m->weights))) goto fail;
   if ((st = model_upload(m, &plan))) goto fail;
@@ -1202,6 +1233,10 @@ uint64_t kiln_model_weight_bytes(const kiln_model_t *m) { return m->weight_bytes
 const char *kiln_model_kv_dtype_name(const kiln_model_t *m) {
   return m->kv_format == KILN_HAL_KV_FP8_E4M3 ? "fp8_e4m3" : kiln_hal_dtype_name(m->dtype);
 }
+const char *kiln_model_quantization(const kiln_model_t *m) {
+  return m->quant_desc[0] ? m->quant_desc : "none";
+}
+
 const char *kiln_model_kv_scales_source(const kiln_model_t *m) {
   if (m->kv_format != KILN_HAL_KV_FP8_E4M3) return NULL;
   return m->kv_scales_found ? "the checkpoint's k_scale / v_scale"

@@ -125,6 +125,11 @@ uint64_t kiln_model_weight_bytes(const kiln_model_t *m);
  * has no k_scale / v_scale)"); NULL for a float cache. */
 const char *kiln_model_kv_dtype_name(const kiln_model_t *m);
 const char *kiln_model_kv_scales_source(const kiln_model_t *m);
+/* The weights' quantization as loaded: "none" for float weights; a checkpoint's or [model]
+ * quantization's scheme (kiln_model_quant_describe) with how many Linears are kept quantized or
+ * were dequantized at load, and FP8 activations when fp8_activations = dynamic applies; for a
+ * GGUF file its quantized weight types and their counts ("gguf: Q4_K x 97, Q6_K x 16"). */
+const char *kiln_model_quantization(const kiln_model_t *m);
 
 /* ---- the paged KV cache ----------------------------------------------------------------- */
 

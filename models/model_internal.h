@@ -69,6 +69,8 @@ struct kiln_model {
   size_t kv_es;
   float *kv_scales;
   int64_t kv_scales_found;
+  /* kiln_model_quantization: what the weights are, as loaded ("none" for a float model) */
+  char quant_desc[256];
   int64_t max_len; /* rope table rows = longest sequence */
 
   kiln_hal_buffer_t *weights;

@@ -1034,9 +1034,15 @@ static enum MHD_Result serve_get(struct MHD_Connection *c, kiln_server_t *s, rou
       int32_t mi = eng ? kiln_engine_max_images(eng) : 0;
       kiln_strbuf_printf(&sb,
                          ", \"parent\": null, \"max_model_len\": %lld, \"input_modalities\": "
-                         "%s, \"max_images_per_prompt\": %d}]}",
+                         "%s, \"max_images_per_prompt\": %d, \"quantization\": ",
                          (long long)info.max_model_len,
                          mi > 0 ? "[\"text\", \"image\"]" : "[\"text\"]", mi);
+      const char *qz = info.quantization ? info.quantization : "none";
+      kiln_json_write_string(&sb, qz, strlen(qz), false);
+      kiln_strbuf_append_str(&sb, ", \"kv_cache_dtype\": ");
+      const char *kvd = info.kv_cache_dtype ? info.kv_cache_dtype : "";
+      kiln_json_write_string(&sb, kvd, strlen(kvd), false);
+      kiln_strbuf_append_str(&sb, "}]}");
       return respond_json(c, s, 200, &sb);
     }
     case R_METRICS: {

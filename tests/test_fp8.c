@@ -257,6 +257,11 @@ static void test_fp8_activations(void **state) {
   }
   check_st(load_act("ct_channel", KILN_FP8_WEIGHTS_KEEP, KILN_FP8_ACT_DYNAMIC, &md));
   check_st(load_act("ct_channel", KILN_FP8_WEIGHTS_KEEP, KILN_FP8_ACT_NONE, &mn));
+  if (!strstr(kiln_model_quantization(md), "activations FP8 per token (dynamic, W8A8); ") ||
+      strstr(kiln_model_quantization(md), "W8A16") || strstr(kiln_model_quantization(md), "weight-only"))
+    fail_msg("dynamic: quantization says %s", kiln_model_quantization(md));
+  if (strstr(kiln_model_quantization(mn), "W8A8"))
+    fail_msg("weight-only: quantization says %s", kiln_model_quantization(mn));
   const int64_t V = kiln_model_get_config(md)->vocab_size;
   int32_t ids[20];
   for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
@@ -336,6 +341,12 @@ static void check_fly(const char *src, const char *ref) {
   assert_int_equal(c->quant.fp8_scheme, KILN_FP8_ON_THE_FLY);
   assert_int_equal(kiln_model_get_config(mf)->quant.method, KILN_QUANT_NONE);
   if (g_keeps) assert_true(kiln_model_weight_bytes(mq) < kiln_model_weight_bytes(mf));
+  /* what kiln_engine_info_t.quantization, /v1/models and the serve banner say */
+  const char *qd = kiln_model_quantization(mq);
+  if (!strstr(qd, "fp8 e4m3, per-channel weight scales (made at load)") ||
+      !strstr(qd, g_keeps ? "Linears kept in fp8_e4m3" : "dequantized to"))
+    fail_msg("quantization: %s", qd);
+  assert_string_equal(kiln_model_quantization(mf), "none");
   compare(mq, mr, ref, SELF_TOL, 1.0);
   compare(mq, mf, src, FLY_TOL, FLY_AGREE);
   kiln_model_free(mq);

@@ -331,6 +331,8 @@ import json, sys, urllib.request
 url, ref = sys.argv[1], open(sys.argv[2]).read()
 models = json.load(urllib.request.urlopen(url + "/v1/models"))
 assert [m["id"] for m in models["data"]] == ["kiln-test/tiny"], models
+assert models["data"][0]["quantization"] == "none", models
+assert models["data"][0]["kv_cache_dtype"] in ("bf16", "f16", "f32"), models
 req = urllib.request.Request(url + "/v1/completions", data=json.dumps({
     "model": "kiln-test/tiny", "prompt": "Once upon a time", "max_tokens": 12,
     "temperature": 0, "ignore_eos": True}).encode(), headers={"Content-Type": "application/json"})

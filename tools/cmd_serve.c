@@ -171,10 +171,10 @@ int kiln_cmd_serve(kiln_cli_t *cli) {
   const char *host = so.host;
   printf(
       "kiln: serving %s on http://%s%s%s:%d (backend %s, %s; context %lld, %d KV blocks of %d, "
-      "%s)\n",
+      "%s; quantization %s)\n",
       name, strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
       kiln_server_port(server), info.backend, info.device, (long long)info.max_model_len,
-      info.num_blocks, info.block_size, info.kv_cache_dtype);
+      info.num_blocks, info.block_size, info.kv_cache_dtype, info.quantization);
   fflush(stdout);
   KILN_LOG_I("chat page: http://%s%s%s:%d/", strchr(host, ':') ? "[" : "", host,
              strchr(host, ':') ? "]" : "", kiln_server_port(server));

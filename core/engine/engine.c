@@ -3193,6 +3193,7 @@ void kiln_engine_get_info_sized(const kiln_engine_t *e, kiln_engine_info_t *out,
   i.max_num_batched_tokens = e->max_tokens;
   i.has_tokenizer = e->tok != NULL;
   i.kv_cache_dtype = e->model ? kiln_model_kv_dtype_name(e->model) : "";
+  i.quantization = e->model ? kiln_model_quantization(e->model) : "";
   memcpy(out, &i, size < sizeof(i) ? size : sizeof(i));
 }
 

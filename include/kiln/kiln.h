@@ -308,6 +308,10 @@ typedef struct kiln_engine_info {
   /* The KV cache's storage ([cache] dtype): "bf16", "f16", "f32" (the model's dtype) or
    * "fp8_e4m3"; num_blocks * block_size tokens fit in it. */
   const char *kv_cache_dtype;
+  /* The weights' quantization as loaded: "none", else e.g. "fp8 e4m3, per-channel weight
+   * scales (made at load), weight-only; 196 Linears kept in fp8_e4m3", "gptq 4-bit, group 128,
+   * ...", "gguf: Q4_K x 97, Q6_K x 16" (models/model.h kiln_model_quantization). */
+  const char *quantization;
 } kiln_engine_info_t;
 
 /* Borrowed strings, valid until kiln_engine_destroy. Copies the info into out, whose size is

@@ -147,6 +147,7 @@ class EngineInfoC(ctypes.Structure):
         ("max_num_batched_tokens", ctypes.c_int32),
         ("has_tokenizer", ctypes.c_bool),
         ("kv_cache_dtype", ctypes.c_char_p),
+        ("quantization", ctypes.c_char_p),
     ]
 
 

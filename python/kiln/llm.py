@@ -415,6 +415,7 @@ class LLM:
             "max_num_batched_tokens": info.max_num_batched_tokens,
             "has_tokenizer": info.has_tokenizer,
             "kv_cache_dtype": dec(info.kv_cache_dtype),
+            "quantization": dec(info.quantization),
             "max_images": _lib_.kiln_engine_max_images(eng),
         }
 

@@ -441,6 +441,7 @@ class KilnTest(unittest.TestCase):
             self.assertEqual(llm.info["max_model_len"], 256)
             self.assertEqual(llm.info["num_blocks"], 64)
             self.assertEqual(llm.info["kv_cache_dtype"], "bf16")  # kiln-tiny's dtype
+            self.assertEqual(llm.info["quantization"], "none")
             self.assertEqual(llm.info["backend"], "cpu")
             self.assertTrue(llm.info["model_path"].endswith("kiln-tiny"))
             with self.assertRaises(kiln.InvalidArgumentError) as e:
