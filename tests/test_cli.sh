@@ -56,6 +56,10 @@ check "--set without =" 1 '--set' -- "$kiln" info --set engine.max_num_seqs
 check "--set wins over the file" 0 'max_num_seqs = 7' \
   -- "$kiln" config --config "$src/etc/kiln.ini" --set engine.max_num_seqs=7
 check "default config loads" 0 'backend = auto -> ' -- "$kiln" info --config "$src/etc/kiln.ini"
+check "info: the model and its quantization" 0 'kiln-tiny \(LlamaForCausalLM; quantization none\)' \
+  -- "$kiln" info --config "$src/etc/kiln.ini"
+check "info: quantization = fp8 at load" 0 'quantization = fp8: FP8 e4m3 per-channel, made at load' \
+  -- "$kiln" info --config "$src/etc/kiln.ini" --set model.quantization=fp8
 for ex in "$src"/etc/examples/*.ini; do
   check "example config $(basename "$ex") loads" 0 '^\[backend\]' -- "$kiln" config --config "$ex"
 done

@@ -1,11 +1,14 @@
 /* cmd_info.c - `kiln info`: every plugin found, its devices, and why rejected ones were. */
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "hal/gpus.h"
 #include "kiln/hal_quant.h"
 #include "kiln/hal_util.h"
+#include "models/model_config.h"
 
 /* The PCI addresses of the devices the open plugins listed, to tell which plugin drives each
  * GPU the vendors' libraries see. A fixed table: beyond 256 devices the rest go unmatched. */
@@ -196,13 +199,52 @@ static void info_gpus(kiln_hal_registry_t *reg, const info_seen_t *seen,
   kiln_gpu_scan_free(scan);
 }
 
+/* The configured model's architecture and quantization, from its config.json alone (no
+ * weights are read; a Hub id is not resolved: that may download). */
+static void info_model(const kiln_cli_t *cli) {
+  char path[4096];
+  kiln_status_t st = kiln_config_model_path(cli->config, path, sizeof(path));
+  if (st) {
+    printf("model = ?: %s\n", kiln_status_message(st));
+    kiln_status_free(st);
+    return;
+  }
+  struct stat sb;
+  size_t len = strlen(path);
+  if (stat(path, &sb) != 0) {
+    printf("model = %s (not a local path: a Hub id is resolved when a command loads it)\n", path);
+    return;
+  }
+  if (S_ISREG(sb.st_mode) && len > 5 && strcmp(path + len - 5, ".gguf") == 0) {
+    printf("model = %s (GGUF; its quantized types are listed when it loads: kiln serve's banner, "
+           "/v1/models)\n", path);
+    return;
+  }
+  kiln_model_config_t *mc = calloc(1, sizeof(*mc));
+  if (!mc) return;
+  if ((st = kiln_model_config_load(path, mc))) {
+    printf("model = %s: %s\n", path, kiln_status_message(st));
+    kiln_status_free(st);
+    free(mc);
+    return;
+  }
+  char q[160];
+  kiln_model_quant_describe(&mc->quant, q, sizeof(q));
+  const char *fly = kiln_config_get_string(cli->config, "model", "quantization");
+  const bool on_the_fly = mc->quant.method == KILN_QUANT_NONE && fly && strcmp(fly, "fp8") == 0;
+  printf("model = %s (%s; quantization %s%s)\n", path, mc->architecture, q,
+         on_the_fly ? "; [model] quantization = fp8: FP8 e4m3 per-channel, made at load" : "");
+  free(mc);
+}
+
 static const kiln_opts_t info_opts = {
     .cmd = "info",
     .usage =
         "usage: kiln info [--config FILE] [--set section.key=value]...\n"
         "Lists the backend plugins on the search path with their ABI, state, probe score and\n"
-        "devices (and why any was rejected), the GPUs the vendors' drivers see, and the\n"
-        "backend that [backend] name picks. Exit status: 1 when that one cannot be used.\n",
+        "devices (and why any was rejected), the GPUs the vendors' drivers see, the backend\n"
+        "that [backend] name picks and the configured model's architecture and quantization\n"
+        "(from its config.json). Exit status: 1 when the backend cannot be used.\n",
     .common = &kiln_cli_common_opts,
 };
 
@@ -254,6 +296,7 @@ int kiln_cmd_info(kiln_cli_t *cli) {
     return 1;
   }
   printf("\nbackend = %s -> %s (%s)\n", want, chosen->name, chosen->path);
+  info_model(cli);
   printf("tensor_parallel_size = %lld%s\n",
          (long long)kiln_config_get_int(cli->config, "parallel", "tensor_parallel_size"),
          KILN_HAL_HAS(&chosen->table, comm_create) && chosen->table.comm_create ? "" : " (this backend has no collectives: only 1 runs)");
