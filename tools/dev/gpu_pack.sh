@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# gpu_pack.sh - packs prebuilt binaries for the GPU machine (device tool), so that a call there
+# runs at once instead of spending its first minutes (of a 30-minute session budget) building:
+# the CUDA plugin, libkiln, the op suite and the op benchmark from BUILD_DIR (configured here,
+# on the CPU machine, which has nvcc: cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release
+# -DKILN_HTTP=OFF -DKILN_CUDA_ARCHS=90a -DKILN_BACKEND_ROCM=OFF && cmake --build build-gpu
+# --target kiln-backend-cuda test_ops kiln-bench-ops), with the Debian runtime libraries they
+# link (not the -dev packages, not OpenBLAS: only the cpu plugin needs it) from DEPS_DIR.
+# About 14 MB, which fits beside the working tree under the device tool's 64 MiB.
+# Usage: bash tools/dev/gpu_pack.sh BUILD_DIR DEPS_DIR OUT_DIR   (OUT_DIR git-ignored, e.g. .gpu
+# with "/.gpu/" in .git/info/exclude); then, on the GPU machine (carry [".gpu"]):
+#   D=$PWD/.gpu; . tools/dev/gpu_env.sh $D; export LD_LIBRARY_PATH=$D/lib:$LD_LIBRARY_PATH \
+#     KILN_BACKEND_PATH=$D/lib/kiln
+#   (cd $D && KILN_TEST_BACKENDS=cuda KILN_TEST_ONLY=test_ops_gemm_quant ./test_ops)
+#   $D/kiln-bench-ops $D/lib/kiln/libkiln-backend-cuda.so --only fp8 --no-ceilings
+set -euo pipefail
+build=${1:?usage: gpu_pack.sh BUILD_DIR DEPS_DIR OUT_DIR} deps=${2:?deps dir} out=${3:?out dir}
+rm -rf "$out"
+mkdir -p "$out/lib/kiln"
+for p in libinih1 libcmocka0 libpcre2-8-0 libutf8proc2 libxxhash0 libpng16-16 libjpeg62-turbo_ libwebp7; do
+  ls "$deps"/${p}*.deb >/dev/null 2>&1 || { echo "gpu_pack: no $p*.deb in $deps" >&2; exit 1; }
+  cp "$deps"/${p}*.deb "$out/"
+done
+cp "$build/lib/kiln/libkiln-backend-cuda.so" "$out/lib/kiln/"
+cp -a "$build"/lib/libkiln.so* "$out/lib/"
+cp "$build/tests/test_ops" "$build/bin/kiln-bench-ops" "$out/"
+strip "$out/lib/kiln/"*.so
+du -sh "$out"
