@@ -6,11 +6,15 @@
 # -DKILN_HTTP=OFF -DKILN_CUDA_ARCHS=90a -DKILN_BACKEND_ROCM=OFF && cmake --build build-gpu
 # --target kiln-backend-cuda test_ops kiln-bench-ops), with the Debian runtime libraries they
 # link (not the -dev packages, not OpenBLAS: only the cpu plugin needs it) from DEPS_DIR.
-# About 14 MB, which fits beside the working tree under the device tool's 64 MiB.
+# When BUILD_DIR has bin/kiln (the CLI, built with KILN_HTTP=ON: --target kiln_cli), it goes in
+# too, with every library it links that is not glibc's, copied from this machine (libmicrohttpd,
+# libcurl and what libcurl pulls in: the GPU machine has no apt).
+# Everything is one OUT_DIR/pack.tar.xz (about 3 MB; the unpacked 30 MB would not fit beside the
+# 50 MB working tree under the device tool's 64 MiB).
 # Usage: bash tools/dev/gpu_pack.sh BUILD_DIR DEPS_DIR OUT_DIR   (OUT_DIR git-ignored, e.g. .gpu
 # with "/.gpu/" in .git/info/exclude); then, on the GPU machine (carry [".gpu"]):
-#   D=$PWD/.gpu; . tools/dev/gpu_env.sh $D; export LD_LIBRARY_PATH=$D/lib:$LD_LIBRARY_PATH \
-#     KILN_BACKEND_PATH=$D/lib/kiln
+#   D=/tmp/gpu; mkdir -p $D && tar xJf .gpu/pack.tar.xz -C $D; . tools/dev/gpu_env.sh $D
+#   export LD_LIBRARY_PATH=$D/lib:$LD_LIBRARY_PATH KILN_BACKEND_PATH=$D/lib/kiln
 #   (cd $D && KILN_TEST_BACKENDS=cuda KILN_TEST_ONLY=test_ops_gemm_quant ./test_ops)
 #   $D/kiln-bench-ops $D/lib/kiln/libkiln-backend-cuda.so --only fp8 --no-ceilings
 set -euo pipefail
@@ -24,5 +28,16 @@ done
 cp "$build/lib/kiln/libkiln-backend-cuda.so" "$out/lib/kiln/"
 cp -a "$build"/lib/libkiln.so* "$out/lib/"
 cp "$build/tests/test_ops" "$build/bin/kiln-bench-ops" "$out/"
+if [ -x "$build/bin/kiln" ]; then
+  cp "$build/bin/kiln" "$out/"
+  ldd "$build/bin/kiln" | awk '/=>/ {print $3}' | while read -r lib; do
+    case $(basename "$lib") in libc.so*|libm.so*|libresolv.so*|libpthread.so*|libdl.so*|librt.so*|libkiln.so*) continue ;; esac
+    cp -L "$lib" "$out/lib/"
+  done
+fi
 strip "$out/lib/kiln/"*.so
+tmp=$(mktemp -d)
+mv "$out"/* "$tmp/"
+tar cJf "$out/pack.tar.xz" -C "$tmp" .
+rm -rf "$tmp"
 du -sh "$out"
