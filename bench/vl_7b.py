@@ -187,7 +187,10 @@ def hf(path, shape, img_path, runs, new_tokens):
         torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
+            # mm_token_type_ids: transformers 5.x computes M-RoPE from them; without them
+            # generate silently gives the image tokens 1-D positions (found 2026-12-03).
             o = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                               mm_token_type_ids=(input_ids == IMAGE_PAD).long(),
                                pixel_values=pv, image_grid_thw=grid, max_new_tokens=n,
                                min_new_tokens=n, do_sample=False)
         torch.cuda.synchronize()

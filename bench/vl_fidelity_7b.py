@@ -19,6 +19,7 @@ and how many of the greedy tokens agree before the first difference.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,6 +30,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vl_7b  # noqa: E402
 
 RESULT = {}
+
+# --variants: the 7B shapes cut down (one vision block, one text layer) with one dimension
+# changed each, to find which one a difference follows (fp32, the small image only).
+VARIANTS = {
+    "q2-hd80": ("qwen2-vl-7b", dict(num_hidden_layers=1), dict(depth=1)),
+    "q2-embed320-hd80": ("qwen2-vl-7b", dict(num_hidden_layers=1), dict(depth=1, embed_dim=320, num_heads=4)),
+    "q2-text-tied": ("qwen2-vl-7b", dict(num_hidden_layers=1, tie_word_embeddings=True), dict(depth=1)),
+    "q2-theta1e4": ("qwen2-vl-7b", dict(num_hidden_layers=1), dict(depth=1), dict(rope_theta=10000.0)),
+    "q25-hd80": ("qwen2.5-vl-7b", dict(num_hidden_layers=1), dict(depth=1, fullatt_block_indexes=[0])),
+}
+
+
+def variant_shape(name):
+    base, t, v = VARIANTS[name][:3]
+    s = dict(vl_7b.SHAPES[base], **(VARIANTS[name][3] if len(VARIANTS[name]) > 3 else {}))
+    s["text"] = dict(s["text"], **t)
+    s["vision"] = dict(s["vision"], **v)
+    vl_7b.SHAPES[name] = s
+    return name
 
 
 def build(shape, path):
@@ -60,20 +80,30 @@ def build(shape, path):
 
 def hf(shape, path, img, n):
     from PIL import Image
+    # No TF32 anywhere in the reference: PyTorch lets cuDNN (the Conv3d patch embedding) use it by
+    # default, and a TF32 patch embedding is ~1e-3 off before the first block.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     s = vl_7b.SHAPES[shape]
     model = getattr(transformers, s["arch"]).from_pretrained(
         path, dtype=torch.float32, attn_implementation="sdpa").cuda().eval()
-    out = vl_7b.image_processor()(images=[Image.open(img)], return_tensors="pt")
-    grid = out["image_grid_thw"].cuda()
-    m = s["vision"]["spatial_merge_size"]
-    k = int(grid.prod().item()) // (m * m)
-    ids = []
-    for t in vl_7b.prompt_ids():
-        ids.extend([vl_7b.IMAGE_PAD] * k if t == vl_7b.IMAGE_PAD else [t])
+    extra = {}
+    if img:
+        out = vl_7b.image_processor()(images=[Image.open(img)], return_tensors="pt")
+        grid = out["image_grid_thw"].cuda()
+        m = s["vision"]["spatial_merge_size"]
+        k = int(grid.prod().item()) // (m * m)
+        ids = []
+        for t in vl_7b.prompt_ids():
+            ids.extend([vl_7b.IMAGE_PAD] * k if t == vl_7b.IMAGE_PAD else [t])
+        extra = dict(pixel_values=out["pixel_values"].cuda(), image_grid_thw=grid)
+    else:
+        ids, grid = text_ids(), None
     x = torch.tensor([ids], device="cuda")
+    if img:  # transformers 5.x computes M-RoPE from these (1 = image token); without them, 1-D
+        extra["mm_token_type_ids"] = (x == vl_7b.IMAGE_PAD).long()
     with torch.no_grad():
-        o = model.generate(input_ids=x, attention_mask=torch.ones_like(x),
-                           pixel_values=out["pixel_values"].cuda(), image_grid_thw=grid,
+        o = model.generate(input_ids=x, attention_mask=torch.ones_like(x), **extra,
                            max_new_tokens=n, min_new_tokens=n, do_sample=False,
                            output_scores=True, return_dict_in_generate=True)
     lp = torch.log_softmax(o.scores[0][0].double(), -1)
@@ -81,16 +111,25 @@ def hf(shape, path, img, n):
     del model
     torch.cuda.empty_cache()
     return dict(tokens=o.sequences[0, x.shape[1]:].tolist(), prompt_tokens=len(ids),
+                image_processor=type(vl_7b.image_processor()).__name__,
+                grid=grid[0].tolist() if grid is not None else None,
                 top=[[int(i), float(v)] for v, i in zip(top.values.tolist(), top.indices.tolist())])
 
 
-def kiln(a, path, img, dtype):
+def text_ids():
+    """The prompt with its vision tokens left out (a text-only request)."""
+    return [t for t in vl_7b.prompt_ids() if t not in (vl_7b.IMAGE_PAD, vl_7b.VISION_START, vl_7b.VISION_END)]
+
+
+def kiln(a, path, img, dtype, backend="cuda"):
     env = dict(os.environ)
     if a.kiln_ld_path:
         env["LD_LIBRARY_PATH"] = a.kiln_ld_path
-    cmd = [a.kiln, "generate", "--model", path, "--ids", ",".join(map(str, vl_7b.prompt_ids())),
-           "--image", img, "--max-tokens", str(a.new_tokens), "--ignore-eos", "--temperature", "0",
-           "--logprobs", "20", "--json", "--dtype", dtype, "--set", "backend.name=cuda"]
+    ids = vl_7b.prompt_ids() if img else text_ids()
+    cmd = [a.kiln, "generate", "--model", path, "--ids", ",".join(map(str, ids))] + \
+        (["--image", img] if img else []) + \
+        ["--max-tokens", str(a.new_tokens), "--ignore-eos", "--temperature", "0",
+         "--logprobs", "20", "--json", "--dtype", dtype, "--set", "backend.name=" + backend]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     if p.returncode != 0:
         return dict(error=(p.stderr or p.stdout)[-1500:], cmd=" ".join(cmd))
@@ -122,23 +161,36 @@ def main():
     ap.add_argument("--work", default="/tmp/vlf")
     ap.add_argument("--shape", action="append")
     ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--variants", action="store_true", help="the cut-down variants instead")
     ap.add_argument("--out")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     img = os.path.join(a.work, "image_1280x720.png")
     vl_7b.make_image(img)
+    from PIL import Image
+    small = os.path.join(a.work, "image_336x252.png")
+    Image.open(img).resize((336, 252), Image.BICUBIC).save(small)
     RESULT["versions"] = dict(transformers=transformers.__version__, torch=torch.__version__,
                               gpu=torch.cuda.get_device_name())
-    for shape in a.shape or ["qwen2-vl-7b", "qwen2.5-vl-7b"]:
+    shapes = [variant_shape(v) for v in VARIANTS] if a.variants else (a.shape or ["qwen2-vl-7b", "qwen2.5-vl-7b"])
+    for shape in shapes:
         path = os.path.join(a.work, shape)
         build(shape, path)
-        ref = hf(shape, path, img, a.new_tokens)
-        r = RESULT.setdefault(shape, dict(hf_fp32=ref))
-        for dt in ("float32", "bfloat16"):
-            k = kiln(a, path, img, dt)
-            r["kiln_" + dt] = k
-            r["kiln_" + dt + "_vs_hf_fp32"] = c = compare(ref, k)
-            print(shape, dt, json.dumps(c), flush=True)
+        for im in (small, None) if a.variants else (img,):
+            tag = shape + ("" if im == img else "@336x252" if im else "@text")
+            ref = hf(shape, path, im, a.new_tokens)
+            r = RESULT.setdefault(tag, dict(hf_fp32=ref))
+            runs = [("float32", "cuda"), ("bfloat16", "cuda")] if im == img else [("float32", "cuda")]
+            if a.variants:
+                runs.append(("float32", "cpu"))
+            for dt, be in runs:
+                key = "kiln_" + dt + ("" if be == "cuda" else "_" + be)
+                k = kiln(a, path, im, dt, be)
+                r[key] = k
+                r[key + "_vs_hf_fp32"] = c = compare(ref, k)
+                print(tag, key, json.dumps(c), flush=True)
+        if a.variants:
+            shutil.rmtree(path)
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(RESULT, f, indent=1)

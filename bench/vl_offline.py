@@ -199,7 +199,9 @@ def run_hf(a, model_dir, paths):
         L = max(len(x) for x in seqs)
         ids = torch.tensor([[pad_id] * (L - len(x)) + x for x in seqs], device="cuda")
         mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in seqs], device="cuda")
-        return dict(input_ids=ids, attention_mask=mask,
+        # mm_token_type_ids: transformers 5.x's M-RoPE needs them (1 = image token); generate
+        # without them silently gives image tokens 1-D positions (found 2026-12-03).
+        return dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == vl_7b.IMAGE_PAD).long(),
                     pixel_values=out["pixel_values"].to("cuda", torch.bfloat16),
                     image_grid_thw=grids.to("cuda")), sum(len(x) for x in seqs)
 

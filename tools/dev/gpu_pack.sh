@@ -6,7 +6,7 @@
 # -DKILN_HTTP=OFF -DKILN_CUDA_ARCHS=90a -DKILN_BACKEND_ROCM=OFF && cmake --build build-gpu
 # --target kiln-backend-cuda test_ops kiln-bench-ops), with the Debian runtime libraries they
 # link (not the -dev packages, not OpenBLAS: only the cpu plugin needs it) from DEPS_DIR.
-# When BUILD_DIR has bin/kiln (the CLI, built with KILN_HTTP=ON: --target kiln_cli), it goes in
+# When BUILD_DIR has the cpu plugin, it and its OpenBLAS come too. When BUILD_DIR has bin/kiln (the CLI, built with KILN_HTTP=ON: --target kiln_cli), it goes in
 # too, with every library it links that is not glibc's, copied from this machine (libmicrohttpd,
 # libcurl and what libcurl pulls in: the GPU machine has no apt).
 # Everything is one OUT_DIR/pack.tar.xz (about 3 MB; the unpacked 30 MB would not fit beside the
@@ -28,12 +28,16 @@ done
 cp "$build/lib/kiln/libkiln-backend-cuda.so" "$out/lib/kiln/"
 cp -a "$build"/lib/libkiln.so* "$out/lib/"
 cp "$build/tests/test_ops" "$build/bin/kiln-bench-ops" "$out/"
-if [ -x "$build/bin/kiln" ]; then
-  cp "$build/bin/kiln" "$out/"
-  ldd "$build/bin/kiln" | awk '/=>/ {print $3}' | while read -r lib; do
+libs_of() { # copies the non-glibc libraries $1 links into the pack
+  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
     case $(basename "$lib") in libc.so*|libm.so*|libresolv.so*|libpthread.so*|libdl.so*|librt.so*|libkiln.so*) continue ;; esac
     cp -L "$lib" "$out/lib/"
   done
+}
+if [ -x "$build/bin/kiln" ]; then cp "$build/bin/kiln" "$out/"; libs_of "$build/bin/kiln"; fi
+# The cpu plugin too when built (a second backend on the same machine, for diagnosis).
+if [ -f "$build/lib/kiln/libkiln-backend-cpu.so" ]; then
+  cp "$build/lib/kiln/libkiln-backend-cpu.so" "$out/lib/kiln/"; libs_of "$build/lib/kiln/libkiln-backend-cpu.so"
 fi
 strip "$out/lib/kiln/"*.so
 tmp=$(mktemp -d)
