@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -55,18 +54,8 @@ TEMPLATE = (
     "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor -%}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}")
 
-T0 = time.time()
-RESULT = {}
-
-
-def log(*a):
-    print("[%6.1f s]" % (time.time() - T0), *a, flush=True)
-
-
-def save(path):
-    if path:
-        with open(path, "w") as f:
-            json.dump(RESULT, f, indent=1)
+# One clock, one result and its writer for the run: vl_7b's (its ceilings and builder are used too).
+T0, RESULT, log, save = vl_7b.T0, vl_7b.RESULT, vl_7b.log, vl_7b.save
 
 
 def make_images(d, n):
