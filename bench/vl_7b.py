@@ -80,7 +80,24 @@ def save(path):
             json.dump(RESULT, f, indent=1)
 
 
-def build(shape, path):
+def timing_init(model):
+    """normal(0, 0.02) weights, every 1-D parameter (norms, biases) 1: a timing model."""
+    for p in model.parameters():
+        if p.dim() == 1:
+            p.fill_(1.0)  # norms (biases too: harmless for a timing run)
+        else:
+            p.normal_(0.0, 0.02)
+
+
+def expand_ids(n_img):
+    """prompt_ids() with its one <|image_pad|> expanded to the image's n_img tokens."""
+    ids = []
+    for t in prompt_ids():
+        ids.extend([IMAGE_PAD] * n_img if t == IMAGE_PAD else [t])
+    return ids
+
+
+def build(shape, path, init=timing_init):
     if os.path.exists(os.path.join(path, "config.json")):
         return
     s = SHAPES[shape]
@@ -90,17 +107,13 @@ def build(shape, path):
     cfg = getattr(transformers, s["config"])(
         text_config=text, vision_config=dict(s["vision"]), image_token_id=IMAGE_PAD,
         video_token_id=151656, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
-        tie_word_embeddings=False)
+        tie_word_embeddings=s["text"].get("tie_word_embeddings", False))
     cls = getattr(transformers, s["arch"])
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = cls._from_config(cfg, dtype=torch.bfloat16)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)  # norms (biases too: harmless for a timing run)
-            else:
-                p.normal_(0.0, 0.02)
+        init(model)
     model.save_pretrained(path)
     proc = image_processor()
     proc.save_pretrained(path)
@@ -178,9 +191,7 @@ def hf(path, shape, img_path, runs, new_tokens):
     grid = out["image_grid_thw"].to("cuda")
     merge = s["vision"]["spatial_merge_size"]
     n_img = int(grid.prod().item()) // (merge * merge)
-    ids = []
-    for t in prompt_ids():
-        ids.extend([IMAGE_PAD] * n_img if t == IMAGE_PAD else [t])
+    ids = expand_ids(n_img)
     input_ids = torch.tensor([ids], device="cuda")
 
     def gen(n):

@@ -51,31 +51,13 @@ def variant_shape(name):
     return name
 
 
-def build(shape, path):
-    if os.path.exists(os.path.join(path, "config.json")):
-        return
-    s = vl_7b.SHAPES[shape]
-    text = dict(s["text"], bos_token_id=vl_7b.ENDOFTEXT, eos_token_id=vl_7b.IM_END)
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": s["rope_theta"],
-                               "mrope_section": list(s["mrope_section"])}
-    cfg = getattr(transformers, s["config"])(
-        text_config=text, vision_config=dict(s["vision"]), image_token_id=vl_7b.IMAGE_PAD,
-        video_token_id=151656, vision_start_token_id=vl_7b.VISION_START,
-        vision_end_token_id=vl_7b.VISION_END, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = getattr(transformers, s["arch"])._from_config(cfg, dtype=torch.bfloat16)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.fill_(0.0 if name.endswith("bias") else 1.0)
-            else:
-                fan_in = p[0].numel()
-                p.normal_(0.0, 0.02 / max(1.0, (fan_in / 1024) ** 0.5))
-    model.save_pretrained(path)
-    vl_7b.image_processor().save_pretrained(path)
-    del model
-    torch.cuda.empty_cache()
+def scaled_init(model):
+    """Activations O(1): N(0, 0.02 / sqrt(fan_in / 1024)) weights, biases 0, norm weights 1."""
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            p.fill_(0.0 if name.endswith("bias") else 1.0)
+        else:
+            p.normal_(0.0, 0.02 / max(1.0, (p[0].numel() / 1024) ** 0.5))
 
 
 def hf(shape, path, img, n):
@@ -87,15 +69,12 @@ def hf(shape, path, img, n):
     s = vl_7b.SHAPES[shape]
     model = getattr(transformers, s["arch"]).from_pretrained(
         path, dtype=torch.float32, attn_implementation="sdpa").cuda().eval()
-    extra = {}
+    extra, proc = {}, vl_7b.image_processor()
     if img:
-        out = vl_7b.image_processor()(images=[Image.open(img)], return_tensors="pt")
+        out = proc(images=[Image.open(img)], return_tensors="pt")
         grid = out["image_grid_thw"].cuda()
         m = s["vision"]["spatial_merge_size"]
-        k = int(grid.prod().item()) // (m * m)
-        ids = []
-        for t in vl_7b.prompt_ids():
-            ids.extend([vl_7b.IMAGE_PAD] * k if t == vl_7b.IMAGE_PAD else [t])
+        ids = vl_7b.expand_ids(int(grid.prod().item()) // (m * m))
         extra = dict(pixel_values=out["pixel_values"].cuda(), image_grid_thw=grid)
     else:
         ids, grid = text_ids(), None
@@ -111,7 +90,7 @@ def hf(shape, path, img, n):
     del model
     torch.cuda.empty_cache()
     return dict(tokens=o.sequences[0, x.shape[1]:].tolist(), prompt_tokens=len(ids),
-                image_processor=type(vl_7b.image_processor()).__name__,
+                image_processor=type(proc).__name__,
                 grid=grid[0].tolist() if grid is not None else None,
                 top=[[int(i), float(v)] for v, i in zip(top.values.tolist(), top.indices.tolist())])
 
@@ -175,7 +154,7 @@ def main():
     shapes = [variant_shape(v) for v in VARIANTS] if a.variants else (a.shape or ["qwen2-vl-7b", "qwen2.5-vl-7b"])
     for shape in shapes:
         path = os.path.join(a.work, shape)
-        build(shape, path)
+        vl_7b.build(shape, path, init=scaled_init)
         for im in (small, None) if a.variants else (img,):
             tag = shape + ("" if im == img else "@336x252" if im else "@text")
             ref = hf(shape, path, im, a.new_tokens)
