@@ -557,10 +557,12 @@ static void bench_qgemm(void) {
 }
 
 /* ---- fp8: the FP8 GEMV on whole models' decode shapes ----------------------------------------
- * `--only fp8`: every Linear of Qwen2-7B and Llama-3-8B at M = 1 and 8 (q/k/v fused, o_proj,
- * gate/up fused, down_proj; the lm_head at M = 1), per-channel FP8 (f32 scales) against bf16
- * gemm on the same shape and x in the same run, weights rotated past L2. Then the weights'
- * share of one decode step: layers x (the four GEMVs) + the lm_head (kept bf16, as checkpoints
+ * `--only fp8`: every Linear of Qwen2-7B and Llama-3-8B at M = 1, 2, 4, 8 and 16 (q/k/v fused,
+ * o_proj, gate/up fused, down_proj; the lm_head at M = 1), per-channel FP8 (f32 scales) against
+ * bf16 gemm on the same shape and x in the same run, weights rotated past L2, weight-only (W8A16)
+ * and, where the device has KILN_HAL_CAP_FP8_XQUANT, with x quantized per token (W8A8: the GEMV
+ * below KILN_CUDA_FP8_LT_MIN_M, cuBLASLt's FP8 GEMM from it up); each M's layer sum shows
+ * where the threshold belongs. Then the weights' share of one batch-1 decode step: layers x (the four GEMVs) + the lm_head (kept bf16, as checkpoints
  * list it in `ignore`), with the bytes streamed, so that bytes / time is the GEMVs' effective
  * bandwidth against the card's copy rate (quote one measured outside: this program's copy
  * ceiling is not the device's on CUDA). Fills repeat a 1 MiB random block: fast (a 7B's
@@ -589,6 +591,8 @@ static void fill_repeat(kiln_hal_buffer_t *b, uint64_t n, int fp8) {
   free(host);
 }
 
+static bool fp8b_xquant; /* the device takes x_quant = FP8_TOKEN: time W8A8 too */
+
 typedef struct fp8b_shape {
   const char *name;
   int64_t K, N;
@@ -596,7 +600,7 @@ typedef struct fp8b_shape {
 
 /* Times bf16 and FP8 (per-channel) at M on one shape; returns both, prints a line. */
 static void fp8b_one(const fp8b_shape_t *sh, int64_t M, double *t_bf16, double *t_fp8,
-                     double *fp8_bytes) {
+                     double *t_w8a8, double *fp8_bytes) {
   const int64_t K = sh->K, N = sh->N;
   const uint64_t wbytes = (uint64_t)(N * K) * 2;
   const uint64_t codes = (uint64_t)(N * K), s_off = (codes + 255) / 256 * 256;
@@ -623,13 +627,27 @@ static void fp8b_one(const fp8b_shape_t *sh, int64_t M, double *t_bf16, double *
   fp8_linear_args(q, nq, &g[0], qb, s_off, K, N, K);
   rot_ctx_t rg = {g, NULL, nw, 0, 1}, rq = {NULL, q, nq, 0, 1};
   const timing_t tb = time_rot(&rg), tq = time_rot(&rq);
+  /* W8A8: the same weights with x quantized per token on the device (x_quant, ABI 1.6) */
+  timing_t tx = {0};
+  if (fp8b_xquant) {
+    kiln_hal_gemm_quant_args_t qx[QB_MAX_COPIES];
+    memcpy(qx, q, sizeof(q[0]) * (size_t)nq);
+    for (int i = 0; i < nq; i++) qx[i].x_quant = KILN_HAL_XQUANT_FP8_TOKEN;
+    rot_ctx_t rx = {NULL, qx, nq, 0, 1};
+    tx = time_rot(&rx);
+  }
   printf("%-10s M=%-2lld K=%-5lld N=%-6lld  bf16 %8.2f us %7.0f GB/s   fp8 %8.2f us %7.0f GB/s"
-         "  (x%.2f of bf16's time)\n",
+         "  (x%.2f of bf16's time)",
          sh->name, (long long)M, (long long)K, (long long)N, tb.median * 1e6,
          (double)wbytes / tb.median * 1e-9, tq.median * 1e6, (double)qbytes / tq.median * 1e-9,
          tq.median / tb.median);
+  if (fp8b_xquant)
+    printf("   w8a8 %8.2f us %7.0f GB/s (x%.2f)", tx.median * 1e6,
+           (double)qbytes / tx.median * 1e-9, tx.median / tb.median);
+  printf("\n");
   *t_bf16 = tb.median;
   *t_fp8 = tq.median;
+  *t_w8a8 = tx.median;
   *fp8_bytes = (double)qbytes;
   for (int i = 0; i < nw; i++) be->buffer_free(wb[i]);
   for (int i = 0; i < nq; i++) be->buffer_free(qb[i]);
@@ -660,17 +678,30 @@ static void bench_fp8_decode(void) {
         {"down", 14336, 4096}},
        {"lm_head", 4096, 128256}},
   };
-  const char *ks = getenv("KILN_CUDA_FP8_GEMV");
-  printf("fp8 GEMV (per-channel e4m3, f32 scales; x, y bf16)%s%s\n", ks ? ", KILN_CUDA_FP8_GEMV=" : "",
-         ks ? ks : "");
+  fp8b_xquant = (info.caps & KILN_HAL_CAP_FP8_XQUANT) != 0;
+  const char *ks = getenv("KILN_CUDA_FP8_GEMV"), *lt = getenv("KILN_CUDA_FP8_LT_MIN_M");
+  printf("fp8 GEMV (per-channel e4m3, f32 scales; x, y bf16)%s%s%s%s\n",
+         ks ? ", KILN_CUDA_FP8_GEMV=" : "", ks ? ks : "", lt ? ", KILN_CUDA_FP8_LT_MIN_M=" : "",
+         lt ? lt : "");
+  static const int64_t ms[] = {1, 2, 4, 8, 16};
   for (size_t mi = 0; mi < sizeof(models) / sizeof(models[0]); mi++) {
-    double lay_b = 0, lay_q = 0, lay_bytes = 0, head_b = 0, head_q = 0, head_bytes = 0, tb, tq, by;
-    for (int64_t M = 1; M <= 8; M += 7)
+    double lay_b = 0, lay_q = 0, lay_bytes = 0, head_b = 0, head_q = 0, head_bytes = 0, tb, tq,
+           tx, by, head_x;
+    double step_b[5] = {0}, step_q[5] = {0}, step_x[5] = {0}; /* the layers' GEMMs at each M */
+    for (int mj = 0; mj < 5; mj++)
       for (int l = 0; l < 4; l++) {
-        fp8b_one(&models[mi].lin[l], M, &tb, &tq, &by);
-        if (M == 1) lay_b += tb, lay_q += tq, lay_bytes += by;
+        fp8b_one(&models[mi].lin[l], ms[mj], &tb, &tq, &tx, &by);
+        if (ms[mj] == 1) lay_b += tb, lay_q += tq, lay_bytes += by;
+        step_b[mj] += tb, step_q[mj] += tq, step_x[mj] += tx;
       }
-    fp8b_one(&models[mi].head, 1, &head_b, &head_q, &head_bytes);
+    fp8b_one(&models[mi].head, 1, &head_b, &head_q, &head_x, &head_bytes);
+    for (int mj = 0; mj < 5 && fp8b_xquant; mj++)
+      printf("%s layers' GEMMs at M = %lld (x %d layers): bf16 %.3f ms, fp8 W8A16 %.3f ms "
+             "(x%.2f), W8A8 %.3f ms (x%.2f)\n",
+             models[mi].model, (long long)ms[mj], models[mi].layers,
+             models[mi].layers * step_b[mj] * 1e3, models[mi].layers * step_q[mj] * 1e3,
+             step_q[mj] / step_b[mj], models[mi].layers * step_x[mj] * 1e3,
+             step_x[mj] / step_b[mj]);
     const int L = models[mi].layers;
     const double bf16_bytes = 2.0 * (double)models[mi].head.K * (double)models[mi].head.N;
     const double t_fp8 = L * lay_q + head_b, bytes_fp8 = L * lay_bytes + bf16_bytes;

@@ -605,6 +605,22 @@ static int32_t fp8_gemv_ks_forced(void) {
   return v - 1;
 }
 
+/* KILN_CUDA_FP8_LT_MIN_M=n (1..1024), read once: the smallest M for which gemm_quant with
+ * x_quant = FP8_TOKEN takes cuBLASLt's FP8 GEMM instead of the FP8 GEMV on the codes (default
+ * CUDA_FP8_LT_MIN_M; the benchmarks time both sides of the threshold with it). */
+static int64_t fp8_lt_min_m(void) {
+  static atomic_int state; /* 0 = not read yet, else the value */
+  int v = atomic_load_explicit(&state, memory_order_relaxed);
+  if (v == 0) {
+    const char *m = getenv("KILN_CUDA_FP8_LT_MIN_M");
+    char *end = NULL;
+    long n = m ? strtol(m, &end, 10) : 0;
+    v = (m && end != m && *end == 0 && n >= 1 && n <= 1024) ? (int)n : CUDA_FP8_LT_MIN_M;
+    atomic_store_explicit(&state, v, memory_order_relaxed);
+  }
+  return v;
+}
+
 /* ---- gemm_quant's g_idx check ---------------------------------------------------------- *
  * hal.h: a g_idx entry outside [0, G) is INVALID_ARGUMENT. The entries live in device memory,
  * so checking them costs a copy to the host and a synchronisation: gemm_quant does it the
@@ -692,7 +708,7 @@ static kiln_hal_error_t *check_gidx(kiln_hal_stream_t *s, const kiln_hal_qweight
 /* ---- gemm_quant with x_quant = FP8_TOKEN (ABI 1.6, W8A8) --------------------------------- *
  * x is quantized per row into the stream's staging buffer (CUDA_GEMM_STAGE_BYTES, free during
  * gemm_quant), M in chunks of the rows that fit, then per chunk either
- *  - cuBLASLt's FP8 GEMM (sm_89+, M > CUDA_QGEMV_MAX_M, one scale per weight row as a
+ *  - cuBLASLt's FP8 GEMM (sm_89+, M >= CUDA_FP8_LT_MIN_M, one scale per weight row as a
  *    contiguous vector): e4m3 x e4m3 on the matrix units, the weight scales on D's rows and
  *    the token scales on its columns (outer-vector scaling), the bias in the epilogue, one
  *    rounding to y; or, where cuBLASLt has no algorithm for the call (alignment, the bias),
@@ -705,7 +721,7 @@ static kiln_hal_error_t *gemm_quant_xq(kiln_hal_stream_t *s, const kiln_hal_gemm
   const int64_t M = p->M, K = p->K, N = p->N;
   const int64_t kpad = (K + 15) / 16 * 16;
   const size_t ysz = kiln_hal_dtype_size(p->dtype_y);
-  bool lt = s->blas && s->device->cc >= 89 && M > CUDA_QGEMV_MAX_M && p->G == 1 &&
+  bool lt = s->blas && s->device->cc >= 89 && M >= fp8_lt_min_m() && p->G == 1 &&
             !p->force_tiled && (N == 1 || a->w.scales.stride[0] == 1);
 #if defined(__HIP_PLATFORM_AMD__)
   lt = false;

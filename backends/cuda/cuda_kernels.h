@@ -99,6 +99,9 @@ cudaError_t cuda_launch_gemv(cudaStream_t st, int warp, const cuda_gemv_params_t
  * runs the decode GEMV when x is 16-byte aligned (ptr and ldx) and K % 8 == 0 (FP8: any K),
  * else the tiled kernel (force_tiled: always). */
 #define CUDA_QGEMV_MAX_M 8
+/* gemm_quant with x_quant = FP8_TOKEN: cuBLASLt's FP8 GEMM from this M up (KILN_CUDA_FP8_LT_MIN_M
+ * overrides it), the FP8 GEMV on the codes below. */
+#define CUDA_FP8_LT_MIN_M (CUDA_QGEMV_MAX_M + 1)
 typedef struct cuda_qgemm_params {
   const void *x, *w, *bias;
   void *y;
