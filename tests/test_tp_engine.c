@@ -17,7 +17,9 @@
  * cache has another block count makes the ranks' all_reduce sums wrong (or the collectives
  * mismatch and fail the step), which changes these random fixtures' logits by a large fraction
  * (test_tp.c measures the shards themselves); only the summation order differs in a correct
- * run (1e-6 of logits of ~2.4), far from the gaps between the greedy tokens here. */
+ * run (1e-6 of logits of ~2.4), far from the gaps between the greedy tokens here.
+ * KILN_TEST_BACKEND picks another backend (cuda on a machine with GPUs: rank r on device r) and
+ * KILN_TEST_MAX_TP the largest world run (default 4; the cases above it are skipped). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <setjmp.h>
@@ -63,7 +65,10 @@ static kiln_status_t try_engine(const char *model, int32_t tp, const char *const
   snprintf(tps, sizeof(tps), "parallel.tensor_parallel_size=%d", (int)tp);
   int32_t n = 0;
   ov[n++] = mp;
-  ov[n++] = "backend.name=cpu";
+  static char be[64];
+  const char *want = getenv("KILN_TEST_BACKEND");
+  snprintf(be, sizeof(be), "backend.name=%s", want && want[0] ? want : "cpu");
+  ov[n++] = be;
   ov[n++] = "backend.threads=1"; /* N ranks share the machine's cores */
   ov[n++] = "model.dtype=float32";
   ov[n++] = tps;
@@ -173,6 +178,11 @@ static void expect_all_free(kiln_engine_t *e) {
   assert_null(kiln_kv_check(kv));
 }
 
+static int32_t max_tp(void) {
+  const char *v = getenv("KILN_TEST_MAX_TP");
+  return v && atoi(v) > 0 ? atoi(v) : 4;
+}
+
 static void parity(const char *model) {
   job_t jobs[NJOBS];
   make_jobs(jobs, NJOBS, 11, 0);
@@ -181,7 +191,7 @@ static void parity(const char *model) {
   run_jobs(e, jobs, NJOBS, ref);
   kiln_engine_destroy(e);
   static const int32_t worlds[] = {2, 4};
-  for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]); w++) {
+  for (size_t w = 0; w < sizeof(worlds) / sizeof(worlds[0]) && worlds[w] <= max_tp(); w++) {
     char what[64];
     snprintf(what, sizeof(what), "%s TP=%d", model, (int)worlds[w]);
     e = make_engine(model, worlds[w], NULL, 0);
