@@ -258,8 +258,9 @@ static const config_row_t config_rows[] = {
 
     ROW_INT("parallel", "tensor_parallel_size", "1", 1, 64,
             "Ranks a model is split over by tensor parallelism (heads and MLP columns; "
-            "docs/parallel.md); 1 = none. The model layer runs it; the engine does not start "
-            "ranks yet, so serving refuses values above 1"),
+            "docs/parallel.md); 1 = none. The ranks are threads of one process: on GPUs devices "
+            "[backend] device .. device + N - 1, on the cpu backend all on its one device. Llama "
+            "family, float safetensors; N must divide the attention heads"),
 
     ROW_BOOL("graph", "enabled", "true",
              "Capture decode steps as device graphs (e.g. CUDA graphs) and replay them"),

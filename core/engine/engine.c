@@ -155,6 +155,11 @@ struct kiln_engine {
   kiln_hal_stream_t *stream;
   kiln_model_t *model;
   kiln_kv_cache_t *kvc;
+  /* [parallel] tensor_parallel_size > 1: ranks 1..N-1 until the TP runner takes them (tp),
+   * rank 0's communicator (tp_comm, destroyed after the model that borrows it), N (tp_size) */
+  kiln_tp_ranks_t *tp;
+  kiln_hal_comm_t *tp_comm;
+  int32_t tp_size;
   kiln_tokenizer_t *own_tok;
   const kiln_tokenizer_t *tok;
   kiln_chat_template_t *chat; /* NULL: the tokenizer directory has no chat template */
@@ -2489,6 +2494,11 @@ static kiln_status_t load_draft(kiln_engine_t *e, const kiln_config_t *cfg,
   }
   if (st) return kiln_status_annotate(st, "speculative.draft_model %s", path);
   kiln_model_options_t mo = *tmo;
+  /* Under tensor parallelism the draft is not sharded: it runs whole on rank 0's device (its
+   * forwards are rank 0's alone; only the target's verification runs on every rank). */
+  mo.tp_size = 0;
+  mo.tp_rank = 0;
+  mo.tp_comm = NULL;
   mo.max_seqs = e->dmax;
   mo.max_logits = e->dmax; /* one row per sequence and draft forward */
   int64_t len = kiln_rope_max_positions(&mc);
@@ -2586,13 +2596,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   if (!(e->device_name = strdup(info.name)))
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory");
   e->host_memory = (info.caps & KILN_HAL_CAP_HOST_MEMORY) != 0;
-  const int64_t tp = kiln_config_get_int(cfg, "parallel", "tensor_parallel_size");
-  if (tp > 1)
-    return kiln_status_make(KILN_ERR_UNSUPPORTED,
-                            "[parallel] tensor_parallel_size = %lld: the engine does not start "
-                            "ranks yet (the model layer shards and runs them: docs/parallel.md, "
-                            "\"Engine\"); use tensor_parallel_size = 1",
-                            (long long)tp);
+  const int32_t tp = (int32_t)kiln_config_get_int(cfg, "parallel", "tensor_parallel_size");
+  e->tp_size = tp > 1 ? tp : 1;
   kiln_model_options_t mo = {0};
   mo.dtype = dtype_of(kiln_config_get_string(cfg, "model", "dtype"));
   mo.quantization = strcmp(kiln_config_get_string(cfg, "model", "quantization"), "fp8") == 0
@@ -2632,7 +2637,45 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   int64_t len = kiln_rope_max_positions(&mc);
   if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
   mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
-  if ((st = kiln_model_load(path, be, e->dev, e->stream, &mo, &e->model))) return st;
+  if (tp > 1) {
+    /* Tensor parallelism (docs/parallel.md "Engine"): ranks 1..N-1 are threads of the runner
+     * that load their shards while this thread loads rank 0's; the model layer refuses what it
+     * does not shard (vision tower, GGUF, quantized weights, heads N does not divide). */
+    if (!(info.caps & KILN_HAL_CAP_COLLECTIVES))
+      return kiln_status_make(KILN_ERR_UNSUPPORTED,
+                              "[parallel] tensor_parallel_size = %d: device %d of backend %s has no "
+                              "collectives; use tensor_parallel_size = 1",
+                              (int)tp, (int)di, be->name);
+    int32_t ndev = 0;
+    if (!e->host_memory && (he = be->device_count(&ndev)))
+      return kiln_hal_status_from_error(he, "counting the devices");
+    if (!e->host_memory && (int64_t)di + tp > ndev)
+      return kiln_status_make(KILN_ERR_INVALID_ARGUMENT,
+                              "[parallel] tensor_parallel_size = %d from [backend] device = %d "
+                              "needs devices %d..%d, and backend %s has %d",
+                              (int)tp, (int)di, (int)di, (int)(di + tp - 1), be->name, (int)ndev);
+    kiln_tp_options_t to;
+    memset(&to, 0, sizeof(to));
+    to.path = path;
+    to.backend = be;
+    to.tp_size = tp;
+    to.device_index = di;
+    to.same_device = e->host_memory; /* the cpu backend: every rank on its one device */
+    to.model = mo;
+    if ((st = kiln_tp_ranks_start(&to, e->dev, &e->tp_comm, &e->tp))) return st;
+    mo.tp_size = tp;
+    mo.tp_rank = 0;
+    mo.tp_comm = e->tp_comm;
+  }
+  st = kiln_model_load(path, be, e->dev, e->stream, &mo, &e->model);
+  if (e->tp) { /* the workers' loads too; rank 0's error first (they usually agree) */
+    kiln_status_t ws = kiln_tp_ranks_wait(e->tp);
+    if (st)
+      kiln_status_free(ws);
+    else
+      st = ws;
+  }
+  if (st) return st;
   const kiln_model_config_t *c = kiln_model_get_config(e->model);
   e->max_len = kiln_model_max_len(e->model);
   e->max_blocks = (int32_t)((e->max_len + e->bs - 1) / e->bs);
@@ -2680,10 +2723,20 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
     double util = kiln_config_get_float(cfg, "cache", "gpu_memory_utilization");
     double reserve = (1.0 - util) * (double)total_b;
     double budget = (double)free_b - reserve;
+    /* Under TP every rank gets rank 0's block count: size it for the tightest device (block
+     * bytes are per rank and the same on every rank). Read after every rank's load. */
+    for (int32_t r = 1; e->tp && !e->host_memory && r < tp; r++) {
+      uint64_t rf = 0, rt = 0;
+      kiln_tp_ranks_memory(e->tp, r, &rf, &rt);
+      double rb = (double)rf - (1.0 - util) * (double)rt;
+      if (rb < budget) budget = rb;
+    }
     if (info.caps & KILN_HAL_CAP_HOST_MEMORY) {
       /* Host memory is shared with everything else on the machine: at most 2 GiB unless
-       * [cache] num_blocks asks for more. */
+       * [cache] num_blocks asks for more; under TP the ranks' pools share both (the free
+       * memory and the cap), so each takes 1/N. */
       if (budget > 2.0 * 1073741824.0) budget = 2.0 * 1073741824.0;
+      if (e->tp) budget /= (double)tp;
     }
     if (e->dmodel && budget > 0) {
       double share = dfrac > 0 ? dfrac
@@ -2749,9 +2802,17 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       e->has_preproc = true;
     }
   }
-  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens, %lld tokens in %s (%.1f MiB)",
+  kiln_log(KILN_LOG_INFO, "KV cache: %lld blocks of %d tokens, %lld tokens in %s (%.1f MiB%s)",
            (long long)nb, e->bs, (long long)nb * e->bs, kiln_model_kv_dtype_name(e->model),
-           (double)nb * (double)block_bytes / 1048576.0);
+           (double)nb * (double)block_bytes / 1048576.0, e->tp ? " on each rank" : "");
+  if (e->tp) {
+    kiln_tp_ranks_t *t = e->tp;
+    e->tp = NULL; /* the runner's now, even if this fails */
+    kiln_log(KILN_LOG_INFO, "tensor parallelism: %d ranks as threads (%s)", (int)tp,
+             e->host_memory ? "all on the one device" : "one device each, from [backend] device");
+    return kiln_runner_tp_init(&e->runner, t, (int32_t)nb, e->bs, e->model, e->kvc, be, e->dev,
+                               e->stream, e->max_logits);
+  }
   return kiln_runner_model_init(&e->runner, e->model, e->kvc, be, e->dev, e->stream, e->max_logits);
 }
 
@@ -3123,8 +3184,10 @@ void kiln_engine_destroy(kiln_engine_t *e) {
   free(e->dreqs);
   free(e->dseqs);
   free(e->dbuf);
+  kiln_tp_ranks_free(e->tp); /* ranks not yet handed to a runner (a failed create) */
   kiln_kv_cache_free(e->kvc);
   kiln_model_free(e->model);
+  if (e->tp_comm) e->plugin->table.comm_destroy(e->tp_comm);
   kiln_tokenizer_free(e->own_tok);
   kiln_chat_template_free(e->chat);
   free(e->chat_error);
