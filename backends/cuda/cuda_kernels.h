@@ -101,7 +101,7 @@ cudaError_t cuda_launch_gemv(cudaStream_t st, int warp, const cuda_gemv_params_t
 #define CUDA_QGEMV_MAX_M 8
 /* gemm_quant with x_quant = FP8_TOKEN: cuBLASLt's FP8 GEMM from this M up (KILN_CUDA_FP8_LT_MIN_M
  * overrides it), the FP8 GEMV on the codes below. */
-#define CUDA_FP8_LT_MIN_M (CUDA_QGEMV_MAX_M + 1)
+#define CUDA_FP8_LT_MIN_M 4 /* H200: the GEMV wins at M 1-2, cuBLASLt from 4 (docs/perf.md) */
 typedef struct cuda_qgemm_params {
   const void *x, *w, *bias;
   void *y;
