@@ -1,7 +1,7 @@
 /* bench_ops.c - times a backend plugin's main ops against measured machine ceilings.
  *
  * Usage: kiln-bench-ops PLUGIN.so [--threads N] [--reps N] [--quick] [--only
- * gemm|qgemm|fp8|attn|norm|vision] (fp8: only when named)
+ * gemm|qgemm|fp8|attn|norm|vision|coll] (fp8, coll: only when named)
  *                      [--no-ceilings]
  *
  * Standalone: it dlopens the plugin and calls kiln_backend_query() like any host would, and
@@ -1002,6 +1002,86 @@ static void bench_layernorm(void) {
     }
 }
 
+/* ---- collectives at world size 1 (ABI 1.5; issue 22: the NCCL path on one GPU) ------------
+ * `--only coll` (not in the default set). A communicator of one rank, then bf16 all-reduces in
+ * place on [T, 3584] (Qwen2-7B's hidden rows) in bursts of 56, a Qwen2-7B step's count under
+ * tensor parallelism (o_proj and down_proj of 28 layers), eagerly and replayed from a graph
+ * when the device has graphs. At world size 1 nothing crosses a link: what is left is what a
+ * TP step pays per collective for being one (the launch, NCCL's own kernel or copy), which a
+ * TP = 1 step without collectives does not pay. */
+
+typedef struct coll_ctx {
+  kiln_hal_coll_args_t a;
+  int n;
+  kiln_hal_graph_t *graph;
+} coll_ctx_t;
+
+static void run_allreduce(void *p) {
+  coll_ctx_t *c = p;
+  for (int i = 0; i < c->n; i++) check(be->all_reduce(stream, &c->a), "all_reduce");
+}
+
+static void run_coll_graph(void *p) {
+  coll_ctx_t *c = p;
+  check(be->graph_replay(c->graph, stream), "graph_replay");
+}
+
+static void bench_collectives(void) {
+  kiln_hal_device_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  check(be->device_info(0, &info), "device_info");
+  if (!(info.caps & KILN_HAL_CAP_COLLECTIVES) || !KILN_HAL_HAS(be, all_reduce) || !be->all_reduce) {
+    printf("\n(collectives: device 0 of %s has none)\n", be->name);
+    return;
+  }
+  kiln_hal_comm_args_t ca;
+  memset(&ca, 0, sizeof(ca));
+  ca.struct_size = sizeof(ca);
+  ca.world_size = 1;
+  ca.rank = 0;
+  check(be->comm_get_unique_id(&ca.id), "comm_get_unique_id");
+  kiln_hal_comm_t *comm = NULL;
+  double t0 = now_s();
+  check(be->comm_create(dev, &ca, &comm), "comm_create");
+  printf("\ncollectives: a communicator of 1 rank in %.1f ms; bursts of 56 bf16 all-reduces in "
+         "place (a Qwen2-7B step under TP)\n",
+         (now_s() - t0) * 1e3);
+  printf("%-44s %10s %10s %12s %10s\n", "op", "median ms", "min ms", "us per call", "GB/s");
+  static const int64_t Ts[] = {1, 8, 64, 256, 512};
+  const int64_t H = 3584;
+  for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
+    int64_t T = Ts[ti], shape[2] = {T, H};
+    kiln_hal_buffer_t *x = alloc_buf((uint64_t)(T * H) * 2);
+    fill_random(x, KILN_HAL_BF16, T * H, 1.0f);
+    coll_ctx_t c;
+    memset(&c, 0, sizeof(c));
+    c.a.struct_size = sizeof(c.a);
+    c.a.comm = comm;
+    c.a.src = kiln_hal_tensor_make(x, 0, KILN_HAL_BF16, 2, shape);
+    c.a.dst = c.a.src;
+    c.n = 56;
+    for (int g = 0; g < 2; g++) {
+      if (g == 1) {
+        if (!(info.caps & KILN_HAL_CAP_GRAPHS)) break;
+        check(be->graph_begin(stream), "graph_begin");
+        run_allreduce(&c);
+        check(be->graph_end(stream, &c.graph), "graph_end");
+      }
+      timing_t t = time_it(g ? run_coll_graph : run_allreduce, &c);
+      char name[96];
+      snprintf(name, sizeof(name), "56 x all_reduce bf16 T=%-4lld H=%lld %s", (long long)T,
+               (long long)H, g ? "graph" : "eager");
+      printf("%-44s %10.3f %10.3f %12.2f %10.1f\n", name, t.median * 1e3, t.min * 1e3,
+             t.median * 1e6 / c.n, 2.0 * (double)(T * H) * 2.0 * c.n / t.median * 1e-9);
+      if (c.graph) be->graph_destroy(c.graph);
+      c.graph = NULL;
+    }
+    be->buffer_free(x);
+  }
+  be->comm_destroy(comm);
+}
+
 int main(int argc, char **argv) {
   const char *path = NULL;
   int threads = 0;
@@ -1021,7 +1101,7 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only "
-              "gemm|qgemm|fp8|attn|norm|vision]\n",
+              "gemm|qgemm|fp8|attn|norm|vision|coll]\n",
               argv[0]);
       return 2;
     }
@@ -1029,7 +1109,7 @@ int main(int argc, char **argv) {
   if (!path) {
     fprintf(stderr,
             "usage: %s PLUGIN.so [--threads N] [--reps N] [--quick] [--only "
-            "gemm|qgemm|fp8|attn|norm|vision]\n",
+            "gemm|qgemm|fp8|attn|norm|vision|coll]\n",
             argv[0]);
     return 2;
   }
@@ -1073,6 +1153,7 @@ int main(int argc, char **argv) {
   if (!only || !strcmp(only, "norm")) bench_rmsnorm();
   if (!only || !strcmp(only, "norm")) bench_layernorm();
   if (!only || !strcmp(only, "vision")) bench_vision();
+  if (only && !strcmp(only, "coll")) bench_collectives(); /* not in the default set either */
 
   be->stream_destroy(stream);
   be->device_close(dev);

@@ -6,6 +6,13 @@ packages, then records the reference figures Kiln's tests compare against.
     python3 tools/dev/extract_default_corpus.py             # CPU machine: .corpus/
     python3 tools/train_default_model.py --corpus .corpus --out /tmp/out    # GPU machine
 
+A larger model on the same tokenizer, which kiln-tiny can draft for (issue 20's speculative
+decoding measurements; bench/spec_draft.sh trains it and measures):
+
+    python3 tools/train_default_model.py --corpus .corpus --out /tmp/out --name kiln-small \
+        --tokenizer share/models/kiln-tiny/tokenizer.json --hidden 512 --intermediate 1536 \
+        --layers 12 --heads 8 --kv-heads 4 --steps 1800 --max-train-seconds 240
+
 Needs torch 2.x, transformers (4.4x or 5.x), tokenizers and numpy (the GPU machine); no
 network. Everything is seeded (Python, NumPy, torch, CUDA) and the data order is a function of
 the seed alone; with --steps fixed, a rerun on the same GPU and library versions trains the
@@ -259,6 +266,10 @@ def main():
     ap.add_argument("--name", default="kiln-tiny")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--tokenizer", default=None,
+                    help="a tokenizer.json to use instead of training one (e.g. "
+                         "share/models/kiln-tiny/tokenizer.json, so that kiln-tiny can draft "
+                         "for the model trained here); --vocab is then its size")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--layers", type=int, default=8)
@@ -299,7 +310,12 @@ def main():
     train = [d for d in docs if not d["heldout"]]
     held = [d for d in docs if d["heldout"]]
     log(f"{len(docs)} documents: {len(train)} train, {len(held)} held out")
-    tok = train_tokenizer([d["text"] for d in train], a.vocab)
+    if a.tokenizer:
+        tok = Tokenizer.from_file(a.tokenizer)
+        for i, s in enumerate(SPECIAL):
+            assert tok.token_to_id(s) == i, (a.tokenizer, s, tok.token_to_id(s))
+    else:
+        tok = train_tokenizer([d["text"] for d in train], a.vocab)
     vocab_size = tok.get_vocab_size()
     eot = tok.token_to_id(EOT)
     timings["tokenizer_s"] = time.time() - t_start

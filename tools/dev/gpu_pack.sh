@@ -28,6 +28,11 @@ done
 cp "$build/lib/kiln/libkiln-backend-cuda.so" "$out/lib/kiln/"
 cp -a "$build"/lib/libkiln.so* "$out/lib/"
 cp "$build/tests/test_ops" "$build/bin/kiln-bench-ops" "$out/"
+# The mask benchmark and the collectives test too, when built (issue 19's host figures; issue
+# 22's NCCL path at world size 1: KILN_COLL_RANK=0 KILN_COLL_WORLD=1 ./test_collectives).
+for b in bin/kiln-bench-guide tests/test_collectives; do
+  if [ -x "$build/$b" ]; then cp "$build/$b" "$out/"; fi
+done
 libs_of() { # copies the non-glibc libraries $1 links into the pack
   ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
     case $(basename "$lib") in libc.so*|libm.so*|libresolv.so*|libpthread.so*|libdl.so*|librt.so*|libkiln.so*) continue ;; esac
