@@ -73,10 +73,17 @@ def ceiling(result, key):
     return float(c)
 
 
+def gpu_of(result):
+    return (result.get("machine") or {}).get("gpu")
+
+
 def newest_earlier(results_dir, new, new_path=None):
     """The newest result in results_dir dated before `new` (by its 'date' field), skipping
-    new_path itself and files of another shape; None when there is none."""
-    best = None
+    new_path itself and files of another shape, preferring the newest on the same card
+    (machine.gpu: an H100 run is compared with the last H100 run, not with a newer H200 one,
+    whose ceilings differ by more than the threshold); a result on another card only when the
+    directory has none on this one. None when there is none at all."""
+    best = {True: None, False: None}  # same card?
     for p in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
         if new_path and os.path.abspath(p) == os.path.abspath(new_path):
             continue
@@ -86,9 +93,10 @@ def newest_earlier(results_dir, new, new_path=None):
             continue  # not a result file; the check does not stop for it
         if r.get("shape") != new.get("shape") or not r["date"] < new["date"]:
             continue
-        if best is None or r["date"] > best[1]["date"]:
-            best = (p, r)
-    return best
+        same = gpu_of(r) == gpu_of(new)
+        if best[same] is None or r["date"] > best[same][1]["date"]:
+            best[same] = (p, r)
+    return best[True] or best[False]
 
 
 def compare(new, old, threshold=0.05):

@@ -166,6 +166,16 @@ class CommandLine(unittest.TestCase):
             rep = json.load(f)
         self.assertTrue(rep["baseline"].endswith("2026-12-01-bbbbbbb.json"))
 
+    def test_prefers_the_same_card(self):
+        self.write("2026-12-01-aaaaaaa.json", result("2026-12-01T10:00:00Z", commit="aaaaaaa", gpu="NVIDIA H100 80GB HBM3"))
+        # newer, but another card: used only when no result of this card exists
+        self.write("2026-12-03-bbbbbbb.json", result("2026-12-03T10:00:00Z", commit="bbbbbbb"))
+        new = result("2026-12-07T10:00:00Z", commit="ccccccc", gpu="NVIDIA H100 80GB HBM3")
+        p, _ = pc.newest_earlier(self.dir, new)
+        self.assertTrue(p.endswith("2026-12-01-aaaaaaa.json"), p)
+        p, _ = pc.newest_earlier(self.dir, result("2026-12-07T10:00:00Z", gpu="AMD MI300X"))
+        self.assertTrue(p.endswith("2026-12-03-bbbbbbb.json"), p)
+
     def test_regression_exit_status(self):
         old = self.write("old.json", result("2026-12-01T10:00:00Z", prefill=14.1))
         new = self.write("new.json", result("2026-12-02T10:00:00Z", prefill=17.2))
