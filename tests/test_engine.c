@@ -22,6 +22,7 @@
 #include "base/json.h"
 #include "base/npy.h"
 #include "kiln/kiln.h"
+#include "test_engine_util.h"
 
 #define MAXTOK 128
 
@@ -44,16 +45,8 @@ typedef struct result {
 /* Creates an engine on the cpu backend with the fixture and extra overrides. */
 static kiln_engine_t *make_engine(const char *const *extra, int32_t nextra) {
   const char *ov[16];
-  char mp[1100];
-  snprintf(mp, sizeof(mp), "model.path=%s", g_model);
-  int32_t n = 0;
-  ov[n++] = mp;
-  static char be[64];
-  const char *want = getenv("KILN_TEST_BACKEND"); /* e.g. cuda on the GPU machine */
-  snprintf(be, sizeof(be), "backend.name=%s", want && want[0] ? want : "cpu");
-  ov[n++] = be;
-  ov[n++] = "backend.threads=2";
-  ov[n++] = "model.dtype=float32";
+  static test_engine_base_t base;
+  int32_t n = test_engine_base(&base, g_model, 2, ov);
   /* KILN_TEST_SET: more overrides, ';'-separated, e.g. a wrapper's section with
    * KILN_TEST_BACKEND=trace: "plugin.trace.backend=cpu;plugin.trace.output=/tmp/trace.txt". */
   static char more[1024];

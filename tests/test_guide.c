@@ -722,10 +722,9 @@ static void test_caches(void **state) {
   kiln_guide_vocab_free(v);
 }
 
-/* The real Qwen3 tokenizer (151k tokens, byte-level BPE): masks against brute force for a few
- * steps, special tokens never allowed, and a timing line. */
-static void test_masks_qwen3(void **state) {
-  (void)state;
+/* The real Qwen3 tokenizer from the fetch_tokenizers fixture's cache (KILN_TOKENIZER_CACHE);
+ * a missing one fails the test, naming where it was looked for. */
+static kiln_tokenizer_t *load_qwen3(void) {
   const char *cache = getenv("KILN_TOKENIZER_CACHE");
   char dir[1024];
   snprintf(dir, sizeof(dir), "%s/qwen3", cache ? cache : "");
@@ -734,6 +733,14 @@ static void test_masks_qwen3(void **state) {
   if (st)
     fail_msg("the Qwen3 tokenizer (%s): %s (the fetch_tokenizers fixture fetches it)", dir,
              kiln_status_message(st));
+  return tok;
+}
+
+/* The real Qwen3 tokenizer (151k tokens, byte-level BPE): masks against brute force for a few
+ * steps, special tokens never allowed, and a timing line. */
+static void test_masks_qwen3(void **state) {
+  (void)state;
+  kiln_tokenizer_t *tok = load_qwen3();
   const int32_t V = (int32_t)kiln_tokenizer_vocab_size(tok);
   kiln_guide_vocab_t *v = NULL;
   assert_null(kiln_guide_vocab_create(tok, V, &v));
@@ -808,14 +815,7 @@ static void *pc_thread(void *p) {
 
 static void test_precompute_corpus(void **state) {
   (void)state;
-  const char *cache = getenv("KILN_TOKENIZER_CACHE");
-  char dir[1024];
-  snprintf(dir, sizeof(dir), "%s/qwen3", cache ? cache : "");
-  kiln_tokenizer_t *tok = NULL;
-  kiln_status_t st = kiln_tokenizer_load(dir, &tok);
-  if (st)
-    fail_msg("the Qwen3 tokenizer (%s): %s (the fetch_tokenizers fixture fetches it)", dir,
-             kiln_status_message(st));
+  kiln_tokenizer_t *tok = load_qwen3();
   const int32_t V = (int32_t)kiln_tokenizer_vocab_size(tok);
   kiln_guide_vocab_t *va = NULL, *vb = NULL;
   assert_null(kiln_guide_vocab_create(tok, V, &va));
@@ -825,6 +825,7 @@ static void test_precompute_corpus(void **state) {
   assert_non_null(ma);
   assert_non_null(mb);
   const char *src = getenv("KILN_SOURCE_DIR");
+  char dir[1024];
   snprintf(dir, sizeof(dir), "%s/tests/data/schemas", src ? src : "..");
   DIR *d = opendir(dir);
   assert_non_null(d);

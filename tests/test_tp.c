@@ -38,7 +38,7 @@
 
 #include "hal/loader.h"
 #include "models/model.h"
-#include "test_backend.h"
+#include "test_model_util.h"
 
 #define TOL 1e-5
 #define NTOK 12
@@ -47,19 +47,8 @@
 static const kiln_hal_plugin_t *g_plugin;
 static kiln_hal_registry_t *g_reg;
 static kiln_hal_device_t *g_dev;
+static kiln_hal_stream_t *g_stream; /* opened with the device (test_open_backend); unused */
 static char g_src[256];
-
-static void check_st(kiln_status_t st) {
-  if (st) fail_msg("%s", kiln_status_message(st));
-}
-
-static void expect_err(kiln_status_t st, const char *frag1, const char *frag2) {
-  if (!st) fail_msg("no error (wanted one mentioning %s)", frag1);
-  const char *msg = kiln_status_message(st);
-  if (!strstr(msg, frag1) || (frag2 && !strstr(msg, frag2)))
-    fail_msg("got: %s\n  want: ...%s...%s", msg, frag1, frag2 ? frag2 : "");
-  kiln_status_free(st);
-}
 
 static kiln_model_options_t opts(int32_t world, int32_t rank, kiln_hal_comm_t *comm) {
   kiln_model_options_t o;
@@ -294,20 +283,12 @@ static void test_refusals(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  kiln_hal_registry_options_t o = {0};
-  kiln_status_t st = kiln_hal_registry_create(&o, &g_reg);
-  if (!st) st = kiln_hal_registry_open(g_reg, test_backend_name(), &g_plugin);
-  if (st) {
-    fprintf(stderr, "%s\n", kiln_status_message(st));
-    kiln_status_free(st);
-    return -1;
-  }
+  if (test_open_backend(&g_reg, &g_plugin, &g_dev, &g_stream)) return -1;
   const kiln_hal_backend_t *be = &g_plugin->table;
   if (!KILN_HAL_HAS(be, comm_create) || !be->comm_create) {
     fprintf(stderr, "test_tp: backend %s has no collectives\n", be->name);
     return -1;
   }
-  if (be->device_open(0, &g_dev)) return -1;
   const char *src = getenv("KILN_SOURCE_DIR");
   if (!src) src = "..";
   snprintf(g_src, sizeof(g_src), "%s/tests/fixtures/models", src);
@@ -316,6 +297,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
+  if (g_stream) g_plugin->table.stream_destroy(g_stream);
   if (g_dev) g_plugin->table.device_close(g_dev);
   kiln_hal_registry_free(g_reg);
   return 0;

@@ -34,6 +34,7 @@
 
 #include "core/engine/engine_internal.h"
 #include "kiln/kiln.h"
+#include "test_engine_util.h"
 
 #define MAXTOK 96
 #define NJOBS 6
@@ -60,17 +61,11 @@ typedef struct job {
 static kiln_status_t try_engine(const char *model, int32_t tp, const char *const *extra,
                                 int32_t nextra, kiln_engine_t **out) {
   const char *ov[16];
-  char mp[1200], tps[64];
-  snprintf(mp, sizeof(mp), "model.path=%s/%s", g_src, model);
+  char path[1100], tps[64];
+  snprintf(path, sizeof(path), "%s/%s", g_src, model);
   snprintf(tps, sizeof(tps), "parallel.tensor_parallel_size=%d", (int)tp);
-  int32_t n = 0;
-  ov[n++] = mp;
-  static char be[64];
-  const char *want = getenv("KILN_TEST_BACKEND");
-  snprintf(be, sizeof(be), "backend.name=%s", want && want[0] ? want : "cpu");
-  ov[n++] = be;
-  ov[n++] = "backend.threads=1"; /* N ranks share the machine's cores */
-  ov[n++] = "model.dtype=float32";
+  test_engine_base_t base;
+  int32_t n = test_engine_base(&base, path, 1, ov); /* 1 thread: N ranks share the cores */
   ov[n++] = tps;
   if (getenv("KILN_TEST_VERBOSE")) ov[n++] = "log.level=info";
   for (int32_t i = 0; i < nextra; i++) ov[n++] = extra[i];

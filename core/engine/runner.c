@@ -36,22 +36,30 @@ static void mr_logits(void *ctx, int32_t rows, kiln_sample_logits_t *out) {
 
 static void mr_destroy(void *ctx) { free(ctx); }
 
-kiln_status_t kiln_runner_model_init(kiln_runner_t *r, kiln_model_t *m, kiln_kv_cache_t *kv,
-                                     const kiln_hal_backend_t *backend, kiln_hal_device_t *device,
-                                     kiln_hal_stream_t *stream, int32_t max_logits) {
-  memset(r, 0, sizeof(*r));
-  model_runner_t *c = calloc(1, sizeof(*c));
-  if (!c) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "runner: out of memory");
-  c->m = m;
-  c->kv = kv;
-  c->be = backend;
-  r->ctx = c;
+/* What every runner over a loaded model shares: its model, cache and backend (mr), and the
+ * public fields the engine reads (r). The caller sets r->ctx and the four operations. */
+static void runner_fill(kiln_runner_t *r, model_runner_t *mr, kiln_model_t *m, kiln_kv_cache_t *kv,
+                        const kiln_hal_backend_t *backend, kiln_hal_device_t *device,
+                        kiln_hal_stream_t *stream, int32_t max_logits) {
+  mr->m = m;
+  mr->kv = kv;
+  mr->be = backend;
   r->vocab_size = (int32_t)kiln_model_get_config(m)->vocab_size;
   r->max_model_len = kiln_model_max_len(m);
   r->max_logits = max_logits;
   r->backend = backend;
   r->device = device;
   r->stream = stream;
+}
+
+kiln_status_t kiln_runner_model_init(kiln_runner_t *r, kiln_model_t *m, kiln_kv_cache_t *kv,
+                                     const kiln_hal_backend_t *backend, kiln_hal_device_t *device,
+                                     kiln_hal_stream_t *stream, int32_t max_logits) {
+  memset(r, 0, sizeof(*r));
+  model_runner_t *c = calloc(1, sizeof(*c));
+  if (!c) return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "runner: out of memory");
+  runner_fill(r, c, m, kv, backend, device, stream, max_logits);
+  r->ctx = c;
   r->forward = mr_forward;
   r->copy_blocks = mr_copy_blocks;
   r->logits = mr_logits;
@@ -378,17 +386,9 @@ kiln_status_t kiln_runner_tp_init(kiln_runner_t *r, kiln_tp_ranks_t *t, int32_t 
     kiln_tp_ranks_free(t);
     return st;
   }
-  c->r0.m = m;
-  c->r0.kv = kv;
-  c->r0.be = backend;
+  runner_fill(r, &c->r0, m, kv, backend, device, stream, max_logits);
   c->t = t;
   r->ctx = c;
-  r->vocab_size = (int32_t)kiln_model_get_config(m)->vocab_size;
-  r->max_model_len = kiln_model_max_len(m);
-  r->max_logits = max_logits;
-  r->backend = backend;
-  r->device = device;
-  r->stream = stream;
   r->forward = tpr_forward;
   r->copy_blocks = tpr_copy_blocks;
   r->logits = tpr_logits;
