@@ -1,9 +1,14 @@
-/* ops_ref.c - fp64 host references for the HAL ops: obviously-correct loops, no tricks. */
+/* ops_ref.c - fp64 host references for the HAL ops: obviously-correct loops, no tricks (the
+ * attention reference shares a big problem's rows out over threads, each row as written). */
+#define _POSIX_C_SOURCE 200809L /* sysconf, pthreads */
 #include "hal/ref/ops_ref.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kiln/hal_util.h"
 
@@ -336,63 +341,128 @@ void ops_ref_activation(int32_t act, int64_t n, const double *x, double *out) {
   for (int64_t i = 0; i < n; i++) out[i] = ops_ref_act(act, x[i]);
 }
 
+/* One query row of ops_ref_attention: row i of sequence s, every head; scores has room for
+ * seq_lens[s] values. Returns the NaN cache values it read. */
+static int64_t ref_attention_row(const ops_ref_attention_params_t *p, const double *q,
+                                 const double *k_cache, const double *v_cache,
+                                 const int32_t *block_table, const int32_t *seq_lens,
+                                 const int32_t *qsl, int64_t s, int64_t i, double *scores,
+                                 double *out) {
+  int64_t nan_reads = 0;
+  const int64_t NH = p->NH, NKV = p->NKV, D = p->D, BS = p->BS;
+  int64_t q_len = qsl[s + 1] - qsl[s], seq_len = seq_lens[s];
+  int64_t row = qsl[s] + i;
+  int64_t pos = seq_len - q_len + i;
+  for (int64_t h = 0; h < NH; h++) {
+    int64_t kvh = h / (NH / NKV);
+    const double *qv = q + (row * NH + h) * D;
+    double *o = out + (row * NH + h) * D;
+    double mx = -INFINITY;
+    int64_t nvis = 0;
+    for (int64_t j = 0; j < seq_len; j++) {
+      bool vis =
+          (!p->causal || j <= pos) && (p->sliding_window <= 0 || j > pos - p->sliding_window);
+      scores[j] = -INFINITY;
+      if (!vis) continue;
+      int64_t blk = block_table[s * p->MB + j / BS];
+      const double *kv = k_cache + ((blk * NKV + kvh) * BS + j % BS) * D;
+      double dot = 0.0;
+      for (int64_t d = 0; d < D; d++) {
+        if (isnan(kv[d])) nan_reads++;
+        dot += qv[d] * kv[d];
+      }
+      double sc = p->scale * dot;
+      if (p->softcap > 0) sc = p->softcap * tanh(sc / p->softcap);
+      scores[j] = sc;
+      if (sc > mx) mx = sc;
+      nvis++;
+    }
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0;
+    if (nvis == 0) continue;
+    double sum = 0.0;
+    for (int64_t j = 0; j < seq_len; j++) {
+      if (scores[j] == -INFINITY) continue;
+      sum += exp(scores[j] - mx);
+    }
+    for (int64_t j = 0; j < seq_len; j++) {
+      if (scores[j] == -INFINITY) continue;
+      double w = exp(scores[j] - mx) / sum;
+      int64_t blk = block_table[s * p->MB + j / BS];
+      const double *vv = v_cache + ((blk * NKV + kvh) * BS + j % BS) * D;
+      for (int64_t d = 0; d < D; d++) {
+        if (isnan(vv[d])) nan_reads++;
+        o[d] += w * vv[d];
+      }
+    }
+  }
+  return nan_reads;
+}
+
+/* The rows of a big problem are shared out over threads: thread t of n takes rows t, t + n,
+ * t + 2n, ... of the flattened query rows (each row computed exactly as above, by one thread,
+ * so the output does not depend on the split). Small problems stay on the calling thread. */
+typedef struct ref_attn_job {
+  const ops_ref_attention_params_t *p;
+  const double *q, *k_cache, *v_cache;
+  const int32_t *block_table, *seq_lens, *qsl;
+  double *out;
+  int64_t first, step, max_len, nan_reads;
+  bool oom;
+} ref_attn_job_t;
+
+static void *ref_attention_rows(void *arg) {
+  ref_attn_job_t *j = arg;
+  double *scores = malloc(sizeof(double) * (size_t)(j->max_len > 0 ? j->max_len : 1));
+  if (!scores) {
+    j->oom = true;
+    return NULL;
+  }
+  const int64_t S = j->p->num_seqs, T = j->qsl[S];
+  int64_t s = 0;
+  for (int64_t r = j->first; r < T; r += j->step) {
+    while (r >= j->qsl[s + 1]) s++;
+    j->nan_reads += ref_attention_row(j->p, j->q, j->k_cache, j->v_cache, j->block_table,
+                                      j->seq_lens, j->qsl, s, r - j->qsl[s], scores, j->out);
+  }
+  free(scores);
+  return NULL;
+}
+
+#define REF_ATTN_MAX_THREADS 32
+#define REF_ATTN_THREAD_WORK 5.0e7 /* multiply-adds below which one thread does it all */
+
 int64_t ops_ref_attention(const ops_ref_attention_params_t *p, const double *q,
                           const double *k_cache, const double *v_cache, const int32_t *block_table,
                           const int32_t *seq_lens, const int32_t *qsl, double *out) {
-  int64_t nan_reads = 0;
-  const int64_t NH = p->NH, NKV = p->NKV, D = p->D, BS = p->BS;
+  double work = 0;
+  int64_t max_len = 0;
   for (int64_t s = 0; s < p->num_seqs; s++) {
-    int64_t q_len = qsl[s + 1] - qsl[s], seq_len = seq_lens[s];
-    double *scores = malloc(sizeof(double) * (size_t)(seq_len > 0 ? seq_len : 1));
-    if (!scores) abort();
-    for (int64_t i = 0; i < q_len; i++) {
-      int64_t row = qsl[s] + i;
-      int64_t pos = seq_len - q_len + i;
-      for (int64_t h = 0; h < NH; h++) {
-        int64_t kvh = h / (NH / NKV);
-        const double *qv = q + (row * NH + h) * D;
-        double *o = out + (row * NH + h) * D;
-        double mx = -INFINITY;
-        int64_t nvis = 0;
-        for (int64_t j = 0; j < seq_len; j++) {
-          bool vis =
-              (!p->causal || j <= pos) && (p->sliding_window <= 0 || j > pos - p->sliding_window);
-          scores[j] = -INFINITY;
-          if (!vis) continue;
-          int64_t blk = block_table[s * p->MB + j / BS];
-          const double *kv = k_cache + ((blk * NKV + kvh) * BS + j % BS) * D;
-          double dot = 0.0;
-          for (int64_t d = 0; d < D; d++) {
-            if (isnan(kv[d])) nan_reads++;
-            dot += qv[d] * kv[d];
-          }
-          double sc = p->scale * dot;
-          if (p->softcap > 0) sc = p->softcap * tanh(sc / p->softcap);
-          scores[j] = sc;
-          if (sc > mx) mx = sc;
-          nvis++;
-        }
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0;
-        if (nvis == 0) continue;
-        double sum = 0.0;
-        for (int64_t j = 0; j < seq_len; j++) {
-          if (scores[j] == -INFINITY) continue;
-          sum += exp(scores[j] - mx);
-        }
-        for (int64_t j = 0; j < seq_len; j++) {
-          if (scores[j] == -INFINITY) continue;
-          double w = exp(scores[j] - mx) / sum;
-          int64_t blk = block_table[s * p->MB + j / BS];
-          const double *vv = v_cache + ((blk * NKV + kvh) * BS + j % BS) * D;
-          for (int64_t d = 0; d < D; d++) {
-            if (isnan(vv[d])) nan_reads++;
-            o[d] += w * vv[d];
-          }
-        }
-      }
-    }
-    free(scores);
+    work += (double)(qsl[s + 1] - qsl[s]) * (double)seq_lens[s] * (double)(p->NH * p->D);
+    if (seq_lens[s] > max_len) max_len = seq_lens[s];
   }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int n = work < REF_ATTN_THREAD_WORK || cpus < 2 ? 1
+          : cpus > REF_ATTN_MAX_THREADS           ? REF_ATTN_MAX_THREADS
+                                                  : (int)cpus;
+  ref_attn_job_t jobs[REF_ATTN_MAX_THREADS];
+  pthread_t th[REF_ATTN_MAX_THREADS];
+  bool started[REF_ATTN_MAX_THREADS] = {false};
+  for (int t = 0; t < n; t++)
+    jobs[t] = (ref_attn_job_t){p, q, k_cache, v_cache, block_table, seq_lens, qsl, out,
+                               t, n, max_len, 0, false};
+  for (int t = 1; t < n; t++) started[t] = pthread_create(&th[t], NULL, ref_attention_rows, &jobs[t]) == 0;
+  ref_attention_rows(&jobs[0]);
+  int64_t nan_reads = jobs[0].nan_reads;
+  bool oom = jobs[0].oom;
+  for (int t = 1; t < n; t++) {
+    if (started[t])
+      pthread_join(th[t], NULL);
+    else
+      ref_attention_rows(&jobs[t]); /* no thread: this one does its share */
+    nan_reads += jobs[t].nan_reads;
+    oom = oom || jobs[t].oom;
+  }
+  if (oom) abort();
   return nan_reads;
 }
 
