@@ -62,7 +62,10 @@ python3 -c "
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j['images'] == 1 and j['input_len'] == 11, j
-assert 0 < j['submit_ms']['p50'] <= j['ttft_ms']['p50'], j
+# submission is part of the time to first token on average, but the engine thread may send the
+# first token before kiln_engine_submit returns to a descheduled caller (a loaded 2-core CI
+# machine: submit 3.0 ms against a 2.6 ms first token), so the bound is the end to end time
+assert 0 < j['submit_ms']['p50'] <= j['e2e_ms']['p50'], j
 " "$TMP/img.json" || fail "latency image JSON"
 ! "$KILN" bench latency "${COMMON[@]}" --model "$VL" --image "$SRC/tests/data/images/grey.png" 2>"$TMP/e5" ||
   fail "--image without --ids accepted"
