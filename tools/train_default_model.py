@@ -7,11 +7,11 @@ packages, then records the reference figures Kiln's tests compare against.
     python3 tools/train_default_model.py --corpus .corpus --out /tmp/out    # GPU machine
 
 A larger model on the same tokenizer, which kiln-tiny can draft for (issue 20's speculative
-decoding measurements; bench/spec_draft.sh trains it and measures):
+decoding measurements; bench/spec_bench.py then measures it, docs/perf.md has the figures):
 
     python3 tools/train_default_model.py --corpus .corpus --out /tmp/out --name kiln-small \
         --tokenizer share/models/kiln-tiny/tokenizer.json --hidden 512 --intermediate 1536 \
-        --layers 12 --heads 8 --kv-heads 4 --steps 1800 --max-train-seconds 240
+        --layers 12 --heads 8 --kv-heads 4 --steps 1800 --lr 1e-3 --max-train-seconds 200
 
 Needs torch 2.x, transformers (4.4x or 5.x), tokenizers and numpy (the GPU machine); no
 network. Everything is seeded (Python, NumPy, torch, CUDA) and the data order is a function of
