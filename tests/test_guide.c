@@ -1097,7 +1097,7 @@ static void test_engine_precompute(void **state) {
   kiln_sampling_params_t p;
   kiln_sampling_params_init(&p);
   p.n = 2;
-  p.max_tokens = 80;
+  p.max_tokens = slow_host() ? 24 : 80; /* the same comparisons, shorter under valgrind */
   p.temperature = 0.9f;
   p.has_seed = true;
   p.seed = 5;

@@ -38,14 +38,23 @@ double ops_ref_round(int32_t dtype, double v) {
 void ops_ref_gemm(int64_t M, int64_t N, int64_t K, const double *a, const double *b,
                   const double *bias, double alpha, double beta, const double *c_in, double *c_out,
                   double *out_mag) {
+  /* Row m's N sums at once, k ascending for each: the same additions in the same order as one
+   * dot product per (m, n), so the same bits, but reading b along its rows. */
+  double *accs = malloc(sizeof(double) * (size_t)(N > 0 ? 2 * N : 1));
+  if (!accs) abort(); /* tests only */
+  double *mags = accs + N;
   for (int64_t m = 0; m < M; m++) {
-    for (int64_t n = 0; n < N; n++) {
-      double acc = 0.0, mag = 0.0;
-      for (int64_t k = 0; k < K; k++) {
-        acc += a[m * K + k] * b[k * N + n];
-        mag += fabs(a[m * K + k] * b[k * N + n]);
+    for (int64_t n = 0; n < N; n++) accs[n] = mags[n] = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+      const double x = a[m * K + k];
+      const double *br = b + k * N;
+      for (int64_t n = 0; n < N; n++) {
+        accs[n] += x * br[n];
+        mags[n] += fabs(x * br[n]);
       }
-      double v = alpha * acc;
+    }
+    for (int64_t n = 0; n < N; n++) {
+      double v = alpha * accs[n], mag = mags[n];
       mag *= fabs(alpha);
       if (beta != 0.0) {
         v += beta * c_in[m * N + n];
@@ -59,6 +68,7 @@ void ops_ref_gemm(int64_t M, int64_t N, int64_t K, const double *a, const double
       if (out_mag) out_mag[m * N + n] = mag;
     }
   }
+  free(accs);
 }
 
 /* Column n of y for every row of x: y[m, n] = sum_k x[m, k] * row[k] (+ bias[n]), in fp64,
@@ -167,6 +177,34 @@ static double ref_e4m3(uint8_t q) {
   return q & 0x80 ? -v : v;
 }
 
+/* The finite non-negative e4m3 values, codes 0 .. 0x7E, ascending (ref_e4m3 of each). */
+static double e4m3_pos[0x7F];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+static void e4m3_init(void) {
+  for (int q = 0; q <= 0x7E; q++) e4m3_pos[q] = ref_e4m3((uint8_t)q);
+}
+
+/* The code 0 .. 0x7E nearest to ay >= 0, ties to the even code (round to nearest even, since
+ * the codes ascend with the values): a binary search for the first value >= ay, then the
+ * nearer of it and its predecessor. ay beyond 448 gives 0x7E. */
+static int e4m3_nearest(double ay) {
+  pthread_once(&e4m3_once, e4m3_init);
+  int lo = 0, hi = 0x7E;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (e4m3_pos[mid] >= ay)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  if (lo == 0) return 0;
+  const double up = e4m3_pos[lo] - ay, down = ay - e4m3_pos[lo - 1];
+  if (up < 0) return lo; /* ay beyond the largest value */
+  if (down < up) return lo - 1;
+  if (up < down) return lo;
+  return (lo & 1) ? lo - 1 : lo;
+}
+
 double ops_ref_fp8_kv_value(uint8_t code, float scale) {
   if ((code & 0x7F) == 0x7F) return NAN;
   return (double)scale * ref_e4m3(code); /* exact: a 24-bit by 4-bit product */
@@ -178,13 +216,7 @@ uint8_t ops_ref_fp8_kv_code(double x, float scale) {
   const uint8_t sign = signbit(y) ? 0x80 : 0;
   const double ay = fabs((double)y);
   if (ay >= 448.0) return (uint8_t)(sign | 0x7E);
-  int best = 0;
-  double bd = INFINITY;
-  for (int q = 0; q <= 0x7E; q++) { /* every finite non-negative code, ascending */
-    const double d = fabs(ref_e4m3((uint8_t)q) - ay);
-    if (d < bd || (d == bd && (q & 1) == 0)) bd = d, best = q;
-  }
-  return (uint8_t)(sign | best);
+  return (uint8_t)(sign | e4m3_nearest(ay));
 }
 
 void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, double *s_out) {
@@ -199,13 +231,7 @@ void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, d
     s_out[m] = s;
     for (int64_t k = 0; k < K; k++) {
       const double v = (double)(float)(x[m * K + k] / s), av = fabs(v);
-      int best = 0;
-      double bd = INFINITY;
-      for (int q = 0; q <= 0x7E; q++) { /* every finite non-negative code, ascending */
-        const double d = fabs(ref_e4m3((uint8_t)q) - av);
-        if (d < bd || (d == bd && (q & 1) == 0)) bd = d, best = q;
-      }
-      if (av >= 448.0) best = 0x7E;
+      const int best = av >= 448.0 ? 0x7E : e4m3_nearest(av);
       xq_out[m * K + k] = v < 0 ? -ref_e4m3((uint8_t)best) : ref_e4m3((uint8_t)best);
     }
   }
