@@ -189,6 +189,7 @@ static void e4m3_init(void) {
  * nearer of it and its predecessor. ay beyond 448 gives 0x7E. */
 static int e4m3_nearest(double ay) {
   pthread_once(&e4m3_once, e4m3_init);
+  if (ay >= e4m3_pos[0x7E]) return 0x7E;
   int lo = 0, hi = 0x7E;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
@@ -199,7 +200,6 @@ static int e4m3_nearest(double ay) {
   }
   if (lo == 0) return 0;
   const double up = e4m3_pos[lo] - ay, down = ay - e4m3_pos[lo - 1];
-  if (up < 0) return lo; /* ay beyond the largest value */
   if (down < up) return lo - 1;
   if (up < down) return lo;
   return (lo & 1) ? lo - 1 : lo;
@@ -215,7 +215,6 @@ uint8_t ops_ref_fp8_kv_code(double x, float scale) {
   if (isnan(y)) return 0x7F;
   const uint8_t sign = signbit(y) ? 0x80 : 0;
   const double ay = fabs((double)y);
-  if (ay >= 448.0) return (uint8_t)(sign | 0x7E);
   return (uint8_t)(sign | e4m3_nearest(ay));
 }
 
@@ -231,7 +230,7 @@ void ops_ref_fp8_xquant(int64_t M, int64_t K, const double *x, double *xq_out, d
     s_out[m] = s;
     for (int64_t k = 0; k < K; k++) {
       const double v = (double)(float)(x[m * K + k] / s), av = fabs(v);
-      const int best = av >= 448.0 ? 0x7E : e4m3_nearest(av);
+      const int best = e4m3_nearest(av);
       xq_out[m * K + k] = v < 0 ? -ref_e4m3((uint8_t)best) : ref_e4m3((uint8_t)best);
     }
   }
