@@ -741,6 +741,10 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* The longest query per sequence a multi-token decode graph is kept for (speculation's
+ * verification takes num_speculative_tokens + 1 <= 33). */
+#define GRAPH_MAX_Q 64
+
 /* The decode graph sizes: options.capture_sizes (or the default list) within what one forward
  * takes, ascending, without duplicates. Leaves m->graph_sizes NULL when none is left. */
 static kiln_status_t graph_sizes_init(kiln_model_t *m, const kiln_model_options_t *o) {
@@ -771,6 +775,13 @@ static kiln_status_t graph_sizes_init(kiln_model_t *m, const kiln_model_options_
   }
   m->graph_sizes = v;
   m->num_graph_sizes = u;
+  /* Query lengths above what one forward takes are never asked for: q <= max_tokens. */
+  int32_t q = o->graph_max_query_len > 1 ? o->graph_max_query_len : 1;
+  if (q > m->opt.max_tokens) q = m->opt.max_tokens;
+  if (q > GRAPH_MAX_Q) q = GRAPH_MAX_Q;
+  m->graph_max_q = q;
+  m->num_graph_slots = q * u;
+  m->gstats.max_query_len = q;
   m->gstats.active = true;
   m->gstats.num_sizes = u;
   m->gstats.max_size = v[u - 1];
@@ -1268,7 +1279,7 @@ kiln_status_t kiln_model_kv_create(kiln_model_t *m, int32_t num_blocks, int32_t 
   kv->block_size = block_size;
   kv->pool_blocks = num_blocks + (m->graph_sizes ? 1 : 0);
   kiln_status_t st = NULL;
-  if (m->graph_sizes && !(kv->graphs = calloc((size_t)m->num_graph_sizes, sizeof(*kv->graphs)))) {
+  if (m->graph_sizes && !(kv->graphs = calloc((size_t)m->num_graph_slots, sizeof(*kv->graphs)))) {
     free(kv);
     return kiln_status_make(KILN_ERR_OUT_OF_MEMORY, "out of memory for the KV cache's graphs");
   }
@@ -1300,7 +1311,7 @@ void kiln_kv_cache_free(kiln_kv_cache_t *kv) {
     kiln_hal_error_t *e = m->be->stream_sync(m->stream);
     if (e) e->destroy(e);
   }
-  for (int32_t i = 0; kv->graphs && i < m->num_graph_sizes; i++)
+  for (int32_t i = 0; kv->graphs && i < m->num_graph_slots; i++)
     if (kv->graphs[i]) m->be->graph_destroy(kv->graphs[i]);
   free(kv->graphs);
   m->be->buffer_free(kv->buf);
@@ -1444,6 +1455,16 @@ static kiln_status_t model_check_batch(const kiln_model_t *m, const kiln_kv_cach
  *                  forward
  *   attention      max_query_len 1, max_seq_len = the model's max length: valid for any batch
  *
+ * Multi-token decode (opt.graph_max_query_len = Q > 1): a batch whose S sequences each have
+ * the same q <= Q new tokens, sequence s owning rows q*s..q*s+q-1 (speculative decoding's
+ * verification of q - 1 proposals, a draft model's catch-up), runs as the graph of (q, P):
+ * P*q token rows, a padding sequence has q rows at position 0 and seq_len q (its first
+ * ceil(q / block_size) table entries the scratch block), query_start_loc is s*q, attention
+ * takes max_query_len q (causal within each sequence's rows, as eagerly), and the graph gathers
+ * min(P*q, max_logits) logits rows, so it serves batches asking for at most that many. The
+ * attention kernels pick their shape from max_query_len at capture, so every q has graphs of
+ * its own (one slot per q and capture size).
+ *
  * Every tensor the graph names lives at a fixed address for the KV cache's life: the weights,
  * the rope table, the activations, the logits and the metadata buffer (the model's), the KV
  * buffer (the cache's). A replay is: stage the padded metadata on the host, one copy_h2d into
@@ -1458,38 +1479,70 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A graph slot's query length, padded sequences and gathered logits rows. */
+static int32_t slot_q(const kiln_model_t *m, int32_t slot) { return slot / m->num_graph_sizes + 1; }
+static int32_t slot_p(const kiln_model_t *m, int32_t slot) {
+  return m->graph_sizes[slot % m->num_graph_sizes];
+}
+static int32_t slot_rows(const kiln_model_t *m, int32_t slot) {
+  const int32_t q = slot_q(m, slot), P = slot_p(m, slot);
+  if (q == 1) return P;
+  const int64_t r = (int64_t)q * P;
+  return r < m->opt.max_logits ? (int32_t)r : m->opt.max_logits;
+}
+/* Whether slot can exist: its token rows fit one forward, and a multi-token slot's size is at
+ * most the smallest capture size holding graph_query_max_seqs sequences. */
+static bool slot_valid(const kiln_model_t *m, int32_t slot) {
+  const int32_t q = slot_q(m, slot), i = slot % m->num_graph_sizes;
+  if ((int64_t)q * slot_p(m, slot) > m->opt.max_tokens) return false;
+  const int32_t lim =
+      m->opt.graph_query_max_seqs > 0 ? m->opt.graph_query_max_seqs : m->opt.max_seqs;
+  return q == 1 || i == 0 || m->graph_sizes[i - 1] < lim;
+}
+
 /* The graph slot for a batch that passed model_check_batch, or -1: run it eagerly. The graph
  * has a row for every sequence and every logits row (a row may be asked for twice). */
 static int32_t graph_slot(const kiln_model_t *m, const kiln_kv_cache_t *kv, const kiln_batch_t *b,
                           int32_t max_query_len, int32_t mrope_rows) {
-  if (!kv->graphs || m->graphs_failed || max_query_len != 1 || b->num_tokens != b->num_seqs ||
-      mrope_rows > 0 || b->num_embeds > 0)
+  if (!kv->graphs || m->graphs_failed || max_query_len < 1 || max_query_len > m->graph_max_q ||
+      (int64_t)b->num_tokens != (int64_t)max_query_len * b->num_seqs || mrope_rows > 0 ||
+      b->num_embeds > 0)
     return -1;
-  const int32_t rows = b->num_logits > b->num_seqs ? b->num_logits : b->num_seqs;
-  for (int32_t i = 0; i < m->num_graph_sizes; i++)
-    if (m->graph_sizes[i] >= rows) return i;
+  const int32_t q = max_query_len, S = b->num_seqs;
+  if (q > 1)
+    for (int32_t s = 0; s <= S; s++)
+      if (b->query_start_loc[s] != q * s) return -1;
+  for (int32_t i = 0; i < m->num_graph_sizes; i++) {
+    const int32_t slot = (q - 1) * m->num_graph_sizes + i;
+    if (m->graph_sizes[i] >= S && slot_rows(m, slot) >= b->num_logits &&
+        (q > 1 || m->graph_sizes[i] >= b->num_logits))
+      return slot_valid(m, slot) ? slot : -1;
+  }
   return -1;
 }
 
-/* The pass a graph of P rows records. */
-static model_pass_t graph_pass(const kiln_model_t *m, int32_t P) {
-  model_pass_t p = {.num_tokens = P,
+/* The pass the graph of a slot records. */
+static model_pass_t graph_pass(const kiln_model_t *m, int32_t slot) {
+  const int32_t q = slot_q(m, slot), P = slot_p(m, slot);
+  model_pass_t p = {.num_tokens = q * P,
                     .num_seqs = P,
-                    .num_logits = P,
+                    .num_logits = slot_rows(m, slot),
                     .bt_width = m->opt.max_blocks_per_seq,
-                    .max_query_len = 1,
+                    .max_query_len = q,
                     .max_seq_len = m->max_len < INT32_MAX ? (int32_t)m->max_len : INT32_MAX,
                     .gather = true};
   return p;
 }
 
-/* Records the graph of slot i for kv. On failure nothing is kept and the stream is out of
+/* Records the graph of a slot for kv. On failure nothing is kept and the stream is out of
  * capture mode again. */
-static kiln_status_t graph_capture(kiln_model_t *m, kiln_kv_cache_t *kv, int32_t i) {
-  const int32_t P = m->graph_sizes[i];
+static kiln_status_t graph_capture(kiln_model_t *m, kiln_kv_cache_t *kv, int32_t slot) {
+  const int32_t P = slot_p(m, slot), q = slot_q(m, slot);
   kiln_status_t st = hal_st(m->be->graph_begin(m->stream), "graph_begin");
-  if (st) return kiln_status_annotate(st, "capturing the decode graph of %d rows", P);
-  model_pass_t p = graph_pass(m, P);
+  if (st)
+    return kiln_status_annotate(st, "capturing the decode graph of %d rows (query length %d)", P,
+                                q);
+  model_pass_t p = graph_pass(m, slot);
   st = llama_forward(m, kv, &p);
   kiln_hal_graph_t *g = NULL;
   kiln_hal_error_t *e = m->be->graph_end(m->stream, &g); /* always: it ends the capture */
@@ -1502,9 +1555,10 @@ static kiln_status_t graph_capture(kiln_model_t *m, kiln_kv_cache_t *kv, int32_t
         kiln_status_make(KILN_ERR_INTERNAL, "graph_end: backend %s returned no graph", m->be->name);
   if (st) {
     if (g) m->be->graph_destroy(g);
-    return kiln_status_annotate(st, "capturing the decode graph of %d rows", P);
+    return kiln_status_annotate(st, "capturing the decode graph of %d rows (query length %d)", P,
+                                q);
   }
-  kv->graphs[i] = g;
+  kv->graphs[slot] = g;
   m->gstats.captures++;
   return NULL;
 }
@@ -1520,81 +1574,99 @@ static void graphs_give_up(kiln_model_t *m, kiln_status_t st) {
   kiln_status_free(st);
 }
 
-/* Stages batch b padded to P rows in m->meta_host; returns the bytes to upload. */
+/* Stages batch b padded to the slot's P sequences of q rows in m->meta_host; returns the bytes
+ * to upload. */
 static uint64_t graph_stage(kiln_model_t *m, const kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                            const int32_t *rope_pos, int32_t P) {
+                            const int32_t *rope_pos, int32_t slot) {
   const int32_t S = b->num_seqs, R = b->num_logits, W = m->opt.max_blocks_per_seq;
-  const int32_t MB = b->max_blocks_per_seq;
+  const int32_t MB = b->max_blocks_per_seq, q = slot_q(m, slot), P = slot_p(m, slot);
+  const int32_t T = b->num_tokens, RG = slot_rows(m, slot);
   int32_t *h = m->meta_host;
   int32_t *ids = h + m->m_ids, *pos = h + m->m_pos, *slots = h + m->m_slots;
   int32_t *lens = h + m->m_seq_lens, *qsl = h + m->m_qsl, *rows = h + m->m_rows, *bt = h + m->m_bt;
-  memcpy(ids, b->token_ids, (size_t)S * 4);
-  memcpy(pos, rope_pos, (size_t)S * 4);
-  memcpy(slots, b->slot_mapping, (size_t)S * 4);
+  memcpy(ids, b->token_ids, (size_t)T * 4);
+  memcpy(pos, rope_pos, (size_t)T * 4);
+  memcpy(slots, b->slot_mapping, (size_t)T * 4);
   memcpy(lens, b->seq_lens, (size_t)S * 4);
   if (R) memcpy(rows, b->logits_rows, (size_t)R * 4);
-  for (int32_t r = R; r < P; r++) rows[r] = 0;
-  for (int32_t s = 0; s <= P; s++) qsl[s] = s;
+  for (int32_t r = R; r < RG; r++) rows[r] = 0;
+  for (int32_t s = 0; s <= P; s++) qsl[s] = q * s;
   if (MB == W) {
     memcpy(bt, b->block_tables, (size_t)S * (size_t)W * 4);
   } else {
     for (int32_t s = 0; s < S; s++)
       memcpy(bt + (size_t)s * W, b->block_tables + (size_t)s * MB, (size_t)MB * 4);
   }
+  const int32_t pad_blocks = (q + kv->block_size - 1) / kv->block_size;
+  for (int32_t t = T; t < q * P; t++) {
+    ids[t] = 0;
+    pos[t] = 0;
+    slots[t] = -1;
+  }
   for (int32_t s = S; s < P; s++) {
-    ids[s] = 0;
-    pos[s] = 0;
-    slots[s] = -1;
-    lens[s] = 1;
-    bt[(size_t)s * W] = kv->num_blocks; /* the scratch block */
+    lens[s] = q;
+    for (int32_t j = 0; j < pad_blocks && j < W; j++)
+      bt[(size_t)s * W + j] = kv->num_blocks; /* the scratch block */
   }
   return (uint64_t)(m->m_bt + (int64_t)P * W) * 4;
 }
 
-/* Runs a checked decode batch through graph slot i. *out_eager is set when the capture was
+/* Runs a checked decode batch through a graph slot. *out_eager is set when the capture was
  * refused and the batch must run eagerly instead (nothing was enqueued then). */
 static kiln_status_t forward_graph(kiln_model_t *m, kiln_kv_cache_t *kv, const kiln_batch_t *b,
-                                   const int32_t *rope_pos, int32_t i, bool *out_eager) {
+                                   const int32_t *rope_pos, int32_t slot, bool *out_eager) {
   *out_eager = false;
-  if (!kv->graphs[i]) {
-    kiln_status_t cst = graph_capture(m, kv, i);
+  if (!kv->graphs[slot]) {
+    kiln_status_t cst = graph_capture(m, kv, slot);
     if (cst) {
       graphs_give_up(m, cst);
       *out_eager = true;
       return NULL;
     }
   }
-  const int32_t P = m->graph_sizes[i];
-  uint64_t bytes = graph_stage(m, kv, b, rope_pos, P);
+  const int32_t P = slot_p(m, slot);
+  uint64_t bytes = graph_stage(m, kv, b, rope_pos, slot);
   kiln_status_t st =
       hal_st(m->be->copy_h2d(m->stream, m->meta, 0, m->meta_host, bytes), "batch metadata");
   if (st) return st;
   m->in_flight = true;
-  if ((st = hal_st(m->be->graph_replay(kv->graphs[i], m->stream), "graph_replay")))
-    return kiln_status_annotate(st, "decode graph of %d rows (batch of %d)", P, b->num_seqs);
+  if ((st = hal_st(m->be->graph_replay(kv->graphs[slot], m->stream), "graph_replay")))
+    return kiln_status_annotate(st, "decode graph of %d rows, query length %d (batch of %d)", P,
+                                slot_q(m, slot), b->num_seqs);
   m->gstats.replays++;
+  if (slot_q(m, slot) > 1) m->gstats.multi_replays++;
   m->gstats.padded_rows += P - b->num_seqs;
   return NULL;
 }
 
+/* Ahead of time: the decode graphs (query length 1) of every size, then, size by size, those of
+ * the longer queries. */
 int32_t kiln_model_graphs_capture(kiln_model_t *m, kiln_kv_cache_t *kv, double budget_s) {
   if (!kv->graphs || m->graphs_failed) return 0;
   const double t0 = now_s();
-  int32_t have = 0, fresh = 0;
-  for (int32_t i = 0; i < m->num_graph_sizes; i++) {
-    if (!kv->graphs[i] && !m->graphs_failed && now_s() - t0 < budget_s) {
-      kiln_status_t st = graph_capture(m, kv, i);
+  int32_t have = 0, fresh = 0, valid = 0;
+  const int32_t n = m->num_graph_sizes;
+  for (int32_t k = 0; k < m->num_graph_slots; k++) {
+    /* k < n: query length 1, size k; then j = k - n walks size j / (Q - 1), query length
+     * j % (Q - 1) + 2. */
+    const int32_t j = k - n, Q1 = m->graph_max_q - 1;
+    const int32_t slot = k < n ? k : (j % Q1 + 1) * n + j / Q1;
+    if (!slot_valid(m, slot)) continue;
+    valid++;
+    if (!kv->graphs[slot] && !m->graphs_failed && now_s() - t0 < budget_s) {
+      kiln_status_t st = graph_capture(m, kv, slot);
       if (st)
         graphs_give_up(m, st);
       else
         fresh++;
     }
-    have += kv->graphs[i] != NULL;
+    have += kv->graphs[slot] != NULL;
   }
   if (fresh)
     kiln_log(KILN_LOG_INFO,
-             "graphs: captured %d decode graphs (%d of %d sizes, 1..%d rows) in %.3f s", fresh,
-             have, m->num_graph_sizes, m->graph_sizes[m->num_graph_sizes - 1], now_s() - t0);
+             "graphs: captured %d decode graphs (%d of %d: sizes 1..%d rows, query lengths 1..%d) "
+             "in %.3f s",
+             fresh, have, valid, m->graph_sizes[n - 1], m->graph_max_q, now_s() - t0);
   return have;
 }
 

@@ -15,11 +15,14 @@
  * Decode graphs: with options.graphs on a device with KILN_HAL_CAP_GRAPHS, a batch where every
  * sequence has one new token (T == S) and S (and its logits rows) <= the largest capture size
  * replays a device graph captured for the smallest capture size P that holds them, the batch
- * padded to P rows (logits: the first R of P rows, as kiln_model_logits reads); everything else
- * runs eagerly. A graph is captured lazily the first time its size is needed, or ahead of time
- * by kiln_model_graphs_capture. Graphs belong to the KV cache they were captured with. A
- * capture the backend refuses turns graphs off for the model (one warning) and the batch runs
- * eagerly: graphs never change what a forward returns, only how it is launched.
+ * padded to P rows (logits: the first R of P rows, as kiln_model_logits reads). With
+ * options.graph_max_query_len = Q > 1, a batch where every sequence has the same q <= Q new
+ * tokens (contiguous rows) replays the graph of (q, P) the same way, P sequences of q rows and
+ * up to min(q * P, max_logits) logits rows. Everything else runs eagerly. A graph is captured
+ * lazily the first time its size is needed, or ahead of time by kiln_model_graphs_capture. Graphs
+ * belong to the KV cache they were captured with. A capture the backend refuses turns graphs off
+ * for the model (one warning) and the batch runs eagerly: graphs never change what a forward
+ * returns, only how it is launched.
  *
  * The architecture (models/llama/) covers Llama 2/3/3.1, Mistral, Qwen2 and Qwen3 through the
  * config's flags. The model validates every batch on the host before any device work (token
@@ -83,6 +86,15 @@ typedef struct kiln_model_options {
    * deduplicated. NULL/0 = 1, 2, 4, then multiples of 8 up to 256. */
   const int64_t *capture_sizes;
   int32_t num_capture_sizes;
+  /* Multi-token decode graphs: the longest query per sequence a graph is kept for (0 or 1:
+   * decode batches only). With q > 1, a batch where every sequence has the same q new tokens
+   * (T == q * S, sequence s owning rows q*s..q*s+q-1: speculative decoding's verification and a
+   * draft model's catch-up) and q <= graph_max_query_len replays a graph too (see "Decode
+   * graphs" above). The engine sets it from [speculative] num_speculative_tokens. */
+  int32_t graph_max_query_len;
+  /* The most sequences a multi-token decode batch has (0 = max_seqs): graphs of query length
+   * q > 1 are kept for the capture sizes up to the smallest one that holds them. */
+  int32_t graph_query_max_seqs;
   /* Tensor parallelism ([parallel] tensor_parallel_size; docs/parallel.md). tp_size 0 or 1:
    * none. Else this model is rank tp_rank of tp_size: it loads only its shard (column-parallel
    * q/k/v and gate/up, row-parallel o_proj and down_proj, KV heads split or replicated when
@@ -206,7 +218,8 @@ kiln_status_t kiln_model_forward_seq(kiln_model_t *m, kiln_kv_cache_t *kv,
 
 /* ---- decode graphs ------------------------------------------------------------------------ */
 
-/* Captures the decode graphs of kv that are not captured yet, smallest size first, until
+/* Captures the decode graphs of kv that are not captured yet, smallest size first (query
+ * length 1 at every size, then, size by size, the longer query lengths), until
  * budget_s seconds have gone by (checked before each capture; 0 = none); the rest are captured
  * when first needed. Returns the number of kv's graphs captured afterwards (0 when the model
  * has no graphs). A capture the backend refuses turns graphs off (one warning), never an
@@ -220,8 +233,10 @@ typedef struct kiln_model_graph_stats {
   bool failed;            /* a capture failed: eager for good */
   int64_t captures;       /* graphs captured, over all KV caches */
   int64_t replays;        /* forwards that replayed a graph */
-  int64_t padded_rows;    /* rows of padding those replays computed */
+  int64_t padded_rows;    /* padding sequences those replays computed (q rows each) */
   int64_t eager_forwards; /* forwards that ran eagerly */
+  int32_t max_query_len;  /* the longest query per sequence graphs are kept for (1: decode) */
+  int64_t multi_replays;  /* replays of multi-token decode graphs (query length > 1) */
 } kiln_model_graph_stats_t;
 
 /* The graph counters since the load. */

@@ -113,6 +113,10 @@ struct kiln_model {
   /* Decode graphs (model.c, "Decode graphs"). graph_sizes is NULL when the model has none. */
   int32_t *graph_sizes; /* [num_graph_sizes] ascending padded batch sizes */
   int32_t num_graph_sizes;
+  /* Multi-token decode graphs: query lengths 1..graph_max_q per sequence (1: decode only). A
+   * KV cache's graph of query length q and size index i is graphs[(q - 1) * num_graph_sizes +
+   * i]; num_graph_slots = graph_max_q * num_graph_sizes. */
+  int32_t graph_max_q, num_graph_slots;
   bool graphs_failed; /* a capture failed: eager for good (warned once) */
   kiln_model_graph_stats_t gstats;
 };
@@ -126,7 +130,7 @@ struct kiln_kv_cache {
    * zero, and a padding row attends to one zero key. */
   int32_t pool_blocks;
   uint64_t cache_bytes;      /* one K (or V) cache of one layer: pool_blocks * NKV * BS * D * es */
-  kiln_hal_graph_t **graphs; /* [m->num_graph_sizes], NULL until captured; NULL: no graphs */
+  kiln_hal_graph_t **graphs; /* [m->num_graph_slots], NULL until captured; NULL: no graphs */
 };
 
 /* ---- the weight plan (model.c): checkpoint tensors scheduled into the weight buffer ------ */

@@ -60,6 +60,8 @@ static kiln_hal_registry_t *g_reg;
 static kiln_hal_device_t *g_dev;
 static kiln_hal_stream_t *g_stream;
 static bool g_graphs; /* the device has CAP_GRAPHS */
+/* The graph model's graph_max_query_len and graph_query_max_seqs (rig_load; 0: decode only). */
+static int32_t g_max_q, g_q_seqs;
 /* Under valgrind (or with KILN_TEST_QUICK set) the scenarios are cut down to what still runs
  * every code path: a few fixtures, fewer steps, every fourth failure point. */
 static bool g_quick;
@@ -249,6 +251,10 @@ static kiln_model_t *rig_load(const char *path, const kiln_hal_backend_t *be, in
   o.max_logits = MAXS;
   o.max_blocks_per_seq = max_blocks;
   o.graphs = graphs;
+  if (graphs) {
+    o.graph_max_query_len = g_max_q;
+    o.graph_query_max_seqs = g_q_seqs;
+  }
   o.capture_sizes = sizes;
   o.num_capture_sizes = nsizes;
   kiln_model_t *m = NULL;
@@ -410,6 +416,62 @@ static void rig_decode(rig_t *r, const int32_t *seqs, int32_t S, bool full, int 
   rig_compare(r, R, what);
   free(tables);
   for (int32_t i = 0; i < S; i++) r->len[seqs[i]]++;
+}
+
+/* One multi-token decode step: each of the S sequences seqs[] gets q[i] new tokens (contiguous
+ * rows, as speculation's verification lays them out). Logits rows: every row (verification),
+ * each sequence's last (a draft's catch-up), or every second row in reverse. */
+enum { MROWS_ALL, MROWS_LAST, MROWS_SOME };
+static void rig_decode_multi(rig_t *r, const int32_t *seqs, int32_t S, const int32_t *q, bool full,
+                             int mode) {
+  int32_t ids[64], pos[64], slots[64], lens[MAXS], qsl[MAXS + 1], rows[MAXS];
+  int32_t width = 1, T = 0;
+  for (int32_t i = 0; i < S; i++) {
+    int32_t s = seqs[i];
+    qsl[i] = T;
+    for (int32_t j = 0; j < q[i]; j++) {
+      int32_t p = r->len[s] + j;
+      assert_true(p < r->max_len && T < 64);
+      if (p / r->bs >= r->nblk[s]) r->bt[(size_t)s * r->W + r->nblk[s]++] = rig_block(r);
+      ids[T] = tok(r, s, p);
+      pos[T] = p;
+      slots[T] = r->bt[(size_t)s * r->W + p / r->bs] * r->bs + p % r->bs;
+      T++;
+    }
+    lens[i] = r->len[s] + q[i];
+    if (r->nblk[s] > width) width = r->nblk[s];
+  }
+  qsl[S] = T;
+  if (full) width = r->W;
+  int32_t *tables = malloc((size_t)(uint32_t)S * (size_t)(uint32_t)width * sizeof(int32_t));
+  assert_non_null(tables);
+  for (int32_t i = 0; i < S; i++)
+    memcpy(tables + (size_t)i * width, r->bt + (size_t)seqs[i] * r->W, (size_t)width * 4);
+  int32_t R = 0;
+  if (mode == MROWS_ALL)
+    for (int32_t t = 0; t < T && R < MAXS; t++) rows[R++] = t;
+  else if (mode == MROWS_LAST)
+    for (int32_t i = 0; i < S; i++) rows[R++] = qsl[i + 1] - 1;
+  else
+    for (int32_t t = T - 1; t >= 0 && R < MAXS; t -= 2) rows[R++] = t;
+  kiln_batch_t b = {.num_tokens = T,
+                    .num_seqs = S,
+                    .token_ids = ids,
+                    .positions = pos,
+                    .slot_mapping = slots,
+                    .seq_lens = lens,
+                    .query_start_loc = qsl,
+                    .block_tables = tables,
+                    .max_blocks_per_seq = width,
+                    .num_logits = R,
+                    .logits_rows = rows};
+  for (int k = 0; k < 2; k++) check_st(kiln_model_forward(r->m[k], r->kv[k], &b));
+  char what[96];
+  snprintf(what, sizeof(what), "multi-token decode of %d sequences (first q %d), %d rows%s", S,
+           q[0], R, full ? ", full tables" : "");
+  rig_compare(r, R, what);
+  free(tables);
+  for (int32_t i = 0; i < S; i++) r->len[seqs[i]] += q[i];
 }
 
 /* Moves sequence s to fresh blocks (copy-on-write style) on both models; its old blocks go back
@@ -669,6 +731,95 @@ static void test_custom_sizes(void **state) {
   assert_int_equal(st.num_sizes, 9);
   assert_int_equal(st.max_size, 48);
   kiln_model_free(m);
+}
+
+/* Multi-token decode graphs (graph_max_query_len 5, sizes 1, 2, 4, 8): batches of 1..8
+ * sequences with 2..5 new tokens each replay the graph of (q, P) with the same logits as eager
+ * (every row, each sequence's last, a reordered subset); a batch whose sequences have different
+ * query lengths, one longer than 5 and one of 9 sequences run eagerly; the KV caches agree. Then
+ * graph_query_max_seqs = 3 keeps multi-token graphs for the sizes 1, 2, 4 only. */
+static void test_multi_query(void **state) {
+  (void)state;
+  if (!g_graphs) skip();
+  static const int64_t sizes[] = {1, 2, 4, 8};
+  const char *names[] = {"llama2", "qwen3", "mistral_swa"};
+  for (int f = 0; f < (g_quick ? 1 : 3); f++) {
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/tests/fixtures/models/%s", g_src, names[f]);
+    g_max_q = 5;
+    rig_t r;
+    rig_open(&r, names[f], path, KILN_HAL_F32, 4, 16, g_real, sizes, 4);
+    g_max_q = 0;
+    kiln_model_graph_stats_t st;
+    kiln_model_graph_stats(r.m[1], &st);
+    assert_int_equal(st.max_query_len, 5);
+    /* 4 sizes x 5 query lengths, of which q * P <= max_tokens (64): all 20. */
+    assert_int_equal(kiln_model_graphs_capture(r.m[1], r.kv[1], 600), 20);
+    rig_prefill(&r);
+    kiln_model_graph_stats(r.m[1], &st);
+    /* (prompts of 2..5 tokens were multi-token decodes of one sequence already) */
+    const int64_t replays0 = st.replays, eager0 = st.eager_forwards, multi0 = st.multi_replays;
+    assert_true(multi0 > 0);
+    long uniform = 0, mixed = 0;
+    const int32_t steps = g_quick ? 10 : 24;
+    for (int32_t k = 0; k < steps; k++) {
+      int32_t seqs[MAXS], q[MAXS], S = 0;
+      const int32_t want = 1 + (k * 5) % 8, qk = 2 + k % 4;
+      for (int32_t i = 0; i < r.nseq && S < want; i++) {
+        int32_t s = (i + k * 3) % r.nseq;
+        if (r.len[s] + 6 <= 8 + MAXS) {
+          seqs[S] = s;
+          q[S++] = qk;
+        }
+      }
+      assert_true(S > 0);
+      const bool mix = k % 6 == 5 && S > 1;
+      if (mix) q[S - 1] = qk == 2 ? 3 : 2;
+      rig_decode_multi(&r, seqs, S, q, k % 3 != 0, k % 3);
+      mixed += mix;
+      uniform += !mix;
+      if (k % 8 == 7) rig_move(&r, k % r.nseq);
+    }
+    /* A query of 6 (above 5): eager; 8 sequences of 2: a graph; 9 of 2 (above 8): eager. */
+    const int32_t one[1] = {0}, six[1] = {6};
+    const int32_t nine[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, twos[9] = {2, 2, 2, 2, 2, 2, 2, 2, 2};
+    rig_decode_multi(&r, one, 1, six, true, MROWS_ALL);
+    rig_decode_multi(&r, nine, 8, twos, false, MROWS_LAST);
+    uniform++;
+    rig_decode_multi(&r, nine, 9, twos, true, MROWS_LAST);
+    kiln_model_graph_stats(r.m[1], &st);
+    rig_report(&r);
+    assert_false(st.failed);
+    assert_int_equal(st.replays - replays0, uniform);
+    assert_int_equal(st.multi_replays - multi0, uniform);
+    assert_int_equal(st.eager_forwards - eager0, mixed + 2);
+    assert_int_equal(st.captures, 20);
+    rig_check_kv(&r);
+    rig_close(&r);
+  }
+
+  /* graph_query_max_seqs = 3: multi-token graphs of 1, 2 and 4 sequences (4 holds 3), none of
+   * 8; decode graphs of every size. */
+  char path[1100];
+  snprintf(path, sizeof(path), "%s/tests/fixtures/models/llama2", g_src);
+  g_max_q = 3;
+  g_q_seqs = 3;
+  rig_t r;
+  rig_open(&r, "llama2 q-seqs", path, KILN_HAL_F32, 4, 8, g_real, sizes, 4);
+  g_max_q = g_q_seqs = 0;
+  assert_int_equal(kiln_model_graphs_capture(r.m[1], r.kv[1], 600), 4 + 2 * 3);
+  rig_prefill(&r);
+  kiln_model_graph_stats_t st;
+  kiln_model_graph_stats(r.m[1], &st);
+  const int64_t e0 = st.eager_forwards, m0 = st.multi_replays;
+  int32_t seqs[8] = {0, 1, 2, 3, 4, 5, 6, 7}, q[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+  rig_decode_multi(&r, seqs, 4, q, true, MROWS_ALL); /* P = 4: a graph */
+  rig_decode_multi(&r, seqs, 5, q, true, MROWS_ALL); /* P = 8: eager */
+  kiln_model_graph_stats(r.m[1], &st);
+  assert_int_equal(st.multi_replays - m0, 1);
+  assert_int_equal(st.eager_forwards - e0, 1);
+  rig_check_kv(&r);
+  rig_close(&r);
 }
 
 /* Graphs captured ahead of time are used as they are (no capture at run time); a second KV
@@ -973,10 +1124,15 @@ int main(int argc, char **argv) {
   if (RUNNING_ON_VALGRIND) g_quick = true;
 #endif
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fixtures),        cmocka_unit_test(test_default_model),
-      cmocka_unit_test(test_custom_sizes),    cmocka_unit_test(test_capture_ahead),
-      cmocka_unit_test(test_capture_refused), cmocka_unit_test(test_cpu_capture_rules),
-      cmocka_unit_test(test_engine_fixture),  cmocka_unit_test(test_engine_default_model),
+      cmocka_unit_test(test_fixtures),
+      cmocka_unit_test(test_default_model),
+      cmocka_unit_test(test_custom_sizes),
+      cmocka_unit_test(test_multi_query),
+      cmocka_unit_test(test_capture_ahead),
+      cmocka_unit_test(test_capture_refused),
+      cmocka_unit_test(test_cpu_capture_rules),
+      cmocka_unit_test(test_engine_fixture),
+      cmocka_unit_test(test_engine_default_model),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
