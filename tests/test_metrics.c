@@ -410,6 +410,11 @@ static void test_prometheus(void **state) {
   m.warmup_seconds = 0.5;
   m.guide_precompute_jobs = 3;
   m.guide_precompute_states = 777;
+  m.graph_replays = 50;
+  m.graph_multi_replays = 51;
+  m.eager_forwards = 52;
+  m.draft_graph_replays = 53;
+  m.draft_eager_forwards = 54;
   for (int i = 0; i < 100; i++) {
     kiln_histogram_observe(&m.time_to_first_token, 0.003 * i);
     kiln_histogram_observe(&m.inter_token_latency, 0.0007 * i);
@@ -451,6 +456,7 @@ static void test_prometheus(void **state) {
       {"kiln:warmup_seconds", "gauge"},
       {"kiln:guide_precompute_jobs_total", "counter"},
       {"kiln:guide_precompute_states_total", "counter"},
+      {"kiln:model_forwards_total", "counter"},
       {"kiln:time_to_first_token_seconds", "histogram"},
       {"kiln:inter_token_latency_seconds", "histogram"},
       {"kiln:e2e_request_latency_seconds", "histogram"},
@@ -480,6 +486,12 @@ static void test_prometheus(void **state) {
   assert_true(VALUE("warmup_seconds", "") == 0.5);
   assert_true(VALUE("guide_precompute_jobs_total", "") == 3);
   assert_true(VALUE("guide_precompute_states_total", "") == 777);
+  assert_int_equal(find_family(p, "kiln:model_forwards_total")->samples, 5);
+  assert_true(VALUE("model_forwards_total", ",model=\"target\",launch=\"graph\"") == 50);
+  assert_true(VALUE("model_forwards_total", ",model=\"target\",launch=\"graph_multi\"") == 51);
+  assert_true(VALUE("model_forwards_total", ",model=\"target\",launch=\"eager\"") == 52);
+  assert_true(VALUE("model_forwards_total", ",model=\"draft\",launch=\"graph\"") == 53);
+  assert_true(VALUE("model_forwards_total", ",model=\"draft\",launch=\"eager\"") == 54);
   assert_true(VALUE("generation_tokens_total", "") == 678);
   assert_true(VALUE("prefix_cache_queries_total", "") == 1000);
   assert_true(VALUE("prefix_cache_hits_total", "") == 300);

@@ -67,6 +67,7 @@ typedef struct req_result {
 typedef struct run_stats {
   uint64_t drafts, draft_tokens, accepted, preemptions;
   double draft_seconds;
+  uint64_t graph_multi, draft_graph; /* multi-token graph replays; the draft's replays */
 } run_stats_t;
 
 static void collect(kiln_request_t *r, req_result_t *res) {
@@ -151,7 +152,9 @@ static void run(const char *model, const char *const *extra, int32_t nextra, con
                            .draft_tokens = m.spec_draft_tokens,
                            .accepted = m.spec_accepted_tokens,
                            .preemptions = m.preemptions,
-                           .draft_seconds = m.spec_draft_seconds};
+                           .draft_seconds = m.spec_draft_seconds,
+                           .graph_multi = m.graph_multi_replays,
+                           .draft_graph = m.draft_graph_replays};
   assert_true(m.spec_accepted_tokens <= m.spec_draft_tokens);
   kiln_engine_destroy(e);
   kiln_config_free(cfg);
@@ -178,6 +181,7 @@ typedef struct case_cfg {
   const char *set[3];
   int32_t nset;
   bool expect_preemption;
+  bool expect_graphs; /* graph.enabled=true: verifications and draft steps replay graphs */
 } case_cfg_t;
 
 /* The requests under every case: plain run and draft run with the same pool and budget
@@ -208,6 +212,13 @@ static void check_cases(const char *target, const char *draft, const req_spec_t 
     assert_true(st.draft_seconds > 0);
     if (min_rate > 0) assert_true((double)st.accepted > min_rate * (double)st.draft_tokens);
     if (cases[c].expect_preemption) assert_true(st.preemptions > 0);
+    if (cases[c].expect_graphs) {
+      fprintf(stderr, "%s %s: %llu multi-token graph replays, %llu draft graph replays\n", what,
+              cases[c].name, (unsigned long long)st.graph_multi,
+              (unsigned long long)st.draft_graph);
+      assert_true(st.graph_multi > 0);
+      assert_true(st.draft_graph > 0);
+    }
     if (out) out[c] = st;
   }
 }
@@ -236,11 +247,12 @@ static void test_self_draft(void **state) {
       {.prompt = TEXT_B " and", .max_tokens = 17, .spec = -1},
   };
   const case_cfg_t cases[] = {
-      {"roomy", {"cache.num_blocks=128"}, 1, false},
-      {"small pool", {"cache.num_blocks=16", "cache.block_size=8"}, 2, true},
-      {"chunked", {"engine.max_num_batched_tokens=19", "cache.block_size=8"}, 2, false},
+      {"roomy", {"cache.num_blocks=128"}, 1, false, false},
+      {"small pool", {"cache.num_blocks=16", "cache.block_size=8"}, 2, true, false},
+      {"chunked", {"engine.max_num_batched_tokens=19", "cache.block_size=8"}, 2, false, false},
+      {"graphs", {"cache.num_blocks=128", "graph.enabled=true"}, 2, false, true},
   };
-  check_cases(p, p, greedy, 4, cases, 3, 0.9, "kiln-tiny self", NULL);
+  check_cases(p, p, greedy, 4, cases, 4, 0.9, "kiln-tiny self", NULL);
   /* Mixed with a sampled request and a non-speculating one; a draft pool that fits only some
    * of the sequences (the others go without proposals). */
   const req_spec_t mixed[5] = {
@@ -251,10 +263,11 @@ static void test_self_draft(void **state) {
       {.prompt = TEXT_A " Again:", .max_tokens = 20, .temperature = 1.0f, .spec = 3},
   };
   const case_cfg_t mcases[] = {
-      {"mixed", {"cache.num_blocks=128"}, 1, false},
+      {"mixed", {"cache.num_blocks=128"}, 1, false, false},
       {"small draft pool",
        {"cache.num_blocks=40", "cache.block_size=8", "speculative.draft_kv_fraction=0.2"},
        3,
+       false,
        false},
   };
   run_stats_t ms[2];
@@ -289,9 +302,9 @@ static void test_fixture_draft(void **state) {
       {.ids = c, .num_ids = 20, .max_tokens = 28, .spec = 2},
   };
   const case_cfg_t cases[] = {
-      {"roomy", {"cache.num_blocks=64"}, 1, false},
-      {"small pool", {"cache.num_blocks=14", "cache.block_size=8"}, 2, true},
-      {"chunked", {"engine.max_num_batched_tokens=13", "cache.block_size=8"}, 2, false},
+      {"roomy", {"cache.num_blocks=64"}, 1, false, false},
+      {"small pool", {"cache.num_blocks=14", "cache.block_size=8"}, 2, true, false},
+      {"chunked", {"engine.max_num_batched_tokens=13", "cache.block_size=8"}, 2, false, false},
   };
   check_cases(tp, dp, rq, 4, cases, g_quick ? 1 : 3, 0, "llama2 <- qwen3", NULL);
   const req_spec_t greedy[3] = {rq[0], rq[1], rq[3]};

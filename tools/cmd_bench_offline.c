@@ -134,6 +134,34 @@ static void off_spec_report(const kiln_metrics_t *m0, const kiln_metrics_t *m1, 
                      "\"spec_accepted_tokens\": %llu, \"spec_acceptance_rate\": %.4f, "
                      "\"spec_mean_accepted_length\": %.4f",
                      (unsigned long long)d, (unsigned long long)t, (unsigned long long)a, rate, len);
+  const double ds = m1->spec_draft_seconds - m0->spec_draft_seconds;
+  if (ds > 0) {
+    printf("  draft model              %.3f s, %.3f ms per verification\n", ds,
+           1e3 * ds / (double)d);
+    kiln_strbuf_printf(j, ", \"spec_draft_seconds\": %.6f", ds);
+  }
+}
+
+/* How the forwards between two metrics snapshots ran (kiln_metrics_t graph_replays...): a line
+ * of the table and a "forwards" object in the JSON. */
+static void off_forwards_report(const kiln_metrics_t *m0, const kiln_metrics_t *m1,
+                                kiln_strbuf_t *j) {
+  const uint64_t g = m1->graph_replays - m0->graph_replays,
+                 gm = m1->graph_multi_replays - m0->graph_multi_replays,
+                 ea = m1->eager_forwards - m0->eager_forwards,
+                 dg = m1->draft_graph_replays - m0->draft_graph_replays,
+                 de = m1->draft_eager_forwards - m0->draft_eager_forwards;
+  if (!g && !gm && !ea && !dg && !de) return;
+  printf("  forwards                 %llu decode graphs, %llu multi-token graphs, %llu eager",
+         (unsigned long long)g, (unsigned long long)gm, (unsigned long long)ea);
+  if (dg || de)
+    printf("; draft: %llu graphs, %llu eager", (unsigned long long)dg, (unsigned long long)de);
+  printf("\n");
+  kiln_strbuf_printf(j,
+                     ", \"forwards\": {\"graph\": %llu, \"graph_multi\": %llu, \"eager\": %llu, "
+                     "\"draft_graph\": %llu, \"draft_eager\": %llu}",
+                     (unsigned long long)g, (unsigned long long)gm, (unsigned long long)ea,
+                     (unsigned long long)dg, (unsigned long long)de);
 }
 
 /* ---- options: the rows both modes have, then each mode's table ------------------------------- */
@@ -442,6 +470,7 @@ int kiln_cmd_bench_latency(kiln_cli_t *cli) {
   kiln_strbuf_printf(&j, ", \"images\": %d", imgs.num);
   kiln_engine_get_metrics(eng, &m1);
   off_spec_report(&m0, &m1, &j);
+  off_forwards_report(&m0, &m1, &j);
   kiln_strbuf_append_str(&j, "}");
   st = off_write_json(a.json, &j);
 done:
@@ -625,6 +654,7 @@ int kiln_cmd_bench_throughput(kiln_cli_t *cli) {
   off_json_stat(&j, "e2e_ms", se, 1e3);
   kiln_engine_get_metrics(eng, &m1);
   off_spec_report(&m0, &m1, &j);
+  off_forwards_report(&m0, &m1, &j);
   kiln_strbuf_append_str(&j, "}");
   st = off_write_json(a.json, &j);
 done:

@@ -204,7 +204,13 @@ kiln_status_t kiln_draft_propose(kiln_draft_t *d, kiln_draft_req_t *reqs, int32_
       q->k = 0;
       continue;
     }
-    if (s->len >= q->num_tokens) trim(d, s, q->num_tokens - 1); /* one token to feed at least */
+    /* Two tokens to feed (one at the least, for a one-token sequence): after a verification
+     * the draft lacks one token (a rejection or a correction) or two (every proposal taken:
+     * the last one was never fed, and the bonus token), so feeding one it already holds again
+     * makes every sequence's catch-up two tokens: a uniform batch, which replays the draft's
+     * multi-token decode graph (models/model.h) instead of running eagerly. */
+    const int32_t feed = q->num_tokens >= 2 ? 2 : 1;
+    if (s->len > q->num_tokens - feed) trim(d, s, q->num_tokens - feed);
     int32_t got = grow(d, s, q->num_tokens + q->k - 1);
     if (got < q->num_tokens) { /* not even the sequence's own tokens fit: give the pool back */
       kiln_draft_release(d, s);

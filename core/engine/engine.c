@@ -2077,6 +2077,23 @@ static void spec_propose(kiln_engine_t *e) {
   if (nd) spec_draft_run(e, nd);
 }
 
+/* The models' graph counters into the metrics (kiln_metrics_t graph_replays...), under e->mu.
+ * With tensor parallelism, rank 0's model (every rank runs the same forwards). */
+static void graph_counts(kiln_engine_t *e, kiln_metrics_t *m) {
+  kiln_model_graph_stats_t g;
+  if (e->model) {
+    kiln_model_graph_stats(e->model, &g);
+    m->graph_replays = (uint64_t)(g.replays - g.multi_replays);
+    m->graph_multi_replays = (uint64_t)g.multi_replays;
+    m->eager_forwards = (uint64_t)g.eager_forwards;
+  }
+  if (e->dmodel) {
+    kiln_model_graph_stats(e->dmodel, &g);
+    m->draft_graph_replays = (uint64_t)g.replays;
+    m->draft_eager_forwards = (uint64_t)g.eager_forwards;
+  }
+}
+
 static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   kiln_sched_step_t *step;
   if (e->spec_k > 0) spec_propose(e);
@@ -2312,6 +2329,7 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
   m->spec_drafts += spec_drafts;
   m->spec_draft_tokens += spec_tokens;
   m->spec_accepted_tokens += spec_accepted;
+  graph_counts(e, m);
   for (int32_t s = 0; s < step->num_items; s++) {
     const kiln_sched_item_t *it = &step->items[s];
     int32_t np = it->seq->num_prompt;
@@ -2501,6 +2519,10 @@ static kiln_status_t load_draft(kiln_engine_t *e, const kiln_config_t *cfg,
   mo.tp_comm = NULL;
   mo.max_seqs = e->dmax;
   mo.max_logits = e->dmax; /* one row per sequence and draft forward */
+  /* Its catch-up after a verification is two tokens per sequence (kiln_draft_propose), then
+   * one token a forward. */
+  mo.graph_max_query_len = 2;
+  mo.graph_query_max_seqs = e->dmax;
   int64_t len = kiln_rope_max_positions(&mc);
   if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
   mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
@@ -2622,6 +2644,12 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
   mo.graphs = kiln_config_get_bool(cfg, "graph", "enabled");
   mo.num_capture_sizes =
       (int32_t)kiln_config_get_int_list(cfg, "graph", "capture_sizes", &mo.capture_sizes);
+  /* Speculation verifies k proposals as k + 1 rows per sequence, for at most dmax sequences a
+   * step: multi-token decode graphs for those batches. */
+  if (e->spec_k > 0) {
+    mo.graph_max_query_len = e->spec_k + 1;
+    mo.graph_query_max_seqs = e->dmax;
+  }
   /* The block-table width depends on the context: read the config (or the GGUF header) first
    * and size it for the rope table's rows, capped by max_model_len. */
   kiln_model_config_t mc;

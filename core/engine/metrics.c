@@ -276,6 +276,23 @@ char *kiln_metrics_prometheus(const kiln_metrics_t *m, const char *model_name) {
   counter(&p, "guide_precompute_states_total", "Matcher states those precomputations covered.",
           m->guide_precompute_states);
 
+  family(&p, "model_forwards_total", "counter",
+         "Forward passes by model (target, draft) and launch: a decode graph (one token per "
+         "sequence), a multi-token decode graph (speculative verification) or eager.");
+  const struct {
+    const char *model, *launch;
+    uint64_t v;
+  } fw[] = {{"target", "graph", m->graph_replays},
+            {"target", "graph_multi", m->graph_multi_replays},
+            {"target", "eager", m->eager_forwards},
+            {"draft", "graph", m->draft_graph_replays},
+            {"draft", "eager", m->draft_eager_forwards}};
+  for (size_t i = 0; i < sizeof(fw) / sizeof(fw[0]); i++) {
+    sample_start(&p, "model_forwards_total");
+    kiln_strbuf_printf(&p.buf, ",model=\"%s\",launch=\"%s\"} %" PRIu64 "\n", fw[i].model,
+                       fw[i].launch, fw[i].v);
+  }
+
   histogram(&p, "time_to_first_token_seconds", "Time to first token in seconds.",
             &m->time_to_first_token);
   histogram(&p, "inter_token_latency_seconds", "Time between successive output tokens in seconds.",

@@ -432,6 +432,15 @@ typedef struct kiln_metrics {
    * constraint), and the matcher states those runs covered */
   uint64_t guide_precompute_jobs;
   uint64_t guide_precompute_states;
+  /* how the forwards ran, since start (the warm-up's included): the model's through a decode
+   * graph of one token per sequence, through a multi-token decode graph (speculation's
+   * verification), or eagerly (prefill chunks, mixed and large batches); the draft model's
+   * (method = draft) through either kind of graph or eagerly. All 0 for a given runner. */
+  uint64_t graph_replays;
+  uint64_t graph_multi_replays;
+  uint64_t eager_forwards;
+  uint64_t draft_graph_replays;
+  uint64_t draft_eager_forwards;
 } kiln_metrics_t;
 
 /* Copies the metrics into out, whose size is size bytes (sizeof(kiln_metrics_t) of the header
