@@ -270,6 +270,10 @@ static const config_row_t config_rows[] = {
                  1, 4096, "Decode batch sizes to capture a graph for, comma-separated"),
     ROW_FLOAT("graph", "capture_budget_s", "60", 0, 3600,
               "Time limit for capturing graphs at start-up, in seconds"),
+    ROW_BOOL("graph", "multi_token", "true",
+             "With speculative decoding, also capture graphs of num_speculative_tokens + 1 "
+             "rows per sequence (the verification) and of the draft model's two-token catch-up, "
+             "for up to disable_by_batch_size sequences; false runs those eagerly"),
 
     ROW_ENUM("log", "level", "warn", config_log_levels,
              "Least severe messages that are logged: error, warn, info or debug (kiln serve "

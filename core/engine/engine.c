@@ -2521,7 +2521,7 @@ static kiln_status_t load_draft(kiln_engine_t *e, const kiln_config_t *cfg,
   mo.max_logits = e->dmax; /* one row per sequence and draft forward */
   /* Its catch-up after a verification is two tokens per sequence (kiln_draft_propose), then
    * one token a forward. */
-  mo.graph_max_query_len = 2;
+  mo.graph_max_query_len = kiln_config_get_bool(cfg, "graph", "multi_token") ? 2 : 1;
   mo.graph_query_max_seqs = e->dmax;
   int64_t len = kiln_rope_max_positions(&mc);
   if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
@@ -2646,7 +2646,8 @@ static kiln_status_t load_model(kiln_engine_t *e, const kiln_config_t *cfg, int3
       (int32_t)kiln_config_get_int_list(cfg, "graph", "capture_sizes", &mo.capture_sizes);
   /* Speculation verifies k proposals as k + 1 rows per sequence, for at most dmax sequences a
    * step: multi-token decode graphs for those batches. */
-  if (e->spec_k > 0) {
+  const bool multi = kiln_config_get_bool(cfg, "graph", "multi_token");
+  if (e->spec_k > 0 && multi) {
     mo.graph_max_query_len = e->spec_k + 1;
     mo.graph_query_max_seqs = e->dmax;
   }
