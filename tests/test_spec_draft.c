@@ -181,7 +181,9 @@ typedef struct case_cfg {
   const char *set[3];
   int32_t nset;
   bool expect_preemption;
-  bool expect_graphs; /* graph.enabled=true: verifications and draft steps replay graphs */
+  /* graph.enabled=true: 1, verifications and draft steps replay graphs; 2, with
+   * graph.multi_token=false only the draft's one-token steps do */
+  int expect_graphs;
 } case_cfg_t;
 
 /* The requests under every case: plain run and draft run with the same pool and budget
@@ -212,7 +214,10 @@ static void check_cases(const char *target, const char *draft, const req_spec_t 
     assert_true(st.draft_seconds > 0);
     if (min_rate > 0) assert_true((double)st.accepted > min_rate * (double)st.draft_tokens);
     if (cases[c].expect_preemption) assert_true(st.preemptions > 0);
-    if (cases[c].expect_graphs) {
+    if (cases[c].expect_graphs == 2) {
+      assert_int_equal(st.graph_multi, 0);
+      assert_true(st.draft_graph > 0);
+    } else if (cases[c].expect_graphs) {
       fprintf(stderr, "%s %s: %llu multi-token graph replays, %llu draft graph replays\n", what,
               cases[c].name, (unsigned long long)st.graph_multi,
               (unsigned long long)st.draft_graph);
@@ -247,12 +252,13 @@ static void test_self_draft(void **state) {
       {.prompt = TEXT_B " and", .max_tokens = 17, .spec = -1},
   };
   const case_cfg_t cases[] = {
-      {"roomy", {"cache.num_blocks=128"}, 1, false, false},
-      {"small pool", {"cache.num_blocks=16", "cache.block_size=8"}, 2, true, false},
-      {"chunked", {"engine.max_num_batched_tokens=19", "cache.block_size=8"}, 2, false, false},
-      {"graphs", {"cache.num_blocks=128", "graph.enabled=true"}, 2, false, true},
+      {"roomy", {"cache.num_blocks=128"}, 1, false, 0},
+      {"small pool", {"cache.num_blocks=16", "cache.block_size=8"}, 2, true, 0},
+      {"chunked", {"engine.max_num_batched_tokens=19", "cache.block_size=8"}, 2, false, 0},
+      {"graphs", {"cache.num_blocks=128", "graph.enabled=true"}, 2, false, 1},
+      {"graphs, multi_token off", {"graph.enabled=true", "graph.multi_token=false"}, 2, false, 2},
   };
-  check_cases(p, p, greedy, 4, cases, 4, 0.9, "kiln-tiny self", NULL);
+  check_cases(p, p, greedy, 4, cases, 5, 0.9, "kiln-tiny self", NULL);
   /* Mixed with a sampled request and a non-speculating one; a draft pool that fits only some
    * of the sequences (the others go without proposals). */
   const req_spec_t mixed[5] = {
@@ -263,12 +269,12 @@ static void test_self_draft(void **state) {
       {.prompt = TEXT_A " Again:", .max_tokens = 20, .temperature = 1.0f, .spec = 3},
   };
   const case_cfg_t mcases[] = {
-      {"mixed", {"cache.num_blocks=128"}, 1, false, false},
+      {"mixed", {"cache.num_blocks=128"}, 1, false, 0},
       {"small draft pool",
        {"cache.num_blocks=40", "cache.block_size=8", "speculative.draft_kv_fraction=0.2"},
        3,
        false,
-       false},
+       0},
   };
   run_stats_t ms[2];
   check_cases(p, p, mixed, 5, mcases, 2, 0, "kiln-tiny self", ms);
@@ -302,9 +308,9 @@ static void test_fixture_draft(void **state) {
       {.ids = c, .num_ids = 20, .max_tokens = 28, .spec = 2},
   };
   const case_cfg_t cases[] = {
-      {"roomy", {"cache.num_blocks=64"}, 1, false, false},
-      {"small pool", {"cache.num_blocks=14", "cache.block_size=8"}, 2, true, false},
-      {"chunked", {"engine.max_num_batched_tokens=13", "cache.block_size=8"}, 2, false, false},
+      {"roomy", {"cache.num_blocks=64"}, 1, false, 0},
+      {"small pool", {"cache.num_blocks=14", "cache.block_size=8"}, 2, true, 0},
+      {"chunked", {"engine.max_num_batched_tokens=13", "cache.block_size=8"}, 2, false, 0},
   };
   check_cases(tp, dp, rq, 4, cases, g_quick ? 1 : 3, 0, "llama2 <- qwen3", NULL);
   const req_spec_t greedy[3] = {rq[0], rq[1], rq[3]};
