@@ -68,6 +68,7 @@ typedef struct run_stats {
   uint64_t drafts, draft_tokens, accepted, preemptions;
   double draft_seconds;
   uint64_t graph_multi, draft_graph; /* multi-token graph replays; the draft's replays */
+  uint64_t draft_eager;              /* the draft's eager forwards */
 } run_stats_t;
 
 static void collect(kiln_request_t *r, req_result_t *res) {
@@ -154,7 +155,8 @@ static void run(const char *model, const char *const *extra, int32_t nextra, con
                            .preemptions = m.preemptions,
                            .draft_seconds = m.spec_draft_seconds,
                            .graph_multi = m.graph_multi_replays,
-                           .draft_graph = m.draft_graph_replays};
+                           .draft_graph = m.draft_graph_replays,
+                           .draft_eager = m.draft_eager_forwards};
   assert_true(m.spec_accepted_tokens <= m.spec_draft_tokens);
   kiln_engine_destroy(e);
   kiln_config_free(cfg);
@@ -218,11 +220,17 @@ static void check_cases(const char *target, const char *draft, const req_spec_t 
       assert_int_equal(st.graph_multi, 0);
       assert_true(st.draft_graph > 0);
     } else if (cases[c].expect_graphs) {
-      fprintf(stderr, "%s %s: %llu multi-token graph replays, %llu draft graph replays\n", what,
-              cases[c].name, (unsigned long long)st.graph_multi,
-              (unsigned long long)st.draft_graph);
+      fprintf(stderr, "%s %s: %llu multi-token graph replays, draft %llu replays %llu eager\n",
+              what, cases[c].name, (unsigned long long)st.graph_multi,
+              (unsigned long long)st.draft_graph, (unsigned long long)st.draft_eager);
       assert_true(st.graph_multi > 0);
       assert_true(st.draft_graph > 0);
+      /* Every catch-up after a verification is two tokens (the draft keeps the proposals it
+       * was fed that were accepted): only the prompts' catch-ups, one per request at most, run
+       * eagerly. */
+      if (st.draft_eager > (uint64_t)nreq)
+        fail_msg("%s: %llu eager draft forwards for %d requests", cases[c].name,
+                 (unsigned long long)st.draft_eager, nreq);
     }
     if (out) out[c] = st;
   }

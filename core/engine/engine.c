@@ -2296,8 +2296,12 @@ static kiln_status_t run_step(kiln_engine_t *e, bool *idle) {
       int32_t base = q->num_tokens - q->num_draft, a = 0;
       while (a < nd && e->so.tokens[j + a] == q->tokens[base + a]) a++;
       kiln_scheduler_accept_drafts(e->sched, q, a);
-      /* the draft model keeps what it was fed of the accepted ones */
-      if (e->draft) kiln_draft_sync(e->draft, &ss->dseq, q->tokens, q->num_tokens);
+      /* The draft model keeps what it was fed of the accepted ones. They are no longer counted
+       * in q->num_tokens (accept_drafts leaves the sequence's own tokens; the accepted ones
+       * are appended below, with the same values, as the step's output), but they are still in
+       * q->tokens: syncing to num_tokens alone dropped every fed proposal, so each catch-up
+       * recomputed all of them (a + 1 tokens instead of one or two). */
+      if (e->draft) kiln_draft_sync(e->draft, &ss->dseq, q->tokens, q->num_tokens + a);
       kiln_sample_skip(&ss->rng, (uint64_t)a); /* the draws of the accepted proposals' rows */
       take = a + 1; /* the accepted proposals and the model's next token */
       spec_drafts++;
