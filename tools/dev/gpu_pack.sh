@@ -30,7 +30,7 @@ cp -a "$build"/lib/libkiln.so* "$out/lib/"
 cp "$build/tests/test_ops" "$build/bin/kiln-bench-ops" "$out/"
 # The mask benchmark and the collectives test too, when built (issue 19's host figures; issue
 # 22's NCCL path at world size 1: KILN_COLL_RANK=0 KILN_COLL_WORLD=1 ./test_collectives).
-for b in bin/kiln-bench-guide tests/test_collectives; do
+for b in bin/kiln-bench-guide tests/test_collectives tests/test_graphs; do
   if [ -x "$build/$b" ]; then cp "$build/$b" "$out/"; fi
 done
 libs_of() { # copies the non-glibc libraries $1 links into the pack
