@@ -8,10 +8,12 @@
  * Each sequence has a kiln_draft_seq_t: the draft's block table and how many of the
  * sequence's tokens the draft holds keys/values for. A proposal first catches the draft up on
  * the tokens it has not seen (the prompt at first, in forwards of at most max_tokens tokens,
- * like the target's chunked prefill; then the tokens accepted since), which gives the first
- * proposal, then feeds each proposal to get the next (k - 1 one-token forwards). After the
- * target's verification, kiln_draft_sync trims the draft to the prefix of what it was fed that
- * the sequence kept (its blocks past that go back).
+ * like the target's chunked prefill; after that always the last two tokens, one of which it may
+ * hold already, so that every sequence's catch-up has the same length and the batch replays the
+ * draft's two-token graph), which gives the first proposal, then feeds each proposal to get the
+ * next (k - 1 one-token forwards). After the target's verification, kiln_draft_sync trims the
+ * draft to the prefix of what it was fed that the sequence kept (its blocks past that go back);
+ * the engine passes the accepted proposals as part of the sequence's tokens.
  *
  * Thread-safety: none; the engine thread owns it.
  */
