@@ -358,6 +358,26 @@ static void rig_prefill(rig_t *r) {
   }
 }
 
+/* Runs a batch of T tokens of S sequences (block tables of the given width, R logits rows) on
+ * both models and compares the logits rows. */
+static void rig_forward(rig_t *r, int32_t T, int32_t S, int32_t *ids, int32_t *pos, int32_t *slots,
+                        int32_t *lens, int32_t *qsl, int32_t *tables, int32_t width, int32_t R,
+                        int32_t *rows, const char *what) {
+  kiln_batch_t b = {.num_tokens = T,
+                    .num_seqs = S,
+                    .token_ids = ids,
+                    .positions = pos,
+                    .slot_mapping = slots,
+                    .seq_lens = lens,
+                    .query_start_loc = qsl,
+                    .block_tables = tables,
+                    .max_blocks_per_seq = width,
+                    .num_logits = R,
+                    .logits_rows = rows};
+  for (int k = 0; k < 2; k++) check_st(kiln_model_forward(r->m[k], r->kv[k], &b));
+  rig_compare(r, R, what);
+}
+
 enum { ROWS_ALL, ROWS_SUBSET, ROWS_REPEATED };
 
 /* Logits rows a decode of S asks for in a rows mode. */
@@ -396,24 +416,12 @@ static void rig_decode(rig_t *r, const int32_t *seqs, int32_t S, bool full, int 
     rows[S] = 0;
     rows[S + 1] = S - 1;
   }
-  kiln_batch_t b = {.num_tokens = S,
-                    .num_seqs = S,
-                    .token_ids = ids,
-                    .positions = pos,
-                    .slot_mapping = slots,
-                    .seq_lens = lens,
-                    .query_start_loc = qsl,
-                    .block_tables = tables,
-                    .max_blocks_per_seq = width,
-                    .num_logits = R,
-                    .logits_rows = rows};
-  for (int k = 0; k < 2; k++) check_st(kiln_model_forward(r->m[k], r->kv[k], &b));
   char what[64];
   snprintf(what, sizeof(what), "decode of %d%s%s", S, full ? ", full tables" : "",
            mode == ROWS_SUBSET     ? ", subset"
            : mode == ROWS_REPEATED ? ", repeated rows"
                                    : "");
-  rig_compare(r, R, what);
+  rig_forward(r, S, S, ids, pos, slots, lens, qsl, tables, width, R, rows, what);
   free(tables);
   for (int32_t i = 0; i < S; i++) r->len[seqs[i]]++;
 }
@@ -454,22 +462,10 @@ static void rig_decode_multi(rig_t *r, const int32_t *seqs, int32_t S, const int
     for (int32_t i = 0; i < S; i++) rows[R++] = qsl[i + 1] - 1;
   else
     for (int32_t t = T - 1; t >= 0 && R < MAXS; t -= 2) rows[R++] = t;
-  kiln_batch_t b = {.num_tokens = T,
-                    .num_seqs = S,
-                    .token_ids = ids,
-                    .positions = pos,
-                    .slot_mapping = slots,
-                    .seq_lens = lens,
-                    .query_start_loc = qsl,
-                    .block_tables = tables,
-                    .max_blocks_per_seq = width,
-                    .num_logits = R,
-                    .logits_rows = rows};
-  for (int k = 0; k < 2; k++) check_st(kiln_model_forward(r->m[k], r->kv[k], &b));
   char what[96];
   snprintf(what, sizeof(what), "multi-token decode of %d sequences (first q %d), %d rows%s", S,
            q[0], R, full ? ", full tables" : "");
-  rig_compare(r, R, what);
+  rig_forward(r, T, S, ids, pos, slots, lens, qsl, tables, width, R, rows, what);
   free(tables);
   for (int32_t i = 0; i < S; i++) r->len[seqs[i]] += q[i];
 }
