@@ -358,11 +358,31 @@ static void rig_prefill(rig_t *r) {
   }
 }
 
-/* Runs a batch of T tokens of S sequences (block tables of the given width, R logits rows) on
- * both models and compares the logits rows. */
-static void rig_forward(rig_t *r, int32_t T, int32_t S, int32_t *ids, int32_t *pos, int32_t *slots,
-                        int32_t *lens, int32_t *qsl, int32_t *tables, int32_t width, int32_t R,
-                        int32_t *rows, const char *what) {
+/* Token p of sequence s as batch row t (a block for it first, when it starts one). */
+static void rig_token(rig_t *r, int32_t s, int32_t p, int32_t t, int32_t *ids, int32_t *pos,
+                      int32_t *slots) {
+  assert_true(p < r->max_len);
+  if (p / r->bs >= r->nblk[s]) r->bt[(size_t)s * r->W + r->nblk[s]++] = rig_block(r);
+  ids[t] = tok(r, s, p);
+  pos[t] = p;
+  slots[t] = r->bt[(size_t)s * r->W + p / r->bs] * r->bs + p % r->bs;
+}
+
+/* Runs a batch of T tokens of the S sequences seqs[] (their new lengths lens[]) on both models,
+ * with block tables of the model's width (full) or of the batch's widest, and compares the R
+ * logits rows; the sequences are lens[] long afterwards. */
+static void rig_forward(rig_t *r, const int32_t *seqs, int32_t S, int32_t T, int32_t *ids,
+                        int32_t *pos, int32_t *slots, int32_t *lens, int32_t *qsl, bool full,
+                        int32_t R, int32_t *rows, const char *what) {
+  int32_t width = 1;
+  for (int32_t i = 0; i < S; i++)
+    if (r->nblk[seqs[i]] > width) width = r->nblk[seqs[i]];
+  if (full) width = r->W;
+  assert_true(S > 0 && width > 0);
+  int32_t *tables = malloc((size_t)(uint32_t)S * (size_t)(uint32_t)width * sizeof(int32_t));
+  assert_non_null(tables);
+  for (int32_t i = 0; i < S; i++)
+    memcpy(tables + (size_t)i * width, r->bt + (size_t)seqs[i] * r->W, (size_t)width * 4);
   kiln_batch_t b = {.num_tokens = T,
                     .num_seqs = S,
                     .token_ids = ids,
@@ -376,6 +396,8 @@ static void rig_forward(rig_t *r, int32_t T, int32_t S, int32_t *ids, int32_t *p
                     .logits_rows = rows};
   for (int k = 0; k < 2; k++) check_st(kiln_model_forward(r->m[k], r->kv[k], &b));
   rig_compare(r, R, what);
+  free(tables);
+  for (int32_t i = 0; i < S; i++) r->len[seqs[i]] = lens[i];
 }
 
 enum { ROWS_ALL, ROWS_SUBSET, ROWS_REPEATED };
@@ -390,25 +412,12 @@ static int32_t rows_of(int32_t S, int mode) {
  * the first, last first), or all and then rows 0 and S - 1 again. */
 static void rig_decode(rig_t *r, const int32_t *seqs, int32_t S, bool full, int mode) {
   int32_t ids[MAXS], pos[MAXS], slots[MAXS], lens[MAXS], qsl[MAXS + 1], rows[MAXS + 2];
-  int32_t width = 1;
   for (int32_t i = 0; i < S; i++) {
-    int32_t s = seqs[i], p = r->len[s];
-    assert_true(p < r->max_len);
-    if (p / r->bs >= r->nblk[s]) r->bt[(size_t)s * r->W + r->nblk[s]++] = rig_block(r);
-    if (r->nblk[s] > width) width = r->nblk[s];
-    ids[i] = tok(r, s, p);
-    pos[i] = p;
-    slots[i] = r->bt[(size_t)s * r->W + p / r->bs] * r->bs + p % r->bs;
-    lens[i] = p + 1;
+    rig_token(r, seqs[i], r->len[seqs[i]], i, ids, pos, slots);
+    lens[i] = r->len[seqs[i]] + 1;
     qsl[i] = i;
   }
   qsl[S] = S;
-  if (full) width = r->W;
-  assert_true(S > 0 && width > 0);
-  int32_t *tables = malloc((size_t)(uint32_t)S * (size_t)(uint32_t)width * sizeof(int32_t));
-  assert_non_null(tables);
-  for (int32_t i = 0; i < S; i++)
-    memcpy(tables + (size_t)i * width, r->bt + (size_t)seqs[i] * r->W, (size_t)width * 4);
   const int32_t R = rows_of(S, mode);
   assert_true(R >= 0 && R <= MAXS);
   for (int32_t i = 0; i < S; i++) rows[i] = mode == ROWS_SUBSET ? S - 1 - i : i;
@@ -421,9 +430,7 @@ static void rig_decode(rig_t *r, const int32_t *seqs, int32_t S, bool full, int 
            mode == ROWS_SUBSET     ? ", subset"
            : mode == ROWS_REPEATED ? ", repeated rows"
                                    : "");
-  rig_forward(r, S, S, ids, pos, slots, lens, qsl, tables, width, R, rows, what);
-  free(tables);
-  for (int32_t i = 0; i < S; i++) r->len[seqs[i]]++;
+  rig_forward(r, seqs, S, S, ids, pos, slots, lens, qsl, full, R, rows, what);
 }
 
 /* One multi-token decode step: each of the S sequences seqs[] gets q[i] new tokens (contiguous
@@ -433,28 +440,16 @@ enum { MROWS_ALL, MROWS_LAST, MROWS_SOME };
 static void rig_decode_multi(rig_t *r, const int32_t *seqs, int32_t S, const int32_t *q, bool full,
                              int mode) {
   int32_t ids[64], pos[64], slots[64], lens[MAXS], qsl[MAXS + 1], rows[MAXS];
-  int32_t width = 1, T = 0;
+  int32_t T = 0;
   for (int32_t i = 0; i < S; i++) {
-    int32_t s = seqs[i];
     qsl[i] = T;
-    for (int32_t j = 0; j < q[i]; j++) {
-      int32_t p = r->len[s] + j;
-      assert_true(p < r->max_len && T < 64);
-      if (p / r->bs >= r->nblk[s]) r->bt[(size_t)s * r->W + r->nblk[s]++] = rig_block(r);
-      ids[T] = tok(r, s, p);
-      pos[T] = p;
-      slots[T] = r->bt[(size_t)s * r->W + p / r->bs] * r->bs + p % r->bs;
-      T++;
+    for (int32_t j = 0; j < q[i]; j++, T++) {
+      assert_true(T < 64);
+      rig_token(r, seqs[i], r->len[seqs[i]] + j, T, ids, pos, slots);
     }
-    lens[i] = r->len[s] + q[i];
-    if (r->nblk[s] > width) width = r->nblk[s];
+    lens[i] = r->len[seqs[i]] + q[i];
   }
   qsl[S] = T;
-  if (full) width = r->W;
-  int32_t *tables = malloc((size_t)(uint32_t)S * (size_t)(uint32_t)width * sizeof(int32_t));
-  assert_non_null(tables);
-  for (int32_t i = 0; i < S; i++)
-    memcpy(tables + (size_t)i * width, r->bt + (size_t)seqs[i] * r->W, (size_t)width * 4);
   int32_t R = 0;
   if (mode == MROWS_ALL)
     for (int32_t t = 0; t < T && R < MAXS; t++) rows[R++] = t;
@@ -465,9 +460,7 @@ static void rig_decode_multi(rig_t *r, const int32_t *seqs, int32_t S, const int
   char what[96];
   snprintf(what, sizeof(what), "multi-token decode of %d sequences (first q %d), %d rows%s", S,
            q[0], R, full ? ", full tables" : "");
-  rig_forward(r, T, S, ids, pos, slots, lens, qsl, tables, width, R, rows, what);
-  free(tables);
-  for (int32_t i = 0; i < S; i++) r->len[seqs[i]] += q[i];
+  rig_forward(r, seqs, S, T, ids, pos, slots, lens, qsl, full, R, rows, what);
 }
 
 /* Moves sequence s to fresh blocks (copy-on-write style) on both models; its old blocks go back
