@@ -2524,9 +2524,9 @@ static kiln_status_t load_draft(kiln_engine_t *e, const kiln_config_t *cfg,
   mo.max_seqs = e->dmax;
   mo.max_logits = e->dmax; /* one row per sequence and draft forward */
   /* Its catch-up after a verification is two tokens per sequence (kiln_draft_propose), then
-   * one token a forward. */
-  mo.graph_max_query_len = kiln_config_get_bool(cfg, "graph", "multi_token") ? 2 : 1;
-  mo.graph_query_max_seqs = e->dmax;
+   * one token a forward: two-token graphs where the target has multi-token ones ([graph]
+   * multi_token, load_model). */
+  mo.graph_max_query_len = tmo->graph_max_query_len > 1 ? 2 : 1;
   int64_t len = kiln_rope_max_positions(&mc);
   if (mo.max_model_len > 0 && mo.max_model_len < len) len = mo.max_model_len;
   mo.max_blocks_per_seq = (int32_t)((len + e->bs - 1) / e->bs);
